@@ -1,0 +1,148 @@
+//! Build helper for clusterfuse kernel crates. In the kernel crate's `build.rs`:
+//!
+//! ```no_run
+//! fn main() -> Result<(), clusterfuse_build::Error> {
+//!     clusterfuse_build::build_kernels()
+//! }
+//! ```
+//!
+//! It compiles the crate itself for `nvptx64-nvidia-cuda` (sm_90, PTX ISA 8.0) with the device
+//! toolchain that `scripts/setup.sh` installs, inserts each kernel's launch directives
+//! (`.maxntid`, `.minnctapersm`, `.reqnctapercluster`) into its PTX entry, assembles the
+//! result with `ptxas -arch=sm_90` when available, and writes `$OUT_DIR/clusterfuse.ptx` for
+//! `clusterfuse::embed_ptx!()`. The build re-runs when any file of the device build changes.
+
+mod directives;
+mod toolchain;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::{env, fmt, fs};
+
+pub use directives::{insert_directives, KernelDirectives};
+pub use toolchain::Toolchain;
+
+/// Why the device build failed.
+pub enum Error {
+    /// A tool of the device toolchain is missing.
+    MissingTool { tool: String, path: PathBuf },
+    /// The device build (rustc for nvptx64) failed; its diagnostics were printed above.
+    DeviceBuild { status: String },
+    /// `ptxas` rejected the PTX.
+    Ptxas { report: String },
+    /// A kernel's facts do not match the PTX.
+    Ptx(String),
+    /// An I/O error or a missing build-script variable.
+    Io(String),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::MissingTool { tool, path } => write!(
+                f,
+                "the device toolchain is incomplete: {tool} not found at {}; run `scripts/setup.sh` from the clusterfuse repository (it installs Debian's rustc-web, llvm-22, llvm-bitcode-linker and ptxas)",
+                path.display()
+            ),
+            Error::DeviceBuild { status } => write!(f, "the device build failed ({status}); its errors are printed above"),
+            Error::Ptxas { report } => write!(f, "ptxas -arch=sm_90 rejected the PTX:\n{report}"),
+            Error::Ptx(msg) => write!(f, "{msg}"),
+            Error::Io(msg) => write!(f, "{msg}"),
+        }
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl std::error::Error for Error {}
+
+fn env_var(name: &str) -> Result<String, Error> {
+    env::var(name).map_err(|_| Error::Io(format!("${name} is not set; call build_kernels() from a build script")))
+}
+
+fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
+    let path = path.display().to_string();
+    move |e| Error::Io(format!("{what} {path}: {e}"))
+}
+
+/// Builds the calling crate's kernels to PTX; see the crate docs.
+pub fn build_kernels() -> Result<(), Error> {
+    // The device build runs this build script again, for the host; it must not recurse.
+    if env::var("TARGET").is_ok_and(|t| t.starts_with("nvptx64")) || env::var_os("CLUSTERFUSE_DEVICE_BUILD").is_some() {
+        return Ok(());
+    }
+    let manifest_dir = PathBuf::from(env_var("CARGO_MANIFEST_DIR")?);
+    let out_dir = PathBuf::from(env_var("OUT_DIR")?);
+    let crate_name = env_var("CARGO_PKG_NAME")?.replace('-', "_");
+    let toolchain = Toolchain::find()?;
+
+    // One device target directory per profile directory, shared by the kernel crates built there.
+    let target_dir = out_dir.ancestors().nth(3).unwrap_or(&out_dir).join("clusterfuse-device");
+    let status = toolchain
+        .device_cargo(&manifest_dir.join("Cargo.toml"), &target_dir)
+        .status()
+        .map_err(|e| Error::Io(format!("cannot run {}: {e}", toolchain.cargo.display())))?;
+    if !status.success() {
+        return Err(Error::DeviceBuild { status: status.to_string() });
+    }
+
+    let artifacts = target_dir.join("nvptx64-nvidia-cuda").join("release");
+    let raw_ptx = artifacts.join(format!("{crate_name}.ptx"));
+    watch_sources(&artifacts.join(format!("{crate_name}.d")), &manifest_dir)?;
+
+    let ptx = fs::read_to_string(&raw_ptx).map_err(io("cannot read the device build's PTX", &raw_ptx))?;
+    let ptx = insert_directives(&ptx).map_err(Error::Ptx)?;
+    let out_ptx = out_dir.join("clusterfuse.ptx");
+    fs::write(&out_ptx, &ptx).map_err(io("cannot write", &out_ptx))?;
+
+    match &toolchain.ptxas {
+        Some(ptxas) => {
+            let report = assemble(ptxas, &out_ptx)?;
+            fs::write(out_dir.join("clusterfuse.ptxas.txt"), &report).map_err(io("cannot write", &out_dir))?;
+            for line in report.lines().filter(|l| l.contains("spill") && !l.contains(" 0 bytes spill stores")) {
+                println!("cargo:warning=ptxas: {}", line.trim());
+            }
+        }
+        None => println!("cargo:warning=ptxas not found: the PTX was not assembled for sm_90 (run scripts/setup.sh)"),
+    }
+    Ok(())
+}
+
+/// Assembles `ptx` for sm_90 and returns ptxas's resource report (`-v`).
+pub fn assemble(ptxas: &Path, ptx: &Path) -> Result<String, Error> {
+    let output = Command::new(ptxas)
+        .args(["-arch=sm_90", "-v", "-o", "/dev/null"])
+        .arg(ptx)
+        .output()
+        .map_err(|e| Error::Io(format!("cannot run {}: {e}", ptxas.display())))?;
+    let report = String::from_utf8_lossy(&output.stderr).into_owned() + &String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        return Err(Error::Ptxas { report });
+    }
+    Ok(report)
+}
+
+/// Re-run this build script when any source file of the device build changes: the kernel
+/// crate's and those of its path dependencies (the device library, the macros), as listed in
+/// the device build's dep-info file. Files of the standard library and registry are fixed.
+fn watch_sources(dep_info: &Path, manifest_dir: &Path) -> Result<(), Error> {
+    println!("cargo:rerun-if-changed={}", manifest_dir.join("Cargo.toml").display());
+    println!("cargo:rerun-if-env-changed=CLUSTERFUSE_HOME");
+    let text = fs::read_to_string(dep_info).map_err(io("cannot read dep-info", dep_info))?;
+    let Some((_, deps)) = text.lines().next().and_then(|l| l.split_once(": ")) else {
+        return Ok(());
+    };
+    // Paths are space-separated, with spaces inside a path escaped as `\ `.
+    let deps = deps.replace("\\ ", "\u{0}");
+    for dep in deps.split_whitespace().map(|d| d.replace('\u{0}', " ")) {
+        let fixed = dep.starts_with("/usr/lib/rustlib") || dep.contains("/.cargo/registry/");
+        if !fixed {
+            println!("cargo:rerun-if-changed={dep}");
+        }
+    }
+    Ok(())
+}

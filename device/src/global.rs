@@ -1,0 +1,148 @@
+//! Global memory: kernel outputs and 16-byte vector accesses.
+//!
+//! Kernel inputs are ordinary `&[T]`. Outputs are [`Out`]: every thread of the grid holds
+//! one, so it hands out no `&mut`; threads write through `set` and must not write the same
+//! element without ordering (a data race, as in CUDA).
+
+use crate::arch;
+use core::marker::PhantomData;
+use core::mem::size_of;
+
+#[cold]
+#[inline(never)]
+fn out_of_bounds() -> ! {
+    arch::trap()
+}
+
+/// A kernel's output buffer in global memory: `len` values of `T` that every thread may write.
+pub struct Out<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    _buffer: PhantomData<&'a mut [T]>,
+}
+
+impl<'a, T: Copy> Out<'a, T> {
+    /// An output over `len` values at `ptr`.
+    ///
+    /// # Safety
+    /// 1. `ptr .. ptr + len` is device memory, aligned for `T`, writable for `'a`.
+    /// 2. No `&[T]` to that memory is alive for `'a` (inputs are read through the read-only path).
+    #[inline(always)]
+    pub unsafe fn from_raw_parts(ptr: *mut T, len: usize) -> Self {
+        Self { ptr, len, _buffer: PhantomData }
+    }
+
+    /// Number of elements.
+    #[inline(always)]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when the buffer holds no elements.
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device pointer, for hand-written PTX.
+    #[inline(always)]
+    pub fn as_mut_ptr(&self) -> *mut T {
+        self.ptr
+    }
+
+    /// Element `i`; traps when `i >= len`.
+    #[inline(always)]
+    pub fn get(&self, i: usize) -> T {
+        if i >= self.len {
+            out_of_bounds()
+        }
+        // SAFETY: in bounds; the memory is readable (invariant 1).
+        unsafe { self.ptr.add(i).read() }
+    }
+
+    /// Stores `value` at element `i`; traps when `i >= len`.
+    #[inline(always)]
+    pub fn set(&self, i: usize, value: T) {
+        if i >= self.len {
+            out_of_bounds()
+        }
+        // SAFETY: in bounds; the memory is writable (invariant 1).
+        unsafe { self.ptr.add(i).write(value) }
+    }
+
+    /// Stores `value` at element `i`, unchecked.
+    ///
+    /// # Safety
+    /// 1. `i < self.len()`.
+    #[inline(always)]
+    pub unsafe fn set_unchecked(&self, i: usize, value: T) {
+        self.ptr.add(i).write(value)
+    }
+
+    /// Stores elements `N * i .. N * i + N` in one 16-byte `st.global.v4`; `[T; N]` must be
+    /// 16 bytes. Traps when out of bounds or misaligned.
+    #[inline(always)]
+    pub fn store16<const N: usize>(&self, i: usize, values: [T; N]) {
+        let ptr = vector_ptr::<T, N>(self.ptr, self.len, i);
+        // SAFETY: in bounds and 16-byte aligned (checked by `vector_ptr`); `[T; N]` is 16
+        // bytes of plain data.
+        unsafe { arch::st_global_v4_b32(ptr as *mut [u32; 4], core::mem::transmute_copy(&values)) }
+    }
+}
+
+impl Out<'_, f32> {
+    /// `atom.global.add.f32` on element `i`; returns the old value. Float atomics make the
+    /// result depend on the order threads arrive in: prefer a reduction where determinism matters.
+    #[inline(always)]
+    pub fn atomic_add(&self, i: usize, value: f32) -> f32 {
+        if i >= self.len {
+            out_of_bounds()
+        }
+        // SAFETY: in bounds.
+        unsafe { arch::atom_global_add_f32(self.ptr.add(i), value) }
+    }
+}
+
+impl Out<'_, u32> {
+    /// `atom.global.add.u32` on element `i`; returns the old value.
+    #[inline(always)]
+    pub fn atomic_add(&self, i: usize, value: u32) -> u32 {
+        if i >= self.len {
+            out_of_bounds()
+        }
+        // SAFETY: in bounds.
+        unsafe { arch::atom_global_add_u32(self.ptr.add(i), value) }
+    }
+}
+
+impl Out<'_, i32> {
+    /// `atom.global.max.s32` on element `i`; returns the old value.
+    #[inline(always)]
+    pub fn atomic_max(&self, i: usize, value: i32) -> i32 {
+        if i >= self.len {
+            out_of_bounds()
+        }
+        // SAFETY: in bounds.
+        unsafe { arch::atom_global_max_s32(self.ptr.add(i), value) }
+    }
+}
+
+#[inline(always)]
+fn vector_ptr<T, const N: usize>(base: *const T, len: usize, i: usize) -> *const T {
+    const { assert!(N * size_of::<T>() == 16, "a 16-byte access needs N * size_of::<T>() == 16") };
+    let ptr = base.wrapping_add(i * N);
+    if (i + 1) * N > len || ptr as usize % 16 != 0 {
+        out_of_bounds()
+    }
+    ptr
+}
+
+/// Elements `N * i .. N * i + N` of a kernel input in one 16-byte `ld.global.nc.v4`;
+/// `[T; N]` must be 16 bytes. Traps when out of bounds or misaligned.
+#[inline(always)]
+pub fn load16<T: Copy, const N: usize>(input: &[T], i: usize) -> [T; N] {
+    let ptr = vector_ptr::<T, N>(input.as_ptr(), input.len(), i);
+    // SAFETY: in bounds and aligned (checked); inputs are not written during the kernel
+    // (`Out`'s invariant 2), so the read-only path is coherent.
+    unsafe { core::mem::transmute_copy(&arch::ld_global_nc_v4_b32(ptr as *const [u32; 4])) }
+}

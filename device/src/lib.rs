@@ -1,0 +1,59 @@
+//! clusterfuse's device library: what kernels call.
+//!
+//! Organised by execution scope ([`thread`], [`warp`], [`block`], [`grid`]) and memory space
+//! ([`shared`], [`global`]); call sites read scope-then-operation, `warp::reduce_sum(x)`,
+//! `block::sync()`. Everything is built from [`arch`], one function per PTX instruction,
+//! which is public so that user primitives are as fast as the built-in ones.
+//!
+//! The whole library also compiles for the host, so that kernel crates (whose typed
+//! launchers are built for the host) type-check there; only [`arch`] differs, and off the GPU
+//! its instructions panic if run. [`limits`], [`Dim3`] and [`DeviceCopy`] are shared with
+//! the macros and the host runtime.
+#![no_std]
+#![cfg_attr(target_arch = "nvptx64", feature(asm_experimental_arch, f16))]
+
+mod dim3;
+mod half;
+pub mod limits;
+pub mod ops;
+
+pub use dim3::Dim3;
+pub use half::{bf16, f16, HalfFloat};
+
+pub mod arch;
+pub mod block;
+pub mod global;
+pub mod grid;
+pub mod math;
+pub mod shared;
+pub mod thread;
+pub mod warp;
+
+/// A value that may be passed to a kernel by value: plain bits, no pointers to host memory,
+/// the same layout on the host and the GPU.
+///
+/// # Safety
+/// 1. The type is `Copy`, has no padding that the kernel reads, and means the same on the
+///    host and on the GPU (`#[repr(C)]` or `#[repr(transparent)]` for your own types).
+/// 2. Its alignment is at most 16 bytes (rustc's nvptx back end rejects more).
+pub unsafe trait DeviceCopy: Copy {}
+
+macro_rules! device_copy {
+    ($($ty:ty),*) => { $(
+        // SAFETY: primitive with the same layout on both targets.
+        unsafe impl DeviceCopy for $ty {}
+    )* };
+}
+
+device_copy!(u8, u16, u32, u64, usize, i8, i16, i32, i64, isize, f32, f64, f16, bf16);
+
+// SAFETY: an array of `DeviceCopy` values is one too.
+unsafe impl<T: DeviceCopy, const N: usize> DeviceCopy for [T; N] {}
+
+/// Ends the kernel with `trap` (the launch reports `CUDA_ERROR_ILLEGAL_INSTRUCTION`); the
+/// message is dropped so that no formatting code reaches the device.
+#[cfg(all(target_arch = "nvptx64", not(test)))]
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    arch::trap()
+}

@@ -1,0 +1,190 @@
+//! Shared memory: typed, bounds-checked views whose accesses compile to `ld.shared`/`st.shared`.
+//!
+//! Static arrays come from the [`shared!`](crate::shared!) macro (one per call site, per block,
+//! like a CUDA `__shared__` variable); dynamic shared memory, sized at launch, is carved with
+//! [`dynamic`]. Views are `Copy` handles to memory every thread of the block can reach, so
+//! ordering between threads is the kernel's job: put a [`block::sync`](crate::block::sync)
+//! between a store and another thread's load.
+
+use crate::arch::{self, SharedWord};
+use core::marker::PhantomData;
+use core::mem::size_of;
+
+/// A view of `len` values of `T` in the block's shared memory.
+#[derive(Clone, Copy)]
+pub struct SharedSlice<T> {
+    addr: u32,
+    len: u32,
+    _element: PhantomData<T>,
+}
+
+#[cold]
+#[inline(never)]
+fn out_of_bounds() -> ! {
+    arch::trap()
+}
+
+impl<T: SharedWord> SharedSlice<T> {
+    /// A view of `len` values at 32-bit shared address `addr`.
+    ///
+    /// # Safety
+    /// 1. `addr .. addr + len * size_of::<T>()` lies in this block's shared memory, aligned for `T`.
+    /// 2. For the kernel's lifetime nothing else uses that memory as another type.
+    #[inline(always)]
+    pub unsafe fn from_raw_parts(addr: u32, len: usize) -> Self {
+        Self { addr, len: len as u32, _element: PhantomData }
+    }
+
+    /// Number of elements.
+    #[inline(always)]
+    pub fn len(self) -> usize {
+        self.len as usize
+    }
+
+    /// True when the view holds no elements.
+    #[inline(always)]
+    pub fn is_empty(self) -> bool {
+        self.len == 0
+    }
+
+    /// The 32-bit shared address of element 0 (for `mapa` and hand-written PTX).
+    #[inline(always)]
+    pub fn addr(self) -> u32 {
+        self.addr
+    }
+
+    /// Element `i`; traps when `i >= len`.
+    #[inline(always)]
+    pub fn load(self, i: usize) -> T {
+        if i >= self.len() {
+            out_of_bounds()
+        }
+        // SAFETY: `i` is in bounds (checked above) and the view's memory is shared (invariant).
+        unsafe { self.load_unchecked(i) }
+    }
+
+    /// Stores `value` at element `i`; traps when `i >= len`.
+    #[inline(always)]
+    pub fn store(self, i: usize, value: T) {
+        if i >= self.len() {
+            out_of_bounds()
+        }
+        // SAFETY: as for `load`.
+        unsafe { self.store_unchecked(i, value) }
+    }
+
+    /// Element `i`, unchecked.
+    ///
+    /// # Safety
+    /// 1. `i < self.len()`.
+    #[inline(always)]
+    pub unsafe fn load_unchecked(self, i: usize) -> T {
+        T::ld_shared(self.addr + (i * size_of::<T>()) as u32)
+    }
+
+    /// Stores `value` at element `i`, unchecked.
+    ///
+    /// # Safety
+    /// 1. `i < self.len()`.
+    #[inline(always)]
+    pub unsafe fn store_unchecked(self, i: usize, value: T) {
+        T::st_shared(self.addr + (i * size_of::<T>()) as u32, value)
+    }
+
+    /// Elements `N * i .. N * i + N` in one 16-byte access (`ld.shared.v4`); `[T; N]` must
+    /// be 16 bytes. Traps when out of bounds or misaligned.
+    #[inline(always)]
+    pub fn load16<const N: usize>(self, i: usize) -> [T; N] {
+        let byte = self.vector_offset::<N>(i);
+        // SAFETY: in bounds and 16-byte aligned (checked by `vector_offset`); `[T; N]` and
+        // `[u32; 4]` are both 16 bytes of plain data.
+        unsafe { core::mem::transmute_copy(&<[u32; 4]>::ld_shared(self.addr + byte)) }
+    }
+
+    /// Stores elements `N * i .. N * i + N` in one 16-byte access; see [`SharedSlice::load16`].
+    #[inline(always)]
+    pub fn store16<const N: usize>(self, i: usize, values: [T; N]) {
+        let byte = self.vector_offset::<N>(i);
+        // SAFETY: as for `load16`.
+        unsafe { <[u32; 4]>::st_shared(self.addr + byte, core::mem::transmute_copy(&values)) }
+    }
+
+    #[inline(always)]
+    fn vector_offset<const N: usize>(self, i: usize) -> u32 {
+        const { assert!(N * size_of::<T>() == 16, "a 16-byte access needs N * size_of::<T>() == 16") };
+        let byte = (i * 16) as u32;
+        if (i + 1) * N > self.len() || (self.addr + byte) % 16 != 0 {
+            out_of_bounds()
+        }
+        byte
+    }
+
+    /// The view of elements `start .. start + len`; traps when that exceeds this view.
+    #[inline(always)]
+    pub fn slice(self, start: usize, len: usize) -> Self {
+        if start + len > self.len() {
+            out_of_bounds()
+        }
+        Self { addr: self.addr + (start * size_of::<T>()) as u32, len: len as u32, _element: PhantomData }
+    }
+}
+
+impl SharedSlice<f32> {
+    /// `atom.shared.add.f32` on element `i`; returns the old value.
+    #[inline(always)]
+    pub fn atomic_add(self, i: usize, value: f32) -> f32 {
+        if i >= self.len() {
+            out_of_bounds()
+        }
+        // SAFETY: in bounds (checked above).
+        unsafe { arch::atom_shared_add_f32(self.addr + (i * 4) as u32, value) }
+    }
+}
+
+impl SharedSlice<u32> {
+    /// `atom.shared.add.u32` on element `i`; returns the old value.
+    #[inline(always)]
+    pub fn atomic_add(self, i: usize, value: u32) -> u32 {
+        if i >= self.len() {
+            out_of_bounds()
+        }
+        // SAFETY: in bounds (checked above).
+        unsafe { arch::atom_shared_add_u32(self.addr + (i * 4) as u32, value) }
+    }
+}
+
+/// The launch's dynamic shared memory, handed out front to back by [`DynamicShared::take`].
+pub struct DynamicShared {
+    next: u32,
+    end: u32,
+}
+
+/// The dynamic shared memory given to this launch (`dynamic_smem_bytes` in the launch config).
+/// Every thread that calls it gets the same sequence of views for the same sequence of `take`s.
+#[inline(always)]
+pub fn dynamic() -> DynamicShared {
+    let base = arch::dynamic_smem_base();
+    DynamicShared { next: base, end: base + arch::dynamic_smem_size() }
+}
+
+impl DynamicShared {
+    /// The next `len` values of `T`, 16-byte aligned; traps when the launch gave too little.
+    #[inline(always)]
+    pub fn take<T: SharedWord>(&mut self, len: usize) -> SharedSlice<T> {
+        let start = self.next.next_multiple_of(16);
+        let bytes = (len * size_of::<T>()) as u32;
+        if bytes > self.end.saturating_sub(start) {
+            out_of_bounds()
+        }
+        self.next = start + bytes;
+        // SAFETY: `start .. start + bytes` lies inside this launch's dynamic shared memory
+        // and no earlier `take` of this allocator covers it.
+        unsafe { SharedSlice::from_raw_parts(start, len) }
+    }
+
+    /// Bytes not yet taken.
+    #[inline(always)]
+    pub fn remaining_bytes(&self) -> usize {
+        self.end.saturating_sub(self.next) as usize
+    }
+}

@@ -1,0 +1,28 @@
+//! clusterfuse's graded examples. Each file is one lesson: a kernel, the CPU reference it is
+//! checked against (in f64), and (on the host) a `run` that checks it on the GPU with fresh
+//! random inputs and poisoned outputs. `cargo run --release -p clusterfuse-examples` runs them all.
+
+clusterfuse::embed_ptx!();
+
+#[path = "00-empty.rs"]
+pub mod empty;
+#[path = "01-saxpy.rs"]
+pub mod saxpy;
+#[path = "02-block-reduce.rs"]
+pub mod block_reduce;
+#[path = "03-dynamic-smem.rs"]
+pub mod dynamic_smem;
+#[path = "04-softmax.rs"]
+pub mod softmax;
+
+#[cfg(not(target_arch = "nvptx64"))]
+pub mod check;
+
+/// Every example, in teaching order: (name, runner).
+#[cfg(not(target_arch = "nvptx64"))]
+pub const EXAMPLES: &[(&str, check::Runner)] = &[
+    ("01-saxpy", saxpy::run),
+    ("02-block-reduce", block_reduce::run),
+    ("03-dynamic-smem", dynamic_smem::run),
+    ("04-softmax", softmax::run),
+];

@@ -1,0 +1,210 @@
+//! Launch configurations and the checks every launch passes before it reaches the driver.
+//! Pure functions of the kernel's facts and the configuration: testable without a GPU.
+
+use crate::kernel::KernelFacts;
+use clusterfuse_device::limits::{
+    DEFAULT_DYNAMIC_SHARED_MEMORY, MAX_BLOCK_DIM, MAX_CLUSTER_SIZE, MAX_GRID_DIM, MAX_PORTABLE_CLUSTER_SIZE,
+    MAX_THREADS_PER_BLOCK,
+};
+use clusterfuse_device::Dim3;
+
+/// How to launch a kernel.
+///
+/// ```
+/// # use clusterfuse_host::{LaunchConfig, Dim3};
+/// let config = LaunchConfig { grid: 128.into(), block: 256.into(), dynamic_smem_bytes: 64 * 1024, ..LaunchConfig::default() };
+/// assert_eq!(config.cluster, None);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Blocks in the grid.
+    pub grid: Dim3,
+    /// Threads in a block.
+    pub block: Dim3,
+    /// Blocks in a cluster; `None` takes the kernel's declared `cluster(..)`, if any.
+    pub cluster: Option<Dim3>,
+    /// Dynamic shared memory per block, in bytes. Above 48 KB the kernel is opted in
+    /// automatically.
+    pub dynamic_smem_bytes: u32,
+}
+
+impl Default for LaunchConfig {
+    /// One block of one thread, no cluster, no dynamic shared memory.
+    fn default() -> Self {
+        Self { grid: Dim3::default(), block: Dim3::default(), cluster: None, dynamic_smem_bytes: 0 }
+    }
+}
+
+/// A configuration that passed every check, ready for the driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchPlan {
+    pub grid: Dim3,
+    pub block: Dim3,
+    /// The effective cluster (declared or requested), if any.
+    pub cluster: Option<Dim3>,
+    pub dynamic_smem_bytes: u32,
+}
+
+impl LaunchPlan {
+    /// True when the cluster is larger than the portable 8 and needs the opt-in.
+    pub fn non_portable_cluster(&self) -> bool {
+        self.cluster.is_some_and(|c| c.volume() > MAX_PORTABLE_CLUSTER_SIZE as u64)
+    }
+
+    /// True when dynamic shared memory exceeds the 48 KB a kernel gets without opting in.
+    pub fn needs_smem_opt_in(&self) -> bool {
+        self.dynamic_smem_bytes > DEFAULT_DYNAMIC_SHARED_MEMORY
+    }
+}
+
+/// Why a launch configuration was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LaunchError {
+    #[error("{what} {dim:?} has a zero extent; every extent is at least 1")]
+    ZeroExtent { what: &'static str, dim: Dim3 },
+    #[error("block {block:?} has {threads} threads, more than {MAX_THREADS_PER_BLOCK}")]
+    BlockTooLarge { block: Dim3, threads: u64 },
+    #[error("block {block:?} exceeds the per-dimension maximum {MAX_BLOCK_DIM:?}")]
+    BlockDimTooLarge { block: Dim3 },
+    #[error("grid {grid:?} exceeds the per-dimension maximum {MAX_GRID_DIM:?}")]
+    GridDimTooLarge { grid: Dim3 },
+    #[error("block of {threads} threads exceeds the kernel's launch bound `max_threads = {max_threads}`; use a smaller block or raise the bound")]
+    ExceedsLaunchBounds { threads: u64, max_threads: u32 },
+    #[error("cluster {cluster:?} has {size} blocks, more than Hopper's maximum of {MAX_CLUSTER_SIZE}")]
+    ClusterTooLarge { cluster: Dim3, size: u64 },
+    #[error("cluster {cluster:?} does not divide grid {grid:?}; make every grid extent a multiple of the cluster's")]
+    ClusterDoesNotDivideGrid { grid: Dim3, cluster: Dim3 },
+    #[error("the kernel declares `cluster{declared:?}` but the launch asks for {requested:?}; leave `cluster: None` or match it")]
+    ClusterMismatch { declared: Dim3, requested: Dim3 },
+    #[error("{static_bytes} B static + {dynamic_bytes} B dynamic shared memory exceeds the {limit} B a block may use")]
+    SharedMemoryTooLarge { static_bytes: u32, dynamic_bytes: u32, limit: u32 },
+}
+
+/// Checks `config` for a kernel with `facts` that uses `static_smem` bytes of static shared
+/// memory on a device allowing `smem_limit` bytes per block.
+pub fn plan(facts: &KernelFacts, static_smem: u32, smem_limit: u32, config: &LaunchConfig) -> Result<LaunchPlan, LaunchError> {
+    let LaunchConfig { grid, block, dynamic_smem_bytes, .. } = *config;
+    for (what, dim) in [("grid", grid), ("block", block)] {
+        if dim.to_array().contains(&0) {
+            return Err(LaunchError::ZeroExtent { what, dim });
+        }
+    }
+    if block.to_array().iter().zip(MAX_BLOCK_DIM).any(|(&d, max)| d > max) {
+        return Err(LaunchError::BlockDimTooLarge { block });
+    }
+    let threads = block.volume();
+    if threads > MAX_THREADS_PER_BLOCK as u64 {
+        return Err(LaunchError::BlockTooLarge { block, threads });
+    }
+    if let Some(max_threads) = facts.max_threads {
+        if threads > max_threads as u64 {
+            return Err(LaunchError::ExceedsLaunchBounds { threads, max_threads });
+        }
+    }
+    if grid.to_array().iter().zip(MAX_GRID_DIM).any(|(&d, max)| d > max) {
+        return Err(LaunchError::GridDimTooLarge { grid });
+    }
+    let cluster = match (facts.cluster, config.cluster) {
+        (Some(declared), Some(requested)) if declared != requested => {
+            return Err(LaunchError::ClusterMismatch { declared, requested });
+        }
+        (declared, requested) => requested.or(declared),
+    };
+    if let Some(cluster) = cluster {
+        if cluster.to_array().contains(&0) {
+            return Err(LaunchError::ZeroExtent { what: "cluster", dim: cluster });
+        }
+        let size = cluster.volume();
+        if size > MAX_CLUSTER_SIZE as u64 {
+            return Err(LaunchError::ClusterTooLarge { cluster, size });
+        }
+        if grid.to_array().iter().zip(cluster.to_array()).any(|(&g, c)| g % c != 0) {
+            return Err(LaunchError::ClusterDoesNotDivideGrid { grid, cluster });
+        }
+    }
+    if static_smem as u64 + dynamic_smem_bytes as u64 > smem_limit as u64 {
+        return Err(LaunchError::SharedMemoryTooLarge { static_bytes: static_smem, dynamic_bytes: dynamic_smem_bytes, limit: smem_limit });
+    }
+    Ok(LaunchPlan { grid, block, cluster, dynamic_smem_bytes })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clusterfuse_device::limits::MAX_SHARED_MEMORY_PER_BLOCK;
+
+    const PLAIN: KernelFacts = KernelFacts { name: "k", max_threads: None, min_blocks: None, cluster: None };
+    const BOUNDED: KernelFacts = KernelFacts { name: "k", max_threads: Some(256), min_blocks: Some(2), cluster: None };
+    const CLUSTER4: KernelFacts = KernelFacts { name: "k", max_threads: None, min_blocks: None, cluster: Some(Dim3::new(4, 1, 1)) };
+
+    fn config(grid: u32, block: u32) -> LaunchConfig {
+        LaunchConfig { grid: grid.into(), block: block.into(), ..LaunchConfig::default() }
+    }
+
+    fn check(facts: &KernelFacts, config: LaunchConfig) -> Result<LaunchPlan, LaunchError> {
+        plan(facts, 0, MAX_SHARED_MEMORY_PER_BLOCK, &config)
+    }
+
+    #[test]
+    fn accepts_a_plain_launch() {
+        let plan = check(&PLAIN, config(1000, 256)).unwrap();
+        assert_eq!(plan.cluster, None);
+        assert!(!plan.needs_smem_opt_in());
+    }
+
+    #[test]
+    fn rejects_zero_extents() {
+        assert!(matches!(check(&PLAIN, config(0, 256)), Err(LaunchError::ZeroExtent { what: "grid", .. })));
+        assert!(matches!(check(&PLAIN, config(4, 0)), Err(LaunchError::ZeroExtent { what: "block", .. })));
+    }
+
+    #[test]
+    fn rejects_blocks_over_1024_threads() {
+        let c = LaunchConfig { block: (64, 32, 1).into(), ..config(1, 1) };
+        assert_eq!(check(&PLAIN, c), Err(LaunchError::BlockTooLarge { block: Dim3::new(64, 32, 1), threads: 2048 }));
+        let c = LaunchConfig { block: (1, 1, 65).into(), ..config(1, 1) };
+        assert!(matches!(check(&PLAIN, c), Err(LaunchError::BlockDimTooLarge { .. })));
+    }
+
+    #[test]
+    fn rejects_grids_past_the_limits() {
+        let c = LaunchConfig { grid: (1, 65536, 1).into(), ..config(1, 32) };
+        assert!(matches!(check(&PLAIN, c), Err(LaunchError::GridDimTooLarge { .. })));
+    }
+
+    #[test]
+    fn enforces_launch_bounds() {
+        assert!(check(&BOUNDED, config(8, 256)).is_ok());
+        assert_eq!(check(&BOUNDED, config(8, 512)), Err(LaunchError::ExceedsLaunchBounds { threads: 512, max_threads: 256 }));
+    }
+
+    #[test]
+    fn takes_the_declared_cluster_and_checks_divisibility() {
+        assert_eq!(check(&CLUSTER4, config(8, 128)).unwrap().cluster, Some(Dim3::new(4, 1, 1)));
+        assert!(matches!(check(&CLUSTER4, config(6, 128)), Err(LaunchError::ClusterDoesNotDivideGrid { .. })));
+        let c = LaunchConfig { cluster: Some(2.into()), ..config(8, 128) };
+        assert!(matches!(check(&CLUSTER4, c), Err(LaunchError::ClusterMismatch { .. })));
+    }
+
+    #[test]
+    fn checks_launch_time_clusters() {
+        let c = LaunchConfig { cluster: Some(16.into()), ..config(32, 128) };
+        let plan = check(&PLAIN, c).unwrap();
+        assert!(plan.non_portable_cluster());
+        let c = LaunchConfig { cluster: Some((4, 4, 2).into()), grid: (4, 4, 2).into(), ..config(1, 128) };
+        assert!(matches!(check(&PLAIN, c), Err(LaunchError::ClusterTooLarge { size: 32, .. })));
+        let c = LaunchConfig { cluster: Some((2, 0, 1).into()), ..config(4, 128) };
+        assert!(matches!(check(&PLAIN, c), Err(LaunchError::ZeroExtent { what: "cluster", .. })));
+    }
+
+    #[test]
+    fn checks_shared_memory_against_the_limit() {
+        let c = LaunchConfig { dynamic_smem_bytes: 100 * 1024, ..config(1, 128) };
+        assert!(plan(&PLAIN, 0, MAX_SHARED_MEMORY_PER_BLOCK, &c).unwrap().needs_smem_opt_in());
+        let c = LaunchConfig { dynamic_smem_bytes: MAX_SHARED_MEMORY_PER_BLOCK, ..config(1, 128) };
+        assert_eq!(
+            plan(&PLAIN, 1024, MAX_SHARED_MEMORY_PER_BLOCK, &c),
+            Err(LaunchError::SharedMemoryTooLarge { static_bytes: 1024, dynamic_bytes: MAX_SHARED_MEMORY_PER_BLOCK, limit: MAX_SHARED_MEMORY_PER_BLOCK })
+        );
+    }
+}

@@ -1,0 +1,223 @@
+//! Code generation for `#[kernel]`: the PTX entry (nvptx64) and the typed launcher (host),
+//! both from the same parsed model so they cannot disagree.
+
+use super::ast::{Kernel, ParamKind};
+use proc_macro2::TokenStream;
+use quote::{format_ident, quote, quote_spanned};
+use syn::spanned::Spanned;
+
+/// The user's item next to the errors, so one mistake does not
+/// cascade into errors about a missing kernel.
+pub fn fallback(item: TokenStream, err: syn::Error) -> TokenStream {
+    let err = err.to_compile_error();
+    quote! {
+        #err
+        #[allow(dead_code)]
+        #item
+    }
+}
+
+pub fn kernel(kernel: &Kernel) -> TokenStream {
+    let device = device_entry(kernel);
+    let host = host_launcher(kernel);
+    let item = &kernel.item;
+    // On the host the function stays an ordinary (uncalled) function, so that its body and
+    // the crate's device imports type-check there too.
+    quote! {
+        #device
+        #host
+        #[cfg(not(target_arch = "nvptx64"))]
+        #[allow(dead_code)]
+        #item
+    }
+}
+
+fn krate(kernel: &Kernel) -> TokenStream {
+    match &kernel.krate {
+        Some(path) => quote!(#path),
+        None => quote!(::clusterfuse),
+    }
+}
+
+/// The facts line the build helper reads back from the PTX to insert `.maxntid`,
+/// `.minnctapersm`, `.reqnctapercluster` and `.explicitcluster` into the entry.
+fn facts_comment(kernel: &Kernel) -> String {
+    let mut line = format!("// clusterfuse-kernel name={}", kernel.item.sig.ident);
+    if let Some(bounds) = &kernel.launch_bounds {
+        line += &format!(" maxntid={}", bounds.max_threads.value);
+        if let Some(min) = bounds.min_blocks {
+            line += &format!(" minnctapersm={}", min.value);
+        }
+    }
+    if let Some(cluster) = &kernel.cluster {
+        let [x, y, z] = cluster.dims;
+        line += &format!(" reqnctapercluster={x},{y},{z}");
+    }
+    line
+}
+
+fn device_entry(kernel: &Kernel) -> TokenStream {
+    let krate = krate(kernel);
+    let item = &kernel.item;
+    let attrs = &item.attrs;
+    let vis = &item.vis;
+    let name = &item.sig.ident;
+    let body = &item.block;
+    let facts = facts_comment(kernel);
+    let mut params = Vec::new();
+    let mut bindings = Vec::new();
+    for param in &kernel.params {
+        let ident = &param.ident;
+        let ty = &param.ty;
+        let ptr = format_ident!("{}__ptr", ident);
+        let len = format_ident!("{}__len", ident);
+        match &param.kind {
+            ParamKind::Scalar => params.push(quote!(#ident: #ty)),
+            ParamKind::Input(elem) => {
+                params.push(quote!(#ptr: *const #elem, #len: usize));
+                bindings.push(quote_spanned! {ty.span()=>
+                    // SAFETY: the host launcher passes a live device buffer's pointer and length.
+                    let #ident: #ty = unsafe { #krate::__private::input_slice(#ptr, #len) };
+                });
+            }
+            ParamKind::Output(elem) => {
+                params.push(quote!(#ptr: *mut #elem, #len: usize));
+                bindings.push(quote_spanned! {ty.span()=>
+                    // SAFETY: the host launcher passes a live, exclusively borrowed device buffer.
+                    let #ident: #ty = unsafe { #krate::__private::Out::from_raw_parts(#ptr, #len) };
+                });
+            }
+            ParamKind::Unsupported(_) => unreachable!("rejected by valid::check"),
+        }
+    }
+    quote! {
+        #[cfg(target_arch = "nvptx64")]
+        ::core::arch::global_asm!(#facts);
+
+        #[cfg(target_arch = "nvptx64")]
+        #(#attrs)*
+        #[unsafe(no_mangle)]
+        #vis extern "ptx-kernel" fn #name(#(#params),*) {
+            #(#bindings)*
+            #body
+        }
+    }
+}
+
+fn host_launcher(kernel: &Kernel) -> TokenStream {
+    let krate = krate(kernel);
+    let item = &kernel.item;
+    let vis = &item.vis;
+    let name = &item.sig.ident;
+    let name_str = name.to_string();
+    let docs = item.attrs.iter().filter(|attr| attr.path().is_ident("doc"));
+    let host = quote!(#krate::__private::host);
+
+    let max_threads = option(kernel.launch_bounds.as_ref().map(|b| b.max_threads.value));
+    let min_blocks = option(kernel.launch_bounds.as_ref().and_then(|b| b.min_blocks.map(|m| m.value)));
+    let cluster = match &kernel.cluster {
+        Some(c) => {
+            let [x, y, z] = c.dims;
+            quote!(::core::option::Option::Some(#host::Dim3::new(#x, #y, #z)))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+
+    let mut args = Vec::new();
+    let mut lowering = Vec::new();
+    let mut slots = Vec::new();
+    for param in &kernel.params {
+        let ident = &param.ident;
+        let ty = &param.ty;
+        let ptr = format_ident!("{}__ptr", ident);
+        let sync = format_ident!("_{}__sync", ident);
+        let len = format_ident!("{}__len", ident);
+        match &param.kind {
+            ParamKind::Scalar => {
+                args.push(quote!(#ident: #ty));
+                slots.push(quote_spanned!(ty.span()=> #host::param(&#ident)));
+            }
+            ParamKind::Input(elem) => {
+                args.push(quote!(#ident: &impl #host::DevicePtr<#elem>));
+                lowering.push(quote! {
+                    let (#ptr, #sync) = #host::DevicePtr::device_ptr(#ident, stream);
+                    let #len: usize = #host::DeviceSlice::len(#ident);
+                });
+                slots.push(quote!(#host::param(&#ptr)));
+                slots.push(quote!(#host::param(&#len)));
+            }
+            ParamKind::Output(elem) => {
+                args.push(quote!(#ident: &mut impl #host::DevicePtrMut<#elem>));
+                lowering.push(quote! {
+                    let #len: usize = #host::DeviceSlice::len(#ident);
+                    let (#ptr, #sync) = #host::DevicePtrMut::device_ptr_mut(#ident, stream);
+                });
+                slots.push(quote!(#host::param(&#ptr)));
+                slots.push(quote!(#host::param(&#len)));
+            }
+            ParamKind::Unsupported(_) => unreachable!("rejected by valid::check"),
+        }
+    }
+    let arg_names: Vec<_> = kernel.params.iter().map(|p| &p.ident).collect();
+    let doc_launch = format!("Launches `{name_str}` on `stream` after checking `config` against the kernel's facts and the device.");
+
+    quote! {
+        #[cfg(not(target_arch = "nvptx64"))]
+        #(#docs)*
+        #[allow(non_snake_case)]
+        #vis mod #name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            /// What the kernel attribute declared; the PTX entry carries the same facts.
+            pub const FACTS: #host::KernelFacts = #host::KernelFacts {
+                name: #name_str,
+                max_threads: #max_threads,
+                min_blocks: #min_blocks,
+                cluster: #cluster,
+            };
+
+            /// The kernel, loaded on one GPU, with its typed launcher.
+            pub struct Kernel(#host::Kernel);
+
+            /// Loads the kernel from this crate's embedded PTX (the module is loaded once per GPU).
+            pub fn load(gpu: &#host::Gpu) -> #host::Result<Kernel> {
+                gpu.load_kernel(&crate::__CLUSTERFUSE_PTX, &FACTS).map(Kernel)
+            }
+
+            impl Kernel {
+                #[doc = #doc_launch]
+                #[allow(clippy::too_many_arguments)]
+                pub fn launch(&self, stream: &#host::Stream, config: &#host::LaunchConfig, #(#args),*) -> #host::Result<()> {
+                    let plan = self.0.plan(config)?;
+                    // SAFETY: `plan` was checked against the kernel and device; the parameters are
+                    // lowered exactly as the PTX entry declares them.
+                    unsafe { self.launch_planned(stream, &plan, #(#arg_names),*) }
+                }
+
+                /// Launches with a plan from [`Kernel::raw`]`().plan(..)`, skipping the checks.
+                ///
+                /// # Safety
+                /// 1. `plan` came from this kernel's `plan` (or satisfies every check it makes).
+                #[allow(clippy::too_many_arguments)]
+                pub unsafe fn launch_planned(&self, stream: &#host::Stream, plan: &#host::LaunchPlan, #(#args),*) -> #host::Result<()> {
+                    #(#lowering)*
+                    let mut params = [#(#slots),*];
+                    self.0.launch_raw(stream, plan, &mut params)
+                }
+
+                /// The untyped kernel: its function handle, facts and planning.
+                pub fn raw(&self) -> &#host::Kernel {
+                    &self.0
+                }
+            }
+        }
+    }
+}
+
+fn option(value: Option<u32>) -> TokenStream {
+    match value {
+        Some(v) => quote!(::core::option::Option::Some(#v)),
+        None => quote!(::core::option::Option::None),
+    }
+}

@@ -1,0 +1,51 @@
+//! `shared!([T; N])`: a module-scope `.shared` array named after its call site, and a typed
+//! view of it. Like a CUDA `__shared__` variable, each call site is one array per block.
+
+use proc_macro2::TokenStream;
+use quote::quote;
+use syn::spanned::Spanned;
+use syn::{Expr, Type, TypeArray};
+
+pub fn expand(input: TokenStream) -> TokenStream {
+    match syn::parse2::<TypeArray>(input.clone()) {
+        Ok(array) => array_view(&array),
+        Err(_) => syn::Error::new_spanned(input, "expected an array type, e.g. `shared!([f32; 256])`").to_compile_error(),
+    }
+}
+
+fn array_view(array: &TypeArray) -> TokenStream {
+    let elem: &Type = &array.elem;
+    let len: &Expr = &array.len;
+    let symbol = symbol_name(array.span());
+    let declare = format!(".shared .align 16 .b8 {symbol}[{{bytes}}];");
+    let address = format!("mov.u32 {{addr}}, {symbol};");
+    quote! {{
+        // `global_asm!` is an item, so it sits in a module of its own.
+        #[cfg(target_arch = "nvptx64")]
+        #[allow(unused_imports)]
+        mod __clusterfuse_shared_array {
+            use super::*;
+            ::core::arch::global_asm!(#declare, bytes = const ::core::mem::size_of::<[#elem; #len]>());
+        }
+        #[cfg(target_arch = "nvptx64")]
+        let addr: u32 = {
+            let addr: u32;
+            // SAFETY: reads the address of the array declared just above.
+            unsafe { ::core::arch::asm!(#address, addr = out(reg32) addr, options(pure, nomem, nostack)) };
+            addr
+        };
+        #[cfg(not(target_arch = "nvptx64"))]
+        let addr: u32 = ::clusterfuse::arch::shared_array_address_on_host();
+        // SAFETY: the symbol is a 16-byte-aligned `.shared` array of `len` elements, used by
+        // this call site alone.
+        unsafe { ::clusterfuse::__private::SharedSlice::<#elem>::from_raw_parts(addr, #len) }
+    }}
+}
+
+/// A PTX identifier unique to the call site: crate, file, line and column.
+fn symbol_name(span: proc_macro2::Span) -> String {
+    let crate_name = std::env::var("CARGO_CRATE_NAME").unwrap_or_default();
+    let site = span.unwrap();
+    let file: String = site.file().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    format!("__clusterfuse_smem_{crate_name}_{file}_{}_{}", site.line(), site.column())
+}

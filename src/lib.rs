@@ -1,0 +1,82 @@
+//! # clusterfuse
+//!
+//! Fused GPU kernels for NVIDIA Hopper, written as ordinary Rust functions.
+//!
+//! A *kernel crate* holds `#[kernel]` functions. Its `build.rs` calls
+//! `clusterfuse_build::build_kernels()`, which compiles the crate for `nvptx64-nvidia-cuda`
+//! (sm_90) and checks the PTX with `ptxas`; `clusterfuse::embed_ptx!()` embeds that PTX in the
+//! host build, where each kernel becomes a module with a typed launcher:
+//!
+//! ```ignore
+//! use clusterfuse::prelude::*;
+//! clusterfuse::embed_ptx!();
+//!
+//! #[kernel(launch_bounds(max_threads = 256))]
+//! pub fn saxpy(a: f32, x: &[f32], y: Out<f32>) {
+//!     let i = thread::global_index_x();
+//!     if i < y.len() {
+//!         y.set(i, a.fma(x[i], y.get(i)));
+//!     }
+//! }
+//!
+//! // On the host:
+//! let gpu = clusterfuse::host::Gpu::new(0)?;
+//! let saxpy = saxpy::load(&gpu)?;
+//! saxpy.launch(gpu.stream(), &LaunchConfig { grid: 4.into(), block: 256.into(), ..Default::default() }, 2.0, &x, &mut y)?;
+//! ```
+//!
+//! Device code sees the whole device library ([`thread`], [`warp`], [`block`], [`grid`],
+//! [`shared`], [`global`], [`math`], [`arch`]); host code additionally sees [`host`].
+#![cfg_attr(target_arch = "nvptx64", no_std)]
+
+pub use clusterfuse_device::*;
+pub use clusterfuse_macros::{kernel, shared};
+
+#[cfg(not(target_arch = "nvptx64"))]
+pub use clusterfuse_host as host;
+
+/// What a kernel module usually needs: `use clusterfuse::prelude::*;`.
+pub mod prelude {
+    pub use crate::global::Out;
+    pub use crate::math::Fma;
+    pub use crate::ops::{Max, Min, Sum};
+    pub use crate::shared::SharedSlice;
+    pub use crate::{bf16, f16, HalfFloat};
+    pub use crate::{block, global, grid, kernel, math, shared, thread, warp};
+    #[cfg(not(target_arch = "nvptx64"))]
+    pub use clusterfuse_host::{Gpu, LaunchConfig};
+}
+
+/// Embeds this kernel crate's PTX (built by `clusterfuse_build::build_kernels()` in its
+/// `build.rs`) so that the crate's typed launchers can load it. Invoke once, at the crate root.
+#[macro_export]
+macro_rules! embed_ptx {
+    () => {
+        #[cfg(not(target_arch = "nvptx64"))]
+        #[doc(hidden)]
+        pub static __CLUSTERFUSE_PTX: $crate::host::Ptx =
+            $crate::host::Ptx::new(env!("CARGO_PKG_NAME"), include_str!(concat!(env!("OUT_DIR"), "/clusterfuse.ptx")));
+    };
+}
+
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::global::Out;
+    pub use crate::shared::SharedSlice;
+    #[cfg(not(target_arch = "nvptx64"))]
+    pub use clusterfuse_host as host;
+
+    /// The `&[T]` a kernel sees for an input buffer.
+    ///
+    /// # Safety
+    /// 1. `ptr .. ptr + len` is readable device memory, aligned for `T`, not written during
+    ///    the kernel.
+    #[inline(always)]
+    pub unsafe fn input_slice<'a, T>(ptr: *const T, len: usize) -> &'a [T] {
+        if len == 0 {
+            &[]
+        } else {
+            core::slice::from_raw_parts(ptr, len)
+        }
+    }
+}
