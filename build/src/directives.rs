@@ -119,7 +119,7 @@ mod tests {
     #[test]
     fn inserts_directives_after_the_parameter_list() {
         let out = insert_directives(PTX).unwrap();
-        let expected = ")\n.maxntid 256, 1, 1\n.minnctapersm 2\n.reqnctapercluster 4, 1, 1\n.explicitcluster\n{";
+        let expected = ")                                       // @k\n.maxntid 256, 1, 1\n.minnctapersm 2\n.reqnctapercluster 4, 1, 1\n.explicitcluster\n{";
         assert!(out.contains(expected), "{out}");
         assert!(out.contains(".visible .entry empty()                 // @empty\n{"), "{out}");
     }

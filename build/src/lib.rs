@@ -13,6 +13,7 @@
 //! `clusterfuse::embed_ptx!()`. The build re-runs when any file of the device build changes.
 
 mod directives;
+mod report;
 mod toolchain;
 
 use std::path::{Path, PathBuf};
@@ -20,7 +21,8 @@ use std::process::Command;
 use std::{env, fmt, fs};
 
 pub use directives::{insert_directives, KernelDirectives};
-pub use toolchain::Toolchain;
+pub use report::{parse_report, KernelResources};
+pub use toolchain::{home, Toolchain};
 
 /// Why the device build failed.
 pub enum Error {
@@ -103,8 +105,10 @@ pub fn build_kernels() -> Result<(), Error> {
         Some(ptxas) => {
             let report = assemble(ptxas, &out_ptx)?;
             fs::write(out_dir.join("clusterfuse.ptxas.txt"), &report).map_err(io("cannot write", &out_dir))?;
-            for line in report.lines().filter(|l| l.contains("spill") && !l.contains(" 0 bytes spill stores")) {
-                println!("cargo:warning=ptxas: {}", line.trim());
+            for (kernel, resources) in parse_report(&report) {
+                if resources.spill_store_bytes + resources.spill_load_bytes > 0 {
+                    println!("cargo:warning=kernel `{kernel}` spills registers: {resources:?}");
+                }
             }
         }
         None => println!("cargo:warning=ptxas not found: the PTX was not assembled for sm_90 (run scripts/setup.sh)"),

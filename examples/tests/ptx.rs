@@ -1,0 +1,62 @@
+//! The examples' PTX, checked without a GPU: launch directives in place, shared memory through
+//! `ld.shared`/`st.shared`, and every kernel assembled by `ptxas -arch=sm_90` with no spills
+//! and the shared memory it should use.
+
+use clusterfuse_build::{assemble, home, parse_report, KernelResources};
+use clusterfuse_examples::__CLUSTERFUSE_PTX as PTX;
+use std::collections::BTreeMap;
+
+/// The text of one `.entry`, from its header to its closing brace.
+fn entry(name: &str) -> &'static str {
+    let start = PTX.text.find(&format!(".entry {name}(")).unwrap_or_else(|| panic!("no entry `{name}` in the PTX"));
+    let body = &PTX.text[start..];
+    let end = body.find("\n}\n").expect("entry has a closing brace");
+    &body[..end]
+}
+
+fn resources() -> BTreeMap<String, KernelResources> {
+    let ptxas = home().join("bin/ptxas");
+    assert!(ptxas.exists(), "ptxas not found at {}: run scripts/setup.sh", ptxas.display());
+    let file = std::env::temp_dir().join(format!("clusterfuse-examples-{}.ptx", std::process::id()));
+    std::fs::write(&file, PTX.text).unwrap();
+    let report = assemble(&ptxas, &file).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::remove_file(&file).ok();
+    parse_report(&report)
+}
+
+#[test]
+fn targets_sm_90_with_ptx_8() {
+    assert!(PTX.text.contains(".target sm_90"), "PTX does not target sm_90");
+    let version = PTX.text.lines().find_map(|l| l.strip_prefix(".version ")).expect(".version line");
+    let (major, _) = version.trim().split_once('.').unwrap();
+    assert!(major.parse::<u32>().unwrap() >= 8, "PTX ISA {version} < 8.0");
+}
+
+#[test]
+fn launch_bounds_become_directives() {
+    let saxpy = entry("saxpy");
+    assert!(saxpy.contains(".maxntid 256, 1, 1") && saxpy.contains(".minnctapersm 2"), "{saxpy}");
+    assert!(entry("softmax").contains(".maxntid 256, 1, 1"));
+    assert!(!entry("empty").contains(".maxntid"));
+}
+
+#[test]
+fn shared_memory_uses_shared_instructions() {
+    for kernel in ["block_sum", "stencil"] {
+        let text = entry(kernel);
+        assert!(text.contains("st.shared.") && text.contains("ld.shared."), "`{kernel}` does not use ld/st.shared");
+    }
+}
+
+#[test]
+fn every_kernel_assembles_without_spills() {
+    let kernels = resources();
+    let expected_smem = [("empty", 0), ("saxpy", 0), ("block_sum", 128), ("stencil", 0), ("softmax", 0)];
+    assert_eq!(kernels.len(), expected_smem.len(), "kernels: {:?}", kernels.keys());
+    for (name, smem) in expected_smem {
+        let r = &kernels[name];
+        assert_eq!((r.spill_store_bytes, r.spill_load_bytes, r.stack_frame_bytes), (0, 0, 0), "`{name}` spills: {r:?}");
+        assert_eq!(r.static_smem_bytes, smem, "`{name}` static shared memory: {r:?}");
+    }
+    assert_eq!(kernels["block_sum"].barriers, 1);
+}

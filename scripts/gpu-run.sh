@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs the GPU tests and benchmarks gathered by scripts/gpu-bundle.sh, on a machine with a
+# GPU (no Rust needed there): the examples against their CPU references, the same under
+# compute-sanitizer (memcheck, racecheck), then the benchmarks. Logs go to ${OUT:-gpu-results}/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu-results}
+mkdir -p "$out"
+status=0
+step() {
+    local name=$1; shift
+    echo "== $name: $*"
+    "$@" 2>&1 | tee "$out/$name.txt"
+    local rc=${PIPESTATUS[0]}
+    [ "$rc" -eq 0 ] || { echo "== $name FAILED (exit $rc)"; status=1; }
+}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
+step examples .gpu/clusterfuse-examples
+step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 .gpu/clusterfuse-examples
+step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 .gpu/clusterfuse-examples
+step launch-overhead .gpu/launch-overhead
+exit $status

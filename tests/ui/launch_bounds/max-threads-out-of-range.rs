@@ -1,0 +1,8 @@
+use clusterfuse::prelude::*;
+
+#[kernel(launch_bounds(max_threads = 2048))]
+pub fn k(y: Out<f32>) {
+    y.set(0, 1.0);
+}
+
+fn main() {}

@@ -1,0 +1,8 @@
+use clusterfuse::prelude::*;
+
+#[kernel]
+pub fn k(y: *mut f32) {
+    let _ = y;
+}
+
+fn main() {}
