@@ -42,7 +42,7 @@ pub mod prelude {
     pub use crate::ops::{Max, Min, Sum};
     pub use crate::shared::SharedSlice;
     pub use crate::{bf16, f16, HalfFloat};
-    pub use crate::{block, global, grid, kernel, math, shared, thread, warp};
+    pub use crate::{block, cluster, global, grid, kernel, math, shared, thread, warp};
     #[cfg(not(target_arch = "nvptx64"))]
     pub use clusterfuse_host::{Gpu, LaunchConfig};
 }

@@ -160,6 +160,47 @@ pub fn fence_acq_rel_gpu() {
     unsafe { ptx!("fence.acq_rel.gpu;", options(nostack)) };
 }
 
+/// `barrier.cluster.arrive.release`: this thread has arrived at the cluster barrier; its
+/// earlier writes (shared, distributed shared, global) are released to the cluster.
+#[inline(always)]
+pub fn barrier_cluster_arrive_release() {
+    // SAFETY: a barrier arrival has no memory-safety preconditions.
+    unsafe { ptx!("barrier.cluster.arrive.release;", options(nostack)) };
+}
+
+/// `barrier.cluster.arrive.relaxed`: arrival without release ordering (cheaper; pair with a
+/// fence when writes must be visible).
+#[inline(always)]
+pub fn barrier_cluster_arrive_relaxed() {
+    // SAFETY: as above.
+    unsafe { ptx!("barrier.cluster.arrive.relaxed;", options(nostack)) };
+}
+
+/// `barrier.cluster.wait.acquire`: waits until every thread of every block in the cluster
+/// has arrived; acquires what they released.
+#[inline(always)]
+pub fn barrier_cluster_wait_acquire() {
+    // SAFETY: as above.
+    unsafe { ptx!("barrier.cluster.wait.acquire;", options(nostack)) };
+}
+
+/// `fence.acq_rel.cluster`.
+#[inline(always)]
+pub fn fence_acq_rel_cluster() {
+    // SAFETY: a fence only orders memory operations.
+    unsafe { ptx!("fence.acq_rel.cluster;", options(nostack)) };
+}
+
+/// `mapa.shared::cluster.u32`: the distributed-shared address of the variable at shared
+/// address `addr` in the block of cluster rank `rank`.
+#[inline(always)]
+pub fn mapa_shared_cluster(addr: u32, rank: u32) -> u32 {
+    let out: u32;
+    // SAFETY: address arithmetic only; using the result is what needs care.
+    unsafe { ptx!("mapa.shared::cluster.u32 {o}, {a}, {r};", o = out(reg32) out, a = in(reg32) addr, r = in(reg32) rank, options(pure, nomem, nostack)) };
+    out
+}
+
 // --- Warp shuffles and votes (§9.7.8.6, §9.7.8.7) -------------------------------------------
 
 /// `shfl.sync.bfly.b32`: the value of lane `laneid ^ lane_mask`.

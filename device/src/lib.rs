@@ -22,6 +22,7 @@ pub use half::{bf16, f16, HalfFloat};
 
 pub mod arch;
 pub mod block;
+pub mod cluster;
 pub mod global;
 pub mod grid;
 pub mod math;

@@ -14,6 +14,8 @@ pub mod block_reduce;
 pub mod dynamic_smem;
 #[path = "04-softmax.rs"]
 pub mod softmax;
+#[path = "05-cluster-collectives.rs"]
+pub mod cluster_collectives;
 
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod check;
@@ -25,4 +27,5 @@ pub const EXAMPLES: &[(&str, check::Runner)] = &[
     ("02-block-reduce", block_reduce::run),
     ("03-dynamic-smem", dynamic_smem::run),
     ("04-softmax", softmax::run),
+    ("05-cluster", cluster_collectives::run),
 ];

@@ -49,9 +49,20 @@ fn shared_memory_uses_shared_instructions() {
 }
 
 #[test]
+fn cluster_collectives_use_dsmem() {
+    for kernel in ["cluster_reduce", "cluster_gather"] {
+        let text = entry(kernel);
+        for instruction in ["mapa.shared::cluster", "st.shared::cluster", "barrier.cluster.arrive.release", "barrier.cluster.wait.acquire"] {
+            assert!(text.contains(instruction), "`{kernel}` lacks `{instruction}`");
+        }
+    }
+    assert!(entry("cluster_reduce").contains("ld.shared::cluster"));
+}
+
+#[test]
 fn every_kernel_assembles_without_spills() {
     let kernels = resources();
-    let expected_smem = [("empty", 0), ("saxpy", 0), ("block_sum", 128), ("stencil", 0), ("softmax", 0)];
+    let expected_smem = [("empty", 0), ("saxpy", 0), ("block_sum", 128), ("stencil", 0), ("softmax", 0), ("cluster_reduce", 0), ("cluster_gather", 0)];
     assert_eq!(kernels.len(), expected_smem.len(), "kernels: {:?}", kernels.keys());
     for (name, smem) in expected_smem {
         let r = &kernels[name];

@@ -1,0 +1,104 @@
+//! 05 — thread-block clusters: the blocks of a cluster all-reduce a shared-memory vector
+//! through distributed shared memory (`cluster::reduce`) and all-gather their tiles
+//! (`cluster::gather`). The cluster size is chosen at launch, from 1 to 16 (above 8 the host
+//! opts the kernel into non-portable cluster sizes by itself).
+
+use clusterfuse::prelude::*;
+use clusterfuse::ops::Max;
+
+/// Block `b` loads `x[b*n .. (b+1)*n]` into shared memory, the cluster reduces it element-wise
+/// (`op` 0: sum, 1: max), and every block writes the result to `out[b*n ..]`.
+#[kernel(launch_bounds(max_threads = 256))]
+pub fn cluster_reduce(x: &[f32], out: Out<f32>, n: u32, op: u32) {
+    let n = n as usize;
+    let data = shared::dynamic().take::<f32>(n);
+    let base = block::index_x() as usize * n;
+    let mut i = thread::index_x() as usize;
+    while i < n {
+        data.store(i, x[base + i]);
+        i += block::size() as usize;
+    }
+    if op == 0 {
+        cluster::reduce(data, Sum);
+    } else {
+        cluster::reduce(data, Max);
+    }
+    let mut i = thread::index_x() as usize;
+    while i < n {
+        out.set(base + i, data.load(i));
+        i += block::size() as usize;
+    }
+}
+
+/// Block `b` of cluster `c` contributes `x[b*m ..]`; every block writes the cluster's
+/// gathered tiles (`cluster::size() * m` values) to `out[b * size * m ..]`.
+#[kernel(launch_bounds(max_threads = 256))]
+pub fn cluster_gather(x: &[f32], out: Out<f32>, m: u32) {
+    let m = m as usize;
+    let blocks = cluster::size() as usize;
+    let mut smem = shared::dynamic();
+    let tile = smem.take::<f32>(m);
+    let all = smem.take::<f32>(blocks * m);
+    let b = block::index_x() as usize;
+    let mut i = thread::index_x() as usize;
+    while i < m {
+        tile.store(i, x[b * m + i]);
+        i += block::size() as usize;
+    }
+    cluster::gather(tile, all);
+    let mut i = thread::index_x() as usize;
+    while i < blocks * m {
+        out.set(b * blocks * m + i, all.load(i));
+        i += block::size() as usize;
+    }
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn run(gpu: &Gpu) -> clusterfuse::host::Result<crate::check::Report> {
+    use crate::check::{poisoned, random, Report};
+    let (reduce, gather) = (cluster_reduce::load(gpu)?, cluster_gather::load(gpu)?);
+    let (mut outs, mut refs) = (Vec::new(), Vec::new());
+    let clusters = 3u32;
+    for size in [1u32, 2, 3, 4, 8, 16] {
+        let blocks = clusters * size;
+        for n in [1usize, 1000, 4103] {
+            let x = random(blocks as usize * n);
+            for op in [0u32, 1] {
+                let dx = gpu.upload(&x)?;
+                let mut out = poisoned(gpu, x.len())?;
+                let config = LaunchConfig {
+                    grid: blocks.into(),
+                    block: 256.into(),
+                    cluster: Some(size.into()),
+                    dynamic_smem_bytes: (n * 4) as u32,
+                };
+                reduce.launch(gpu.stream(), &config, &dx, &mut out, n as u32, op)?;
+                outs.extend(gpu.download(&out)?);
+                for b in 0..blocks as usize {
+                    let first = b / size as usize * size as usize;
+                    for i in 0..n {
+                        let values = (first..first + size as usize).map(|p| x[p * n + i] as f64);
+                        refs.push(if op == 0 { values.sum() } else { values.fold(f64::NEG_INFINITY, f64::max) });
+                    }
+                }
+            }
+            let m = n.min(1024);
+            let x = random(blocks as usize * m);
+            let dx = gpu.upload(&x)?;
+            let mut out = poisoned(gpu, blocks as usize * size as usize * m)?;
+            let config = LaunchConfig {
+                grid: blocks.into(),
+                block: 256.into(),
+                cluster: Some(size.into()),
+                dynamic_smem_bytes: ((size as usize + 1) * m * 4 + 16) as u32,
+            };
+            gather.launch(gpu.stream(), &config, &dx, &mut out, m as u32)?;
+            outs.extend(gpu.download(&out)?);
+            for b in 0..blocks as usize {
+                let first = b / size as usize * size as usize;
+                refs.extend(x[first * m..(first + size as usize) * m].iter().map(|&v| v as f64));
+            }
+        }
+    }
+    Ok(Report::new("clusters 1,2,3,4,8,16 × n 1,1000,4103 × sum,max,gather".into(), &outs, &refs, 1e-6))
+}
