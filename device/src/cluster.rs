@@ -6,6 +6,7 @@
 //! collective (they contain cluster barriers).
 
 use crate::arch::{self, SharedWord};
+use crate::out_of_bounds;
 use crate::ops::{Element, ReduceOp};
 use crate::shared::SharedSlice;
 use crate::{block, Dim3};
@@ -56,12 +57,6 @@ pub fn wait() {
     arch::barrier_cluster_wait_acquire();
 }
 
-#[cold]
-#[inline(never)]
-fn bad_rank() -> ! {
-    arch::trap()
-}
-
 /// The same shared array in another block of the cluster, reached through DSMEM.
 #[derive(Clone, Copy)]
 pub struct RemoteSlice<T> {
@@ -76,7 +71,7 @@ impl<T: SharedWord> SharedSlice<T> {
     #[inline(always)]
     pub fn in_block(self, rank: u32) -> RemoteSlice<T> {
         if rank >= size() {
-            bad_rank()
+            out_of_bounds()
         }
         RemoteSlice { addr: arch::mapa_shared_cluster(self.addr(), rank), len: self.len() as u32, _element: PhantomData }
     }
@@ -99,7 +94,7 @@ impl<T: SharedWord> RemoteSlice<T> {
     #[inline(always)]
     pub fn load(self, i: usize) -> T {
         if i >= self.len() {
-            bad_rank()
+            out_of_bounds()
         }
         // SAFETY: in bounds; the address came from `mapa` of a live shared array, and the
         // cluster's blocks are co-resident until the kernel ends.
@@ -110,7 +105,7 @@ impl<T: SharedWord> RemoteSlice<T> {
     #[inline(always)]
     pub fn store(self, i: usize, value: T) {
         if i >= self.len() {
-            bad_rank()
+            out_of_bounds()
         }
         // SAFETY: as for `load`.
         unsafe { T::st_shared_cluster(self.addr + (i * size_of::<T>()) as u32, value) }

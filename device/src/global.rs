@@ -4,15 +4,9 @@
 //! one, so it hands out no `&mut`; threads write through `set` and must not write the same
 //! element without ordering (a data race, as in CUDA).
 
-use crate::arch;
+use crate::{arch, out_of_bounds};
 use core::marker::PhantomData;
 use core::mem::size_of;
-
-#[cold]
-#[inline(never)]
-fn out_of_bounds() -> ! {
-    arch::trap()
-}
 
 /// A kernel's output buffer in global memory: `len` values of `T` that every thread may write.
 pub struct Out<'a, T> {

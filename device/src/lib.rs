@@ -51,6 +51,14 @@ device_copy!(u8, u16, u32, u64, usize, i8, i16, i32, i64, isize, f32, f64, f16, 
 // SAFETY: an array of `DeviceCopy` values is one too.
 unsafe impl<T: DeviceCopy, const N: usize> DeviceCopy for [T; N] {}
 
+/// The one out-of-line path of every bounds, alignment and rank check: `trap`, kept cold so
+/// that the checks cost a compare and a branch on the hot path.
+#[cold]
+#[inline(never)]
+pub(crate) fn out_of_bounds() -> ! {
+    arch::trap()
+}
+
 /// Ends the kernel with `trap` (the launch reports `CUDA_ERROR_ILLEGAL_INSTRUCTION`); the
 /// message is dropped so that no formatting code reaches the device.
 #[cfg(all(target_arch = "nvptx64", not(test)))]

@@ -7,6 +7,7 @@
 //! between a store and another thread's load.
 
 use crate::arch::{self, SharedWord};
+use crate::out_of_bounds;
 use core::marker::PhantomData;
 use core::mem::size_of;
 
@@ -16,12 +17,6 @@ pub struct SharedSlice<T> {
     addr: u32,
     len: u32,
     _element: PhantomData<T>,
-}
-
-#[cold]
-#[inline(never)]
-fn out_of_bounds() -> ! {
-    arch::trap()
 }
 
 impl<T: SharedWord> SharedSlice<T> {
