@@ -47,3 +47,9 @@ impl From<(u32, u32, u32)> for Dim3 {
         Self::new(x, y, z)
     }
 }
+
+impl core::fmt::Display for Dim3 {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "({}, {}, {})", self.x, self.y, self.z)
+    }
+}

@@ -125,7 +125,7 @@ impl Out<'_, i32> {
 fn vector_ptr<T, const N: usize>(base: *const T, len: usize, i: usize) -> *const T {
     const { assert!(N * size_of::<T>() == 16, "a 16-byte access needs N * size_of::<T>() == 16") };
     let ptr = base.wrapping_add(i * N);
-    if (i + 1) * N > len || ptr as usize % 16 != 0 {
+    if (i + 1) * N > len || !(ptr as usize).is_multiple_of(16) {
         out_of_bounds()
     }
     ptr

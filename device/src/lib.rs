@@ -5,12 +5,14 @@
 //! `block::sync()`. Everything is built from [`arch`], one function per PTX instruction,
 //! which is public so that user primitives are as fast as the built-in ones.
 //!
-//! The whole library also compiles for the host, so that kernel crates (whose typed
-//! launchers are built for the host) type-check there; only [`arch`] differs, and off the GPU
-//! its instructions panic if run. [`limits`], [`Dim3`] and [`DeviceCopy`] are shared with
-//! the macros and the host runtime.
+//! The whole library also compiles for the host, where kernels run on the CPU emulator
+//! ([`emu`]); only [`arch`] differs between the two. [`limits`], [`Dim3`] and [`DeviceCopy`]
+//! are shared with the macros and the host runtime.
 #![no_std]
 #![cfg_attr(target_arch = "nvptx64", feature(asm_experimental_arch, f16))]
+
+#[cfg(not(target_arch = "nvptx64"))]
+extern crate std;
 
 mod dim3;
 mod half;
@@ -23,6 +25,8 @@ pub use half::{bf16, f16, HalfFloat};
 pub mod arch;
 pub mod block;
 pub mod cluster;
+#[cfg(not(target_arch = "nvptx64"))]
+pub mod emu;
 pub mod global;
 pub mod grid;
 pub mod math;
@@ -37,7 +41,7 @@ pub mod warp;
 /// 1. The type is `Copy`, has no padding that the kernel reads, and means the same on the
 ///    host and on the GPU (`#[repr(C)]` or `#[repr(transparent)]` for your own types).
 /// 2. Its alignment is at most 16 bytes (rustc's nvptx back end rejects more).
-pub unsafe trait DeviceCopy: Copy {}
+pub unsafe trait DeviceCopy: Copy + Sync {}
 
 macro_rules! device_copy {
     ($($ty:ty),*) => { $(
@@ -56,7 +60,10 @@ unsafe impl<T: DeviceCopy, const N: usize> DeviceCopy for [T; N] {}
 #[cold]
 #[inline(never)]
 pub(crate) fn out_of_bounds() -> ! {
-    arch::trap()
+    #[cfg(target_arch = "nvptx64")]
+    arch::trap();
+    #[cfg(not(target_arch = "nvptx64"))]
+    emu::trap("out-of-bounds access: an index, alignment or cluster rank check failed")
 }
 
 /// Ends the kernel with `trap` (the launch reports `CUDA_ERROR_ILLEGAL_INSTRUCTION`); the

@@ -108,7 +108,7 @@ impl<T: SharedWord> SharedSlice<T> {
     fn vector_offset<const N: usize>(self, i: usize) -> u32 {
         const { assert!(N * size_of::<T>() == 16, "a 16-byte access needs N * size_of::<T>() == 16") };
         let byte = (i * 16) as u32;
-        if (i + 1) * N > self.len() || (self.addr + byte) % 16 != 0 {
+        if (i + 1) * N > self.len() || !(self.addr + byte).is_multiple_of(16) {
             out_of_bounds()
         }
         byte

@@ -14,8 +14,8 @@ pub fn saxpy(a: f32, x: &[f32], y: Out<f32>) {
 
 #[cfg(not(target_arch = "nvptx64"))]
 pub fn run(gpu: &Gpu) -> clusterfuse::host::Result<crate::check::Report> {
-    use crate::check::{random, Report};
-    let n = (1 << 20) + 3;
+    use crate::check::{random, shape, Report};
+    let n = shape(gpu, (1 << 20) + 3, 4099);
     let a = random(1)[0];
     let (x, y) = (random(n), random(n));
     let reference: Vec<f64> = x.iter().zip(&y).map(|(&x, &y)| a as f64 * x as f64 + y as f64).collect();

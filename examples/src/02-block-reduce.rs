@@ -19,8 +19,8 @@ pub fn block_sum(x: &[f32], partials: Out<f32>) {
 
 #[cfg(not(target_arch = "nvptx64"))]
 pub fn run(gpu: &Gpu) -> clusterfuse::host::Result<crate::check::Report> {
-    use crate::check::{poisoned, random, Report};
-    let (n, blocks, threads) = ((1usize << 22) + 17, 264u32, 512u32);
+    use crate::check::{poisoned, random, shape, Report};
+    let (n, blocks, threads) = shape(gpu, ((1usize << 22) + 17, 264u32, 512u32), (100_003, 5, 512));
     let x = random(n);
     let stride = (blocks * threads) as usize;
     // Block b's threads visit i ≡ b*threads + t (mod stride), t < threads.

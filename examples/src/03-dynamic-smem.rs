@@ -35,8 +35,8 @@ pub fn stencil(x: &[f32], weights: &[f32], out: Out<f32>, tile: u32) {
 
 #[cfg(not(target_arch = "nvptx64"))]
 pub fn run(gpu: &Gpu) -> clusterfuse::host::Result<crate::check::Report> {
-    use crate::check::{poisoned, random, Report};
-    let (n, tile) = ((1usize << 22) + 5, 16384u32);
+    use crate::check::{poisoned, random, shape, Report};
+    let (n, tile) = (shape(gpu, (1usize << 22) + 5, 40_005), 16384u32);
     let (x, weights) = (random(n), random(2 * RADIUS + 1));
     let reference: Vec<f64> = (0..n)
         .map(|i| {

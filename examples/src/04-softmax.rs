@@ -43,8 +43,8 @@ pub fn softmax(x: &[f32], out: Out<f32>, cols: u32) {
 
 #[cfg(not(target_arch = "nvptx64"))]
 pub fn run(gpu: &Gpu) -> clusterfuse::host::Result<crate::check::Report> {
-    use crate::check::{poisoned, random, Report};
-    let (rows, cols) = (4099usize, 1000usize);
+    use crate::check::{poisoned, random, shape, Report};
+    let (rows, cols) = (shape(gpu, 4099usize, 67), 1000usize);
     let x: Vec<f32> = random(rows * cols).iter().map(|v| v * 8.0).collect();
     let reference: Vec<f64> = x
         .chunks(cols)

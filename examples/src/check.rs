@@ -2,9 +2,11 @@
 //! relative error against an f64 reference.
 
 use clusterfuse::host::{Gpu, Result};
-use rand::Rng;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::cell::{Cell, RefCell};
 
-/// Runs one example on the GPU and reports how it compared with its reference.
+/// Runs one example on a device (a GPU or the emulator) and reports how it compared with its reference.
 pub type Runner = fn(&Gpu) -> Result<Report>;
 
 /// One example's outcome.
@@ -18,6 +20,8 @@ pub struct Report {
     pub tolerance: f64,
     /// Outputs still holding the poison (never written), or NaN.
     pub unwritten: usize,
+    /// The outputs themselves, for comparing two devices.
+    pub outputs: Vec<f32>,
 }
 
 impl Report {
@@ -31,7 +35,7 @@ impl Report {
             norm += r * r;
         }
         let rel_error = if norm == 0.0 { diff.sqrt() } else { (diff / norm).sqrt() };
-        Self { shape, rel_error, tolerance, unwritten }
+        Self { shape, rel_error, tolerance, unwritten, outputs: out.to_vec() }
     }
 
     /// True when every output was written and the error is within tolerance.
@@ -40,13 +44,35 @@ impl Report {
     }
 }
 
-/// `len` values drawn uniformly from `[-1, 1)`, fresh each call.
+std::thread_local! {
+    static RNG: RefCell<StdRng> = RefCell::new(StdRng::from_os_rng());
+    static SMALL: Cell<bool> = const { Cell::new(false) };
+}
+
+/// `len` values drawn uniformly from `[-1, 1)`, fresh each call (and from a fresh seed each
+/// run, unless [`same_inputs`] fixed it).
 pub fn random(len: usize) -> Vec<f32> {
-    let mut rng = rand::rng();
-    (0..len).map(|_| rng.random_range(-1.0..1.0)).collect()
+    RNG.with_borrow_mut(|rng| (0..len).map(|_| rng.random_range(-1.0..1.0)).collect())
+}
+
+/// Makes this thread's next examples draw the inputs of `seed`, at the emulator's shapes
+/// whatever the device: how a GPU's and the emulator's outputs are compared.
+pub fn same_inputs(seed: u64) {
+    RNG.set(StdRng::seed_from_u64(seed));
+    SMALL.set(true);
 }
 
 /// A device buffer of `len` NaNs: outputs start poisoned so that unwritten elements show.
-pub fn poisoned(gpu: &Gpu, len: usize) -> Result<clusterfuse::host::CudaSlice<f32>> {
+pub fn poisoned(gpu: &Gpu, len: usize) -> Result<clusterfuse::host::Buffer<f32>> {
     gpu.upload(&vec![f32::NAN; len])
+}
+
+/// `on_gpu`, or the smaller `on_emulator` when `gpu` is the CPU emulator, which runs every
+/// thread on the host and checks every shared access.
+pub fn shape<T>(gpu: &Gpu, on_gpu: T, on_emulator: T) -> T {
+    if gpu.is_emulator() || SMALL.get() {
+        on_emulator
+    } else {
+        on_gpu
+    }
 }

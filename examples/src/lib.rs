@@ -17,6 +17,8 @@ pub mod softmax;
 #[path = "05-cluster-collectives.rs"]
 pub mod cluster_collectives;
 
+pub mod faults;
+
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod check;
 

@@ -62,7 +62,10 @@ fn cluster_collectives_use_dsmem() {
 #[test]
 fn every_kernel_assembles_without_spills() {
     let kernels = resources();
-    let expected_smem = [("empty", 0), ("saxpy", 0), ("block_sum", 128), ("stencil", 0), ("softmax", 0), ("cluster_reduce", 0), ("cluster_gather", 0)];
+    let expected_smem = [
+        ("empty", 0), ("saxpy", 0), ("block_sum", 128), ("stencil", 0), ("softmax", 0), ("cluster_reduce", 0), ("cluster_gather", 0),
+        ("reverse", 1024), ("divergent_barrier", 0), ("shared_index", 256), ("peer_read", 16),
+    ];
     assert_eq!(kernels.len(), expected_smem.len(), "kernels: {:?}", kernels.keys());
     for (name, smem) in expected_smem {
         let r = &kernels[name];

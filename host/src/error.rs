@@ -16,6 +16,12 @@ pub enum Error {
     /// The PTX module has no entry of this name (the kernel crate and the PTX disagree).
     #[error("kernel `{kernel}` is not in PTX module `{module}`; rebuild the kernel crate")]
     MissingKernel { kernel: &'static str, module: &'static str },
+    /// A kernel run on the CPU emulator failed: a race, a deadlock, a bad access or a panic.
+    #[error("emulated {0}")]
+    Emulator(#[from] clusterfuse_device::emu::Fault),
+    /// A GPU buffer, stream or kernel was used with the emulator's, or the other way round.
+    #[error("mixed backends: a GPU buffer, stream or kernel was used with the CPU emulator's (or the other way round)")]
+    WrongBackend,
 }
 
 /// `Result` with [`Error`].

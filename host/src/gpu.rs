@@ -1,9 +1,11 @@
-//! One GPU: its context, default stream, loaded modules and buffers.
+//! A device to run kernels on: one Hopper GPU, or the CPU emulator.
 
+use crate::buffer::Buffer;
 use crate::error::{DriverContext, Error, Result};
 use crate::kernel::{Kernel, KernelFacts};
+use clusterfuse_device::limits::MAX_SHARED_MEMORY_PER_BLOCK;
 use cudarc::driver::sys::CUdevice_attribute as DevAttr;
-use cudarc::driver::{CudaContext, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaContext, CudaModule, CudaStream, DeviceRepr, ValidAsZeroBits};
 use cudarc::nvrtc::Ptx as CudarcPtx;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -24,12 +26,30 @@ impl Ptx {
     }
 }
 
-/// One Hopper GPU: a context, its default stream, and each PTX module loaded once.
+/// Where launches go: a CUDA stream, or (on the emulator) the calling thread, which runs
+/// each launch to completion before it returns.
+pub struct Stream {
+    cuda: Option<Arc<CudaStream>>,
+}
+
+impl Stream {
+    /// The cudarc stream (None on the emulator).
+    pub fn cuda(&self) -> Option<&Arc<CudaStream>> {
+        self.cuda.as_ref()
+    }
+}
+
+/// A device: one Hopper GPU (context, default stream, each PTX module loaded once), or the
+/// CPU emulator, which runs the same kernels and launchers on the host.
 pub struct Gpu {
-    context: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
-    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    stream: Stream,
+    cuda: Option<Cuda>,
     smem_limit: u32,
+}
+
+struct Cuda {
+    context: Arc<CudaContext>,
+    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
 }
 
 impl Gpu {
@@ -47,22 +67,36 @@ impl Gpu {
             return Err(Error::NoGpu(format!("GPU {ordinal} ({name}) is sm_{major}{minor}; clusterfuse needs Hopper (sm_90)")));
         }
         let smem_limit = context.attribute(DevAttr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).driver("cuDeviceGetAttribute", None)? as u32;
-        let stream = context.default_stream();
-        Ok(Self { context, stream, modules: Mutex::new(HashMap::new()), smem_limit })
+        let stream = Stream { cuda: Some(context.default_stream()) };
+        Ok(Self { stream, cuda: Some(Cuda { context, modules: Mutex::new(HashMap::new()) }), smem_limit })
     }
 
-    /// The device's name, e.g. "NVIDIA H200".
+    /// The CPU emulator (see `clusterfuse::emu`): kernels run on the host with GPU semantics,
+    /// races and deadlocks reported as [`Error::Emulator`]. Needs no GPU.
+    pub fn emulator() -> Self {
+        Self { stream: Stream { cuda: None }, cuda: None, smem_limit: MAX_SHARED_MEMORY_PER_BLOCK }
+    }
+
+    /// True for the CPU emulator.
+    pub fn is_emulator(&self) -> bool {
+        self.cuda.is_none()
+    }
+
+    /// The device's name, e.g. "NVIDIA H200", or "CPU emulator".
     pub fn name(&self) -> Result<String> {
-        self.context.name().driver("cuDeviceGetName", None)
+        match &self.cuda {
+            Some(cuda) => cuda.context.name().driver("cuDeviceGetName", None),
+            None => Ok("CPU emulator".into()),
+        }
     }
 
-    /// The cudarc context, for anything this crate does not wrap.
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.context
+    /// The cudarc context, for anything this crate does not wrap (None on the emulator).
+    pub fn context(&self) -> Option<&Arc<CudaContext>> {
+        self.cuda.as_ref().map(|cuda| &cuda.context)
     }
 
     /// The default stream.
-    pub fn stream(&self) -> &Arc<CudaStream> {
+    pub fn stream(&self) -> &Stream {
         &self.stream
     }
 
@@ -71,15 +105,55 @@ impl Gpu {
         self.smem_limit
     }
 
-    /// Loads `facts.name` from `ptx`, loading the module itself only the first time.
+    /// Loads `facts.name` from `ptx`, loading the module itself only the first time (on the
+    /// emulator, the kernel's host build runs instead of the PTX).
     pub fn load_kernel(&self, ptx: &Ptx, facts: &'static KernelFacts) -> Result<Kernel> {
-        let module = self.module(ptx)?;
+        let Some(cuda) = &self.cuda else {
+            return Ok(Kernel::emulated(facts, self.smem_limit));
+        };
+        let module = cuda.module(ptx)?;
         let function = module
             .load_function(facts.name)
             .map_err(|_| Error::MissingKernel { kernel: facts.name, module: ptx.module })?;
-        Kernel::new(module, function, facts, self.smem_limit)
+        Kernel::cuda(module, function, facts, self.smem_limit)
     }
 
+    /// Copies `host` to a new device buffer.
+    pub fn upload<T: DeviceRepr + Copy>(&self, host: &[T]) -> Result<Buffer<T>> {
+        match self.stream.cuda() {
+            Some(stream) => Ok(stream.clone_htod(host).driver("cuMemcpyHtoD", None)?.into()),
+            None => Ok(Buffer::emulated(host.to_vec())),
+        }
+    }
+
+    /// Copies a device buffer back to the host (waits for the stream).
+    pub fn download<T: DeviceRepr + Copy>(&self, buffer: &Buffer<T>) -> Result<Vec<T>> {
+        match (self.stream.cuda(), buffer.as_cuda(), buffer.as_emulated()) {
+            (Some(stream), Some(slice), _) => stream.clone_dtoh(slice).driver("cuMemcpyDtoH", None),
+            (None, _, Some(values)) => Ok(values.to_vec()),
+            _ => Err(Error::WrongBackend),
+        }
+    }
+
+    /// A new zeroed device buffer of `len` elements.
+    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<Buffer<T>> {
+        match self.stream.cuda() {
+            Some(stream) => Ok(stream.alloc_zeros(len).driver("cuMemAlloc", None)?.into()),
+            // SAFETY: `ValidAsZeroBits` says all-zero bytes are a valid `T`.
+            None => Ok(Buffer::emulated((0..len).map(|_| unsafe { std::mem::zeroed() }).collect())),
+        }
+    }
+
+    /// Waits for all work on the default stream; surfaces faults of earlier launches.
+    pub fn synchronize(&self) -> Result<()> {
+        match self.stream.cuda() {
+            Some(stream) => stream.synchronize().driver("cuStreamSynchronize", None),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Cuda {
     fn module(&self, ptx: &Ptx) -> Result<Arc<CudaModule>> {
         let mut modules = self.modules.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(module) = modules.get(ptx.module) {
@@ -88,25 +162,5 @@ impl Gpu {
         let module = self.context.load_module(CudarcPtx::from_src(ptx.text)).driver("cuModuleLoadData", None)?;
         modules.insert(ptx.module, module.clone());
         Ok(module)
-    }
-
-    /// Copies `host` to a new device buffer.
-    pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>> {
-        self.stream.clone_htod(host).driver("cuMemcpyHtoD", None)
-    }
-
-    /// Copies a device buffer back to the host (waits for the stream).
-    pub fn download<T: DeviceRepr>(&self, device: &CudaSlice<T>) -> Result<Vec<T>> {
-        self.stream.clone_dtoh(device).driver("cuMemcpyDtoH", None)
-    }
-
-    /// A new zeroed device buffer of `len` elements.
-    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
-        self.stream.alloc_zeros(len).driver("cuMemAlloc", None)
-    }
-
-    /// Waits for all work on the default stream; surfaces faults of earlier launches.
-    pub fn synchronize(&self) -> Result<()> {
-        self.stream.synchronize().driver("cuStreamSynchronize", None)
     }
 }

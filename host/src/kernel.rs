@@ -1,8 +1,9 @@
-//! A kernel loaded on one GPU: its facts, planning, and the raw launch.
+//! A kernel loaded on one device: its facts, planning, and the launch (GPU or emulator).
 
 use crate::config::{self, LaunchConfig, LaunchPlan};
 use crate::error::{DriverContext, Error, Result};
-use clusterfuse_device::{DeviceCopy, Dim3};
+use crate::gpu::Stream;
+use clusterfuse_device::{emu, DeviceCopy, Dim3};
 use cudarc::driver::sys::{self, CUfunction_attribute as Attr};
 use cudarc::driver::{CudaFunction, CudaModule, CudaStream};
 use std::ffi::c_void;
@@ -23,13 +24,18 @@ pub struct KernelFacts {
     pub cluster: Option<Dim3>,
 }
 
-/// A kernel loaded on one GPU. Typed launchers wrap it; [`Kernel::launch_raw`] is the one
-/// place a launch reaches the driver.
+/// A kernel loaded on one device. Typed launchers wrap it; [`Kernel::launch_lowered`] is the
+/// one place a launch reaches the driver or the emulator.
 pub struct Kernel {
-    function: CudaFunction,
     facts: &'static KernelFacts,
-    static_smem: u32,
     smem_limit: u32,
+    cuda: Option<CudaKernel>,
+}
+
+/// The GPU side of a kernel: its function and the limits raised on it so far.
+struct CudaKernel {
+    function: CudaFunction,
+    static_smem: u32,
     /// The dynamic shared memory the function is currently allowed (48 KB until raised).
     dynamic_smem_allowed: AtomicU32,
     non_portable_allowed: AtomicBool,
@@ -43,19 +49,22 @@ pub fn param<T: DeviceCopy>(value: &T) -> *mut c_void {
 }
 
 impl Kernel {
-    pub(crate) fn new(module: Arc<CudaModule>, function: CudaFunction, facts: &'static KernelFacts, smem_limit: u32) -> Result<Self> {
+    pub(crate) fn cuda(module: Arc<CudaModule>, function: CudaFunction, facts: &'static KernelFacts, smem_limit: u32) -> Result<Self> {
         let attr = |a| function.get_attribute(a).driver("cuFuncGetAttribute", Some(facts.name));
         let static_smem = attr(Attr::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)? as u32;
         let dynamic_allowed = attr(Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)? as u32;
-        Ok(Self {
+        let cuda = CudaKernel {
             function,
-            facts,
             static_smem,
-            smem_limit,
             dynamic_smem_allowed: AtomicU32::new(dynamic_allowed),
             non_portable_allowed: AtomicBool::new(false),
             _module: module,
-        })
+        };
+        Ok(Self { facts, smem_limit, cuda: Some(cuda) })
+    }
+
+    pub(crate) fn emulated(facts: &'static KernelFacts, smem_limit: u32) -> Self {
+        Self { facts, smem_limit, cuda: None }
     }
 
     /// What the kernel attribute declared.
@@ -63,60 +72,44 @@ impl Kernel {
         self.facts
     }
 
-    /// Static shared memory per block, as the driver reports it.
+    /// Static shared memory per block, as the driver reports it (the emulator learns it
+    /// during the launch, and reports 0 here).
     pub fn static_smem_bytes(&self) -> u32 {
-        self.static_smem
+        self.cuda.as_ref().map_or(0, |cuda| cuda.static_smem)
     }
 
-    /// The driver's function handle.
-    pub fn cu_function(&self) -> sys::CUfunction {
-        self.function.cu_function()
+    /// The driver's function handle (None on the emulator).
+    pub fn cu_function(&self) -> Option<sys::CUfunction> {
+        self.cuda.as_ref().map(|cuda| cuda.function.cu_function())
     }
 
     /// Checks `config` against the kernel's facts and the device (see [`config::plan`]).
     pub fn plan(&self, config: &LaunchConfig) -> Result<LaunchPlan> {
-        config::plan(self.facts, self.static_smem, self.smem_limit, config)
+        config::plan(self.facts, self.static_smem_bytes(), self.smem_limit, config)
             .map_err(|reason| Error::InvalidLaunch { kernel: self.facts.name, reason })
     }
 
+    fn on_gpu(&self) -> Result<&CudaKernel> {
+        self.cuda.as_ref().ok_or(Error::WrongBackend)
+    }
+
     /// Most clusters of `plan`'s shape that can be resident at once (`cuOccupancyMaxActiveClusters`).
-    pub fn max_active_clusters(&self, stream: &CudaStream, plan: &LaunchPlan) -> Result<u32> {
-        self.prepare(plan)?;
+    pub fn max_active_clusters(&self, stream: &Stream, plan: &LaunchPlan) -> Result<u32> {
+        let (cuda, stream) = (self.on_gpu()?, stream.cuda().ok_or(Error::WrongBackend)?);
+        cuda.prepare(self.facts, plan)?;
         let cluster = plan.cluster.unwrap_or_default();
         let mut attribute = cluster_attribute(cluster);
         let launch = launch_config(stream, plan, &mut attribute);
         let mut count = 0i32;
         // SAFETY: `launch` and the attribute it points to live across the call.
-        unsafe { sys::cuOccupancyMaxActiveClusters(&mut count, self.cu_function(), &launch) }
+        unsafe { sys::cuOccupancyMaxActiveClusters(&mut count, cuda.function.cu_function(), &launch) }
             .result()
             .driver("cuOccupancyMaxActiveClusters", Some(self.facts.name))?;
         Ok(count as u32)
     }
 
-    /// Raises the function's limits the plan needs, once: the dynamic shared memory opt-in
-    /// and the non-portable cluster size.
-    fn prepare(&self, plan: &LaunchPlan) -> Result<()> {
-        let name = Some(self.facts.name);
-        if plan.dynamic_smem_bytes > self.dynamic_smem_allowed.load(Ordering::Relaxed) {
-            let bytes = plan.dynamic_smem_bytes;
-            // SAFETY: sets an attribute of a live function handle.
-            unsafe { sys::cuFuncSetAttribute(self.cu_function(), Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32) }
-                .result()
-                .driver("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", name)?;
-            self.dynamic_smem_allowed.fetch_max(bytes, Ordering::Relaxed);
-        }
-        if plan.non_portable_cluster() && !self.non_portable_allowed.load(Ordering::Relaxed) {
-            // SAFETY: as above.
-            unsafe { sys::cuFuncSetAttribute(self.cu_function(), Attr::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1) }
-                .result()
-                .driver("cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)", name)?;
-            self.non_portable_allowed.store(true, Ordering::Relaxed);
-        }
-        Ok(())
-    }
-
-    /// Launches with parameter slots `params`: `cuLaunchKernel`, or `cuLaunchKernelEx` with a
-    /// cluster-dimension attribute when the plan has a cluster.
+    /// Launches with parameter slots `params` on a GPU: `cuLaunchKernel`, or
+    /// `cuLaunchKernelEx` with a cluster-dimension attribute when the plan has a cluster.
     ///
     /// # Safety
     /// 1. `params` has one slot per PTX parameter of the entry, in order, each pointing to a
@@ -124,12 +117,14 @@ impl Kernel {
     /// 2. Device pointers among them point to allocations that stay alive, with the lengths
     ///    passed, until the kernel completes on `stream`.
     /// 3. `plan` satisfies [`Kernel::plan`]'s checks for this kernel.
-    pub unsafe fn launch_raw(&self, stream: &CudaStream, plan: &LaunchPlan, params: &mut [*mut c_void]) -> Result<()> {
-        self.prepare(plan)?;
+    pub unsafe fn launch_raw(&self, stream: &Stream, plan: &LaunchPlan, params: &mut [*mut c_void]) -> Result<()> {
+        let (cuda, stream) = (self.on_gpu()?, stream.cuda().ok_or(Error::WrongBackend)?);
+        cuda.prepare(self.facts, plan)?;
+        let function = cuda.function.cu_function();
         let (grid, block) = (plan.grid, plan.block);
         let result = match plan.cluster {
             None => sys::cuLaunchKernel(
-                self.cu_function(),
+                function,
                 grid.x,
                 grid.y,
                 grid.z,
@@ -144,10 +139,70 @@ impl Kernel {
             Some(cluster) => {
                 let mut attribute = cluster_attribute(cluster);
                 let launch = launch_config(stream, plan, &mut attribute);
-                sys::cuLaunchKernelEx(&launch, self.cu_function(), params.as_mut_ptr(), std::ptr::null_mut())
+                sys::cuLaunchKernelEx(&launch, function, params.as_mut_ptr(), std::ptr::null_mut())
             }
         };
         result.result().driver("cuLaunchKernel", Some(self.facts.name))
+    }
+
+    /// What typed launchers call: on a GPU, [`Kernel::launch_raw`] with `params`; on the
+    /// emulator, `emulated` (the kernel's host build, called with the same arguments) as
+    /// every thread of the grid, which returns when the grid has finished.
+    ///
+    /// # Safety
+    /// 1. As for [`Kernel::launch_raw`]; `buffers` lists every buffer among the arguments as
+    ///    `(address, bytes)`, and `emulated` passes exactly the arguments `params` points to.
+    #[doc(hidden)]
+    pub unsafe fn launch_lowered(
+        &self,
+        stream: &Stream,
+        plan: &LaunchPlan,
+        params: &mut [*mut c_void],
+        buffers: &[(u64, usize)],
+        emulated: &(dyn Fn() + Sync),
+    ) -> Result<()> {
+        if self.cuda.is_some() {
+            return self.launch_raw(stream, plan, params);
+        }
+        if stream.cuda().is_some() {
+            return Err(Error::WrongBackend);
+        }
+        let buffers: Vec<(usize, usize)> = buffers.iter().map(|&(address, bytes)| (address as usize, bytes)).collect();
+        let launch = emu::Launch {
+            kernel: self.facts.name,
+            grid: plan.grid,
+            block: plan.block,
+            cluster: plan.cluster.unwrap_or_default(),
+            dynamic_smem_bytes: plan.dynamic_smem_bytes,
+            smem_limit: self.smem_limit,
+            buffers: &buffers,
+        };
+        emu::run(&launch, emulated).map_err(Error::Emulator)
+    }
+}
+
+impl CudaKernel {
+    /// Raises the function's limits the plan needs, once: the dynamic shared memory opt-in
+    /// and the non-portable cluster size.
+    fn prepare(&self, facts: &KernelFacts, plan: &LaunchPlan) -> Result<()> {
+        let name = Some(facts.name);
+        let function = self.function.cu_function();
+        if plan.dynamic_smem_bytes > self.dynamic_smem_allowed.load(Ordering::Relaxed) {
+            let bytes = plan.dynamic_smem_bytes;
+            // SAFETY: sets an attribute of a live function handle.
+            unsafe { sys::cuFuncSetAttribute(function, Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32) }
+                .result()
+                .driver("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", name)?;
+            self.dynamic_smem_allowed.fetch_max(bytes, Ordering::Relaxed);
+        }
+        if plan.non_portable_cluster() && !self.non_portable_allowed.load(Ordering::Relaxed) {
+            // SAFETY: as above.
+            unsafe { sys::cuFuncSetAttribute(function, Attr::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1) }
+                .result()
+                .driver("cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)", name)?;
+            self.non_portable_allowed.store(true, Ordering::Relaxed);
+        }
+        Ok(())
     }
 }
 

@@ -35,7 +35,10 @@ fn array_view(array: &TypeArray) -> TokenStream {
             addr
         };
         #[cfg(not(target_arch = "nvptx64"))]
-        let addr: u32 = ::clusterfuse::arch::shared_array_address_on_host();
+        let addr: u32 = {
+            static SITE: u8 = 0;
+            ::clusterfuse::arch::static_shared_address(&SITE, ::core::mem::size_of::<[#elem; #len]>())
+        };
         // SAFETY: the symbol is a 16-byte-aligned `.shared` array of `len` elements, used by
         // this call site alone.
         unsafe { ::clusterfuse::__private::SharedSlice::<#elem>::from_raw_parts(addr, #len) }

@@ -28,14 +28,17 @@ fn main() -> Result<()> {
     let kernel = empty::load(&gpu)?;
     let stream = gpu.stream();
     let config = LaunchConfig { grid: 1.into(), block: 1.into(), ..LaunchConfig::default() };
-    let function = kernel.raw().cu_function();
+    let (function, cu_stream) = match (kernel.raw().cu_function(), stream.cuda()) {
+        (Some(function), Some(cuda)) => (function, cuda.cu_stream()),
+        _ => unreachable!("Gpu::new opens a GPU"),
+    };
 
     let raw = || -> Result<f64> {
         let start = Instant::now();
         for _ in 0..LAUNCHES {
             // SAFETY: `empty` takes no parameters; the function and stream are live.
             let status = unsafe {
-                sys::cuLaunchKernel(function, 1, 1, 1, 1, 1, 1, 0, stream.cu_stream(), std::ptr::null_mut(), std::ptr::null_mut())
+                sys::cuLaunchKernel(function, 1, 1, 1, 1, 1, 1, 0, cu_stream, std::ptr::null_mut(), std::ptr::null_mut())
             };
             assert_eq!(status, sys::CUresult::CUDA_SUCCESS);
         }

@@ -126,6 +126,8 @@ fn host_launcher(kernel: &Kernel) -> TokenStream {
     let mut args = Vec::new();
     let mut lowering = Vec::new();
     let mut slots = Vec::new();
+    let mut buffers = Vec::new();
+    let mut emulated_args = Vec::new();
     for param in &kernel.params {
         let ident = &param.ident;
         let ty = &param.ty;
@@ -136,24 +138,30 @@ fn host_launcher(kernel: &Kernel) -> TokenStream {
             ParamKind::Scalar => {
                 args.push(quote!(#ident: #ty));
                 slots.push(quote_spanned!(ty.span()=> #host::param(&#ident)));
+                emulated_args.push(quote!(#ident));
             }
-            ParamKind::Input(elem) => {
-                args.push(quote!(#ident: &impl #host::DevicePtr<#elem>));
+            ParamKind::Input(elem) | ParamKind::Output(elem) => {
+                let (arg, launch_ptr, view) = match &param.kind {
+                    ParamKind::Input(_) => (
+                        quote!(&#host::Buffer<#elem>),
+                        quote!(launch_ptr),
+                        quote!(#krate::__private::input_slice(#ptr as *const #elem, #len)),
+                    ),
+                    _ => (
+                        quote!(&mut #host::Buffer<#elem>),
+                        quote!(launch_ptr_mut),
+                        quote!(#krate::__private::Out::from_raw_parts(#ptr as *mut #elem, #len)),
+                    ),
+                };
+                args.push(quote!(#ident: #arg));
                 lowering.push(quote! {
-                    let (#ptr, #sync) = #host::DevicePtr::device_ptr(#ident, stream);
-                    let #len: usize = #host::DeviceSlice::len(#ident);
+                    let #len: usize = #ident.len();
+                    let (#ptr, #sync) = #ident.#launch_ptr(stream)?;
                 });
                 slots.push(quote!(#host::param(&#ptr)));
                 slots.push(quote!(#host::param(&#len)));
-            }
-            ParamKind::Output(elem) => {
-                args.push(quote!(#ident: &mut impl #host::DevicePtrMut<#elem>));
-                lowering.push(quote! {
-                    let #len: usize = #host::DeviceSlice::len(#ident);
-                    let (#ptr, #sync) = #host::DevicePtrMut::device_ptr_mut(#ident, stream);
-                });
-                slots.push(quote!(#host::param(&#ptr)));
-                slots.push(quote!(#host::param(&#len)));
+                buffers.push(quote!((#ptr, #len * ::core::mem::size_of::<#elem>())));
+                emulated_args.push(view);
             }
             ParamKind::Unsupported(_) => unreachable!("rejected by valid::check"),
         }
@@ -203,7 +211,12 @@ fn host_launcher(kernel: &Kernel) -> TokenStream {
                 pub unsafe fn launch_planned(&self, stream: &#host::Stream, plan: &#host::LaunchPlan, #(#args),*) -> #host::Result<()> {
                     #(#lowering)*
                     let mut params = [#(#slots),*];
-                    self.0.launch_raw(stream, plan, &mut params)
+                    // On the emulator every thread runs the kernel's host build with the same
+                    // arguments; the pointers are the emulator's host buffers.
+                    // SAFETY: (in the closure) the buffers outlive the launch, which the
+                    // emulator runs to completion before returning.
+                    let emulated = || unsafe { super::#name(#(#emulated_args),*) };
+                    self.0.launch_lowered(stream, plan, &mut params, &[#(#buffers),*], &emulated)
                 }
 
                 /// The untyped kernel: its function handle, facts and planning.

@@ -1,0 +1,237 @@
+//! Emulated shared memory: per-block windows behind 32-bit shared addresses, bounds,
+//! alignment and DSMEM checks, and the race check.
+//!
+//! An address holds a window and an offset, plus, once mapped by `mapa`, the cluster rank of
+//! the block it points into: `rank + 1` in bits 27-31, the window in bits 24-26 (1 static
+//! arrays, 2 dynamic memory), the byte offset below.
+
+use super::ops::fault;
+use super::thread::{with_current, Epochs, Thread};
+use core::mem::size_of;
+use std::vec::Vec;
+
+/// Where static shared arrays start.
+pub const STATIC_BASE: u32 = 1 << 24;
+/// Where the launch's dynamic shared memory starts.
+pub const DYNAMIC_BASE: u32 = 2 << 24;
+const WINDOW_MASK: u32 = 0x7 << 24;
+const RANK_SHIFT: u32 = 27;
+const OFFSET_MASK: u32 = (1 << 24) - 1;
+
+/// Which form of the instruction: `.shared::cta` or `.shared::cluster`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Space {
+    Block,
+    Cluster,
+}
+
+/// `mapa`: the distributed-shared address of `addr` in the block of rank `rank`.
+pub fn mapa(addr: u32, rank: u32) -> u32 {
+    with_current(|thread| {
+        let size = thread.cluster().size;
+        if rank >= size {
+            fault(format_args!("mapa to cluster rank {rank}, but the cluster has {size} blocks"));
+        }
+        (addr & !(0x1f << RANK_SHIFT)) | ((rank + 1) << RANK_SHIFT)
+    })
+}
+
+/// One thread's access, as the race check records it.
+#[derive(Clone, Copy, Debug)]
+struct Stamp {
+    thread: u32,
+    epochs: Epochs,
+}
+
+const NOBODY: u32 = u32::MAX;
+
+impl Stamp {
+    const NONE: Stamp = Stamp { thread: NOBODY, epochs: Epochs { warp: 0, block: 0, cluster: 0 } };
+
+    fn of(thread: &Thread) -> Stamp {
+        let mut epochs = thread.epochs.get();
+        // Writes after an arrive are not released by that arrive's barrier.
+        if thread.cluster_arrival.get().is_some() {
+            epochs.cluster += 1;
+        }
+        Stamp { thread: thread.id, epochs }
+    }
+
+    /// True when this access is ordered before everything `thread` does now.
+    fn ordered_before(&self, thread: &Thread, threads_per_block: u32) -> bool {
+        if self.thread == NOBODY || self.thread == thread.id {
+            return true;
+        }
+        let now = thread.epochs.get();
+        let same_block = self.thread / threads_per_block == thread.id / threads_per_block;
+        let same_warp = same_block && (self.thread % threads_per_block) / 32 == thread.index / 32;
+        (same_warp && now.warp > self.epochs.warp)
+            || (same_block && now.block > self.epochs.block)
+            || now.cluster > self.epochs.cluster
+    }
+}
+
+/// The race check's record of one byte: its last write and its last two readers since.
+#[derive(Clone, Copy, Debug)]
+struct Shadow {
+    write: Stamp,
+    reads: [Stamp; 2],
+}
+
+impl Shadow {
+    const CLEAN: Shadow = Shadow { write: Stamp::NONE, reads: [Stamp::NONE; 2] };
+}
+
+/// One window of a block's shared memory, with its shadow.
+#[derive(Default)]
+struct Window {
+    bytes: Vec<u8>,
+    shadow: Vec<Shadow>,
+}
+
+impl Window {
+    /// Grows to `len` bytes of poison (`0xff`).
+    fn grow(&mut self, len: usize) {
+        if len > self.bytes.len() {
+            self.bytes.resize(len, 0xff);
+            self.shadow.resize(len, Shadow::CLEAN);
+        }
+    }
+}
+
+/// A block's shared memory: static arrays and dynamic memory.
+pub struct BlockMemory {
+    statics: Window,
+    dynamic: Window,
+}
+
+impl BlockMemory {
+    pub fn new(dynamic_bytes: u32) -> Self {
+        let mut dynamic = Window::default();
+        dynamic.grow(dynamic_bytes as usize);
+        Self { statics: Window::default(), dynamic }
+    }
+
+    /// Makes room for static arrays up to `len` bytes.
+    pub fn grow_static(&mut self, len: u32) {
+        self.statics.grow(len as usize);
+    }
+}
+
+/// What one access does to memory and the shadow.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Read,
+    Write,
+    /// Atomics are ordered among themselves; they are not checked against plain accesses.
+    Atomic,
+}
+
+/// Checks an access of `size` bytes at `addr` and runs `f` on the bytes.
+fn access<R>(addr: u32, size: usize, space: Space, kind: Access, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    with_current(|thread| {
+        let cluster = thread.cluster();
+        let rank = match (addr >> RANK_SHIFT, space) {
+            (0, _) => thread.rank,
+            (_, Space::Block) => fault(format_args!(
+                "`ld/st.shared` at {addr:#x}, a distributed-shared address from `mapa`: use the `::cluster` form (a `RemoteSlice`)"
+            )),
+            (mapped, Space::Cluster) => mapped - 1,
+        };
+        let block = &cluster.blocks[rank as usize];
+        if rank != thread.rank {
+            let epoch = Stamp::of(thread).epochs.cluster;
+            if block.remote_access.get().is_none_or(|(latest, _)| epoch >= latest) {
+                block.remote_access.set(Some((epoch, thread.id)));
+            }
+        }
+        if block.exited() {
+            fault(format_args!("shared-memory access to block rank {rank} of the cluster, which has exited: keep blocks alive with a cluster barrier until peers are done"));
+        }
+        let offset = (addr & OFFSET_MASK) as usize;
+        if !(addr as usize).is_multiple_of(size) {
+            fault(format_args!("misaligned {size}-byte shared access at {addr:#x}"));
+        }
+        let mut memory = block.memory.borrow_mut();
+        let window = match addr & WINDOW_MASK {
+            STATIC_BASE => {
+                memory.grow_static(cluster.registry.static_bytes());
+                &mut memory.statics
+            }
+            DYNAMIC_BASE => &mut memory.dynamic,
+            _ => fault(format_args!("{size}-byte shared access at {addr:#x}, which is not a shared-memory address")),
+        };
+        if offset + size > window.bytes.len() {
+            let what = if addr & WINDOW_MASK == STATIC_BASE { "static shared arrays" } else { "dynamic shared memory" };
+            fault(format_args!(
+                "out-of-bounds shared access: {size} bytes at offset {offset} of {what} ({} bytes) of block rank {rank}",
+                window.bytes.len()
+            ));
+        }
+        if kind != Access::Atomic {
+            check_races(thread, cluster.threads_per_block, &mut window.shadow[offset..offset + size], kind, offset, rank);
+        }
+        f(&mut window.bytes[offset..offset + size])
+    })
+}
+
+fn check_races(thread: &Thread, threads_per_block: u32, shadow: &mut [Shadow], kind: Access, offset: usize, rank: u32) {
+    let me = Stamp::of(thread);
+    for byte in shadow {
+        let conflict = match kind {
+            Access::Read => (!byte.write.ordered_before(thread, threads_per_block)).then_some(("reads", "written", byte.write)),
+            _ => {
+                let unordered_read = byte.reads.iter().find(|r| !r.ordered_before(thread, threads_per_block));
+                if !byte.write.ordered_before(thread, threads_per_block) {
+                    Some(("writes", "written", byte.write))
+                } else {
+                    unordered_read.map(|r| ("writes", "read", *r))
+                }
+            }
+        };
+        if let Some((verb, other, stamp)) = conflict {
+            let cluster = thread.cluster();
+            let (block, other_thread) = cluster.locate(stamp.thread);
+            fault(format_args!(
+                "shared-memory race: this thread {verb} byte {offset} of block rank {rank}'s shared memory, {other} by thread {other_thread} of block {block} with no barrier between them"
+            ));
+        }
+        match kind {
+            Access::Read => {
+                if byte.reads[0].thread != me.thread {
+                    byte.reads[1] = byte.reads[0];
+                }
+                byte.reads[0] = me;
+            }
+            _ => *byte = Shadow { write: me, reads: [Stamp::NONE; 2] },
+        }
+    }
+}
+
+/// `ld.shared` (`Space::Block`) or `ld.shared::cluster` of a `T`.
+pub fn load<T: Copy>(addr: u32, space: Space) -> T {
+    access(addr, size_of::<T>(), space, Access::Read, |bytes| {
+        // SAFETY: `bytes` holds `size_of::<T>()` bytes; shared words are plain bits.
+        unsafe { bytes.as_ptr().cast::<T>().read_unaligned() }
+    })
+}
+
+/// `st.shared` or `st.shared::cluster` of a `T`.
+pub fn store<T: Copy>(addr: u32, value: T, space: Space) {
+    access(addr, size_of::<T>(), space, Access::Write, |bytes| {
+        // SAFETY: as for `load`.
+        unsafe { bytes.as_mut_ptr().cast::<T>().write_unaligned(value) }
+    })
+}
+
+/// `atom.shared`: replaces the value with `update(old)`, returns `old`.
+pub fn atomic<T: Copy>(addr: u32, update: impl FnOnce(T) -> T) -> T {
+    access(addr, size_of::<T>(), Space::Block, Access::Atomic, |bytes| {
+        // SAFETY: as for `load`.
+        unsafe {
+            let old = bytes.as_ptr().cast::<T>().read_unaligned();
+            bytes.as_mut_ptr().cast::<T>().write_unaligned(update(old));
+            old
+        }
+    })
+}

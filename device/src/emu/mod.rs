@@ -1,0 +1,82 @@
+//! The CPU emulator: runs kernels on the host with GPU semantics, so that tests without a GPU
+//! check what kernels compute. [`crate::arch`] calls into it off the GPU; the host runtime
+//! starts launches with [`run`].
+//!
+//! **What it models.** Every thread of the grid runs as a fiber; the threads of one cluster
+//! (a block is a cluster of one) run on one OS thread, interleaved at synchronisation points,
+//! and clusters run in parallel. `bar.sync`, `bar.warp.sync`, the cluster barrier (split
+//! arrive/wait), shuffles and votes are real rendezvous of the threads they name. Shared
+//! memory is per block, starts filled with `0xff` bytes (NaN as floats), and is reached
+//! through distributed-shared addresses from `mapa` for peer blocks.
+//!
+//! **What it reports**, as a [`Fault`] naming the kernel, block and thread:
+//! - a data race on shared memory: two threads touch the same byte, at least one writing,
+//!   with no barrier both passed in between (like `compute-sanitizer --tool racecheck`);
+//! - a deadlock: threads wait at a barrier that the others never reach (they exited or wait
+//!   elsewhere), with who waits where;
+//! - out-of-bounds or misaligned shared accesses, accesses to a peer block that has exited,
+//!   global accesses outside every buffer passed to the kernel, and `trap`/panics (bounds
+//!   checks of inputs and outputs).
+//!
+//! **What it does not model.** Timing (`clock64` reads wall time), memory-ordering subtleties
+//! beyond barriers (execution is sequentially consistent, fences are no-ops, and busy-waiting
+//! on memory written by another thread never ends), races on global memory, warps that
+//! diverge inside a shuffle, tensor-core instructions, and floating-point approximations of
+//! the `.approx` instructions (the emulator computes them exactly).
+
+mod fiber;
+pub mod memory;
+mod ops;
+mod schedule;
+mod thread;
+
+pub use ops::*;
+pub use schedule::run;
+pub use thread::Registers;
+
+use crate::Dim3;
+use std::fmt;
+use std::string::String;
+
+/// One launch, as the host planned it.
+#[derive(Clone, Debug)]
+pub struct Launch<'a> {
+    /// The kernel's name, for reports.
+    pub kernel: &'static str,
+    /// Grid extent in blocks.
+    pub grid: Dim3,
+    /// Block extent in threads.
+    pub block: Dim3,
+    /// Cluster extent in blocks (`1, 1, 1` for launches without clusters).
+    pub cluster: Dim3,
+    /// Dynamic shared memory per block.
+    pub dynamic_smem_bytes: u32,
+    /// Shared memory a block may use, static and dynamic together.
+    pub smem_limit: u32,
+    /// The device buffers passed to the kernel, as `(address, bytes)`: global accesses must
+    /// fall inside one of them.
+    pub buffers: &'a [(usize, usize)],
+}
+
+/// Why an emulated launch failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fault {
+    /// The kernel.
+    pub kernel: &'static str,
+    /// The block and thread that faulted, where one did (a deadlock names no single thread).
+    pub at: Option<(Dim3, Dim3)>,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "kernel `{}`", self.kernel)?;
+        if let Some((block, thread)) = self.at {
+            write!(f, ", block {block}, thread {thread}")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for Fault {}

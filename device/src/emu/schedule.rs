@@ -1,0 +1,431 @@
+//! The scheduler: clusters in parallel on OS threads; within a cluster, every thread a fiber,
+//! run in turn until each waits at a barrier, then the barriers that everyone reached are
+//! released. When none can be, the cluster is deadlocked.
+
+use super::fiber::{Fiber, Resume, Step};
+use super::memory::BlockMemory;
+use super::ops::Shuffle;
+use super::thread::{Epochs, Registers, Thread};
+use super::{Fault, Launch};
+use crate::limits::WARP_SIZE;
+use crate::Dim3;
+use core::cell::{Cell, RefCell};
+use core::ptr;
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use corosensei::stack::DefaultStack;
+use std::boxed::Box;
+use std::string::String;
+use std::sync::{Arc, Mutex};
+use std::vec::Vec;
+use std::{format, thread};
+
+/// Where a suspended thread waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// `bar.sync`.
+    Block,
+    /// `bar.warp.sync` with this member mask.
+    Warp(u32),
+    /// A shuffle or vote with this member mask (its operands are in the warp's slots).
+    Collective(Shuffle, u32),
+    /// `barrier.cluster.wait` for this phase.
+    Cluster(u32),
+}
+
+impl Wait {
+    fn describe(self) -> String {
+        match self {
+            Wait::Block => String::from("bar.sync"),
+            Wait::Warp(mask) => format!("bar.warp.sync {mask:#010x}"),
+            Wait::Collective(op, mask) => format!("{op:?} shuffle/vote with mask {mask:#010x}"),
+            Wait::Cluster(_) => String::from("barrier.cluster.wait"),
+        }
+    }
+}
+
+/// The static shared arrays of a launch: each call site's offset, the same in every block.
+pub struct Registry {
+    sites: Mutex<Vec<(usize, u32)>>,
+    end: AtomicUsize,
+    limit: u32,
+}
+
+impl Registry {
+    /// The offset of `site`'s array of `bytes`, placing it on first use.
+    pub fn place(&self, site: usize, bytes: usize) -> Result<u32, String> {
+        let mut sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&(_, offset)) = sites.iter().find(|(s, _)| *s == site) {
+            return Ok(offset);
+        }
+        let offset = self.end.load(Ordering::Relaxed).next_multiple_of(16);
+        let end = offset + bytes;
+        if end > self.limit as usize {
+            return Err(format!(
+                "static shared arrays need {end} bytes, over the {} bytes left next to the dynamic shared memory",
+                self.limit
+            ));
+        }
+        sites.push((site, offset as u32));
+        self.end.store(end, Ordering::Relaxed);
+        Ok(offset as u32)
+    }
+
+    /// Bytes of static arrays placed so far.
+    pub fn static_bytes(&self) -> u32 {
+        self.end.load(Ordering::Relaxed) as u32
+    }
+}
+
+/// One warp's exchange slots and barrier count.
+#[derive(Default)]
+pub struct Warp {
+    pub epoch: u32,
+    pub operands: [(u32, u32); 32],
+    pub results: [u32; 32],
+}
+
+/// One block of a cluster.
+pub struct Block {
+    pub ctaid: Dim3,
+    pub memory: RefCell<BlockMemory>,
+    pub epoch: Cell<u32>,
+    pub warps: Vec<RefCell<Warp>>,
+    pub running: Cell<u32>,
+    /// The latest access by another block, as (its cluster epoch, its thread id): the block
+    /// must not exit before a cluster barrier orders that access.
+    pub remote_access: Cell<Option<(u32, u32)>>,
+}
+
+impl Block {
+    /// True once every thread of the block has returned.
+    pub fn exited(&self) -> bool {
+        self.running.get() == 0
+    }
+}
+
+/// Arrivals at the cluster barrier's current phase.
+#[derive(Default, Clone, Copy)]
+pub struct ClusterBarrier {
+    pub phase: u32,
+    pub arrived: u32,
+}
+
+/// One cluster being emulated: what every thread of it shares.
+pub struct Cluster {
+    pub kernel: &'static str,
+    pub size: u32,
+    pub threads_per_block: u32,
+    pub block_dim: Dim3,
+    pub buffers: Vec<(usize, usize)>,
+    pub registry: Arc<Registry>,
+    pub blocks: Vec<Block>,
+    pub barrier: Cell<ClusterBarrier>,
+}
+
+impl Cluster {
+    /// (block index in the grid, thread index in the block) of thread `id`.
+    pub fn locate(&self, id: u32) -> (Dim3, Dim3) {
+        let block = &self.blocks[(id / self.threads_per_block) as usize];
+        (block.ctaid, unflatten(id % self.threads_per_block, self.block_dim))
+    }
+}
+
+/// Runs `body` as every thread of `launch`'s grid.
+///
+/// # Errors
+/// The first [`Fault`] of any cluster: a race, a deadlock, a bad access, a panic.
+pub fn run(launch: &Launch<'_>, body: &(dyn Fn() + Sync)) -> Result<(), Fault> {
+    let clusters = Dim3::new(launch.grid.x / launch.cluster.x, launch.grid.y / launch.cluster.y, launch.grid.z / launch.cluster.z);
+    let count = clusters.volume() as usize;
+    let registry = Arc::new(Registry {
+        sites: Mutex::new(Vec::new()),
+        end: AtomicUsize::new(0),
+        limit: launch.smem_limit.saturating_sub(launch.dynamic_smem_bytes),
+    });
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let first_fault: Mutex<Option<(usize, Fault)>> = Mutex::new(None);
+    let workers = thread::available_parallelism().map_or(1, |n| n.get()).min(count.max(1));
+    thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                let mut stacks = take_stacks();
+                loop {
+                    let index = next.fetch_add(1, Ordering::Relaxed);
+                    if index >= count || failed.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let clusterid = unflatten(index as u32, clusters);
+                    if let Err(fault) = run_cluster(launch, &registry, clusterid, clusters, body, &mut stacks) {
+                        failed.store(true, Ordering::Relaxed);
+                        let mut first = first_fault.lock().unwrap_or_else(|e| e.into_inner());
+                        if first.as_ref().is_none_or(|(i, _)| index < *i) {
+                            *first = Some((index, fault));
+                        }
+                    }
+                }
+                return_stacks(stacks);
+            });
+        }
+    });
+    match first_fault.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some((_, fault)) => Err(fault),
+        None => Ok(()),
+    }
+}
+
+/// Fiber stacks kept between launches: mapping and first-touching them costs more than
+/// running small kernels.
+static STACKS: Mutex<Vec<Vec<DefaultStack>>> = Mutex::new(Vec::new());
+
+/// Most stacks kept per worker (each reserves 128 KB of address space).
+const KEPT_STACKS: usize = 4096;
+
+fn take_stacks() -> Vec<DefaultStack> {
+    STACKS.lock().unwrap_or_else(|e| e.into_inner()).pop().unwrap_or_default()
+}
+
+fn return_stacks(mut stacks: Vec<DefaultStack>) {
+    stacks.truncate(KEPT_STACKS);
+    STACKS.lock().unwrap_or_else(|e| e.into_inner()).push(stacks);
+}
+
+fn unflatten(i: u32, dim: Dim3) -> Dim3 {
+    Dim3::new(i % dim.x, i / dim.x % dim.y, i / (dim.x * dim.y))
+}
+
+fn run_cluster(
+    launch: &Launch<'_>,
+    registry: &Arc<Registry>,
+    clusterid: Dim3,
+    nclusterid: Dim3,
+    body: &(dyn Fn() + Sync),
+    stacks: &mut Vec<DefaultStack>,
+) -> Result<(), Fault> {
+    let (cdim, bdim) = (launch.cluster, launch.block);
+    let size = cdim.volume() as u32;
+    let threads_per_block = bdim.volume() as u32;
+    let blocks = (0..size)
+        .map(|rank| {
+            let c = unflatten(rank, cdim);
+            Block {
+                ctaid: Dim3::new(clusterid.x * cdim.x + c.x, clusterid.y * cdim.y + c.y, clusterid.z * cdim.z + c.z),
+                memory: RefCell::new(BlockMemory::new(launch.dynamic_smem_bytes)),
+                epoch: Cell::new(0),
+                warps: (0..threads_per_block.div_ceil(WARP_SIZE)).map(|_| RefCell::default()).collect(),
+                running: Cell::new(threads_per_block),
+                remote_access: Cell::new(None),
+            }
+        })
+        .collect();
+    let cluster = Box::new(Cluster {
+        kernel: launch.kernel,
+        size,
+        threads_per_block,
+        block_dim: bdim,
+        buffers: launch.buffers.to_vec(),
+        registry: registry.clone(),
+        blocks,
+        barrier: Cell::default(),
+    });
+    let mut fibers = Vec::with_capacity((size * threads_per_block) as usize);
+    for rank in 0..size {
+        let block = &cluster.blocks[rank as usize];
+        for index in 0..threads_per_block {
+            let thread = Box::new(Thread {
+                registers: Registers {
+                    tid: unflatten(index, bdim),
+                    ntid: bdim,
+                    ctaid: block.ctaid,
+                    nctaid: launch.grid,
+                    lane: index % WARP_SIZE,
+                    dynamic_smem_size: launch.dynamic_smem_bytes,
+                    cluster_rank: rank,
+                    cluster_ctaid: unflatten(rank, cdim),
+                    cluster_nctaid: cdim,
+                    clusterid,
+                    nclusterid,
+                },
+                rank,
+                index,
+                id: rank * threads_per_block + index,
+                epochs: Cell::new(Epochs::default()),
+                cluster_arrival: Cell::new(None),
+                cluster: &*cluster,
+                yielder: Cell::new(ptr::null()),
+            });
+            // SAFETY: `cluster` and `body` outlive every fiber: all are run to completion
+            // below (aborted ones too) before this function returns.
+            fibers.push(unsafe { Fiber::new(thread, body, stacks.pop()) });
+        }
+    }
+    let outcome = schedule(&cluster, &mut fibers);
+    if outcome.is_err() {
+        for fiber in fibers.iter_mut().filter(|f| !f.done()) {
+            let _ = fiber.resume(Resume::Abort);
+        }
+    }
+    stacks.extend(fibers.into_iter().map(Fiber::into_stack));
+    outcome
+}
+
+/// Runs the cluster's fibers to completion, releasing barriers as they fill.
+fn schedule(cluster: &Cluster, fibers: &mut [Fiber]) -> Result<(), Fault> {
+    let mut waits: Vec<Option<Wait>> = std::vec![None; fibers.len()];
+    let mut runnable: Vec<bool> = std::vec![true; fibers.len()];
+    loop {
+        for (i, fiber) in fibers.iter_mut().enumerate() {
+            if !runnable[i] {
+                continue;
+            }
+            match fiber.resume(Resume::Go) {
+                Step::Wait(wait) => {
+                    waits[i] = Some(wait);
+                    runnable[i] = false;
+                }
+                Step::Done(result) => {
+                    runnable[i] = false;
+                    let thread = fiber.thread();
+                    if let Err(message) = result {
+                        let registers = &thread.registers;
+                        return Err(Fault { kernel: cluster.kernel, at: Some((registers.ctaid, registers.tid)), message });
+                    }
+                    let block = &cluster.blocks[thread.rank as usize];
+                    block.running.set(block.running.get() - 1);
+                    if block.exited() {
+                        check_exit(cluster, thread)?;
+                    }
+                }
+            }
+        }
+        if fibers.iter().all(Fiber::done) {
+            return Ok(());
+        }
+        if !release(cluster, fibers, &mut waits, &mut runnable)? {
+            return Err(Fault { kernel: cluster.kernel, at: None, message: deadlock(cluster, fibers, &waits) });
+        }
+    }
+}
+
+/// A block exits once its last thread returns: any peer access to its shared memory must
+/// have been ordered before that by a cluster barrier the block passed.
+fn check_exit(cluster: &Cluster, last: &Thread) -> Result<(), Fault> {
+    let block = &cluster.blocks[last.rank as usize];
+    match block.remote_access.get() {
+        Some((epoch, accessor)) if epoch >= last.epochs.get().cluster => {
+            let (at_block, at_thread) = cluster.locate(accessor);
+            Err(Fault {
+                kernel: cluster.kernel,
+                at: Some((at_block, at_thread)),
+                message: format!(
+                    "read or wrote the shared memory of block {} (cluster rank {}), which has exited with no cluster barrier after the access: end the kernel with cluster::sync() so peers stay resident",
+                    block.ctaid, last.rank
+                ),
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Releases every barrier whose participants have all arrived; false when none could be.
+fn release(cluster: &Cluster, fibers: &[Fiber], waits: &mut [Option<Wait>], runnable: &mut [bool]) -> Result<bool, Fault> {
+    let mut released = false;
+    let per_block = cluster.threads_per_block as usize;
+    for (rank, block) in cluster.blocks.iter().enumerate() {
+        let range = rank * per_block..(rank + 1) * per_block;
+        // bar.sync: every thread of the block, none exited.
+        if waits[range.clone()].iter().all(|w| *w == Some(Wait::Block)) {
+            block.epoch.set(block.epoch.get() + 1);
+            for i in range.clone() {
+                let thread = fibers[i].thread();
+                thread.epochs.set(Epochs { block: block.epoch.get(), ..thread.epochs.get() });
+                waits[i] = None;
+                runnable[i] = true;
+            }
+            released = true;
+        }
+        // Warp rendezvous: every lane of the member mask waits at the same one.
+        for (w, warp) in block.warps.iter().enumerate() {
+            let first = range.start + w * WARP_SIZE as usize;
+            let lanes = (range.end - first).min(WARP_SIZE as usize);
+            for lane in 0..lanes {
+                let wait = match waits[first + lane] {
+                    Some(wait @ (Wait::Warp(_) | Wait::Collective(..))) => wait,
+                    _ => continue,
+                };
+                let mask = match wait {
+                    Wait::Warp(mask) | Wait::Collective(_, mask) => mask,
+                    _ => unreachable!(),
+                };
+                let members = (0..lanes).filter(|l| mask & (1 << l) != 0);
+                if !members.clone().all(|l| waits[first + l] == Some(wait)) {
+                    continue;
+                }
+                let mut warp = warp.borrow_mut();
+                match wait {
+                    Wait::Collective(op, _) => {
+                        let operands = warp.operands;
+                        for l in members.clone() {
+                            warp.results[l] = op.apply(&operands, l as u32, mask).map_err(|message| {
+                                let registers = &fibers[first + l].thread().registers;
+                                Fault { kernel: cluster.kernel, at: Some((registers.ctaid, registers.tid)), message }
+                            })?;
+                        }
+                    }
+                    _ => warp.epoch += 1,
+                }
+                for l in members {
+                    let thread = fibers[first + l].thread();
+                    if let Wait::Warp(_) = wait {
+                        thread.epochs.set(Epochs { warp: warp.epoch, ..thread.epochs.get() });
+                    }
+                    waits[first + l] = None;
+                    runnable[first + l] = true;
+                }
+                released = true;
+            }
+        }
+    }
+    // barrier.cluster.wait: released once its phase completed (counted at arrival).
+    let phase = cluster.barrier.get().phase;
+    for (i, wait) in waits.iter_mut().enumerate() {
+        if let Some(Wait::Cluster(waited)) = *wait {
+            if waited < phase {
+                let thread = fibers[i].thread();
+                thread.epochs.set(Epochs { cluster: phase, ..thread.epochs.get() });
+                *wait = None;
+                runnable[i] = true;
+                released = true;
+            }
+        }
+    }
+    Ok(released)
+}
+
+/// Who waits where, per block, for a deadlock report.
+fn deadlock(cluster: &Cluster, fibers: &[Fiber], waits: &[Option<Wait>]) -> String {
+    let mut report = String::from("deadlock: threads wait at barriers that the others never reach");
+    let per_block = cluster.threads_per_block as usize;
+    for (rank, block) in cluster.blocks.iter().enumerate() {
+        let range = rank * per_block..(rank + 1) * per_block;
+        let mut groups: Vec<(String, u32, Dim3)> = Vec::new();
+        for i in range {
+            let what = match waits[i] {
+                Some(wait) => format!("wait at {}", wait.describe()),
+                None if fibers[i].done() => String::from("exited"),
+                None => continue,
+            };
+            match groups.iter_mut().find(|(w, ..)| *w == what) {
+                Some(group) => group.1 += 1,
+                None => groups.push((what, 1, fibers[i].thread().registers.tid)),
+            }
+        }
+        if groups.iter().any(|(w, ..)| w != "exited") {
+            report += &format!("; block {}:", block.ctaid);
+            for (what, count, first) in groups {
+                report += &format!(" {count} thread(s) {what} (first: thread {first})");
+            }
+        }
+    }
+    report
+}

@@ -1,0 +1,112 @@
+//! The CPU emulator runs every example against its reference, and reports each bug of the
+//! `faults` kernels (a race, a deadlock, an out-of-bounds access, a read of an exited peer's
+//! shared memory, a panic) with the kernel, block and thread, while passing their fixes.
+
+use clusterfuse::host::{Error, Gpu, LaunchConfig};
+use clusterfuse::Dim3;
+use clusterfuse_examples::faults::{divergent_barrier, peer_read, reverse, shared_index};
+use clusterfuse_examples::{saxpy::saxpy, EXAMPLES};
+
+fn config(grid: u32, block: u32) -> LaunchConfig {
+    LaunchConfig { grid: grid.into(), block: block.into(), ..LaunchConfig::default() }
+}
+
+/// The fault an emulated launch must have reported.
+fn fault(result: clusterfuse::host::Result<()>) -> clusterfuse::emu::Fault {
+    match result {
+        Err(Error::Emulator(fault)) => fault,
+        other => panic!("expected an emulator fault, got {other:?}"),
+    }
+}
+
+#[test]
+fn examples_match_their_references_on_the_emulator() {
+    let gpu = Gpu::emulator();
+    for (name, run) in EXAMPLES {
+        let report = run(&gpu).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(report.passed(), "{name}: {report:?}");
+    }
+}
+
+#[test]
+fn a_missing_barrier_is_reported_as_a_race() {
+    let gpu = Gpu::emulator();
+    let kernel = reverse::load(&gpu).unwrap();
+    let x: Vec<f32> = (0..512).map(|i| i as f32).collect();
+    let dx = gpu.upload(&x).unwrap();
+    let mut out = gpu.zeros::<f32>(512).unwrap();
+
+    kernel.launch(gpu.stream(), &config(2, 256), &dx, &mut out, 1).unwrap();
+    let expected: Vec<f32> = x.chunks(256).flat_map(|c| c.iter().rev().copied()).collect();
+    assert_eq!(gpu.download(&out).unwrap(), expected);
+
+    let fault = fault(kernel.launch(gpu.stream(), &config(2, 256), &dx, &mut out, 0));
+    assert_eq!(fault.kernel, "reverse");
+    assert!(fault.message.contains("shared-memory race"), "{fault}");
+    assert!(fault.message.contains("no barrier between them"), "{fault}");
+}
+
+#[test]
+fn a_barrier_some_threads_never_reach_is_a_deadlock() {
+    let gpu = Gpu::emulator();
+    let kernel = divergent_barrier::load(&gpu).unwrap();
+    let mut out = gpu.zeros::<f32>(64).unwrap();
+    kernel.launch(gpu.stream(), &config(2, 32), &mut out, 32).unwrap();
+    assert!(gpu.download(&out).unwrap().iter().all(|&v| v == 1.0));
+
+    let fault = fault(kernel.launch(gpu.stream(), &config(2, 32), &mut out, 16));
+    assert_eq!(fault.at, None);
+    assert!(fault.message.starts_with("deadlock"), "{fault}");
+    assert!(fault.message.contains("16 thread(s) wait at bar.sync"), "{fault}");
+    assert!(fault.message.contains("16 thread(s) exited"), "{fault}");
+}
+
+#[test]
+fn out_of_bounds_shared_access_names_block_and_thread() {
+    let gpu = Gpu::emulator();
+    let kernel = shared_index::load(&gpu).unwrap();
+    let mut out = gpu.zeros::<f32>(1).unwrap();
+    kernel.launch(gpu.stream(), &config(3, 32), &mut out, 0).unwrap();
+    assert_eq!(gpu.download(&out).unwrap(), [1.0]);
+
+    let fault = fault(kernel.launch(gpu.stream(), &config(3, 32), &mut out, 64));
+    assert!(fault.message.contains("out-of-bounds"), "{fault}");
+    assert_eq!(fault.at.map(|(_, thread)| thread), Some(Dim3::new(0, 0, 0)));
+}
+
+#[test]
+fn reading_an_exited_peer_is_reported() {
+    let gpu = Gpu::emulator();
+    let kernel = peer_read::load(&gpu).unwrap();
+    let mut out = gpu.zeros::<f32>(1).unwrap();
+    kernel.launch(gpu.stream(), &config(2, 32), &mut out, 1).unwrap();
+    assert_eq!(gpu.download(&out).unwrap(), [2.0]);
+
+    let fault = fault(kernel.launch(gpu.stream(), &config(2, 32), &mut out, 0));
+    assert!(fault.message.contains("which has exited"), "{fault}");
+    assert_eq!(fault.at, Some((Dim3::new(0, 0, 0), Dim3::new(0, 0, 0))));
+}
+
+#[test]
+fn a_panic_in_a_kernel_names_its_thread() {
+    let gpu = Gpu::emulator();
+    let kernel = saxpy::load(&gpu).unwrap();
+    let x = gpu.upload(&[1.0f32; 100]).unwrap();
+    let mut y = gpu.zeros::<f32>(300).unwrap();
+    let fault = fault(kernel.launch(gpu.stream(), &config(2, 256), 2.0, &x, &mut y));
+    assert!(fault.message.contains("index out of bounds"), "{fault}");
+    let (block, thread) = fault.at.unwrap();
+    assert!(block.x * 256 + thread.x >= 100, "{fault}");
+}
+
+#[test]
+fn the_emulator_plans_launches_like_a_gpu() {
+    let emulator = Gpu::emulator();
+    let kernel = saxpy::load(&emulator).unwrap();
+    let x = emulator.upload(&[1.0f32; 4]).unwrap();
+    let mut y = emulator.zeros::<f32>(4).unwrap();
+    // The launch configuration is checked as for a GPU before anything runs.
+    kernel.launch(emulator.stream(), &config(1, 32), 1.0, &x, &mut y).unwrap();
+    let too_big = config(1, 2048);
+    assert!(matches!(kernel.launch(emulator.stream(), &too_big, 1.0, &x, &mut y), Err(Error::InvalidLaunch { .. })));
+}
