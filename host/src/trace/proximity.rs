@@ -105,15 +105,8 @@ fn subsumed(chain: &Chain, candidates: &[Chain]) -> bool {
 
 /// The launches between synchronisations, empty runs dropped.
 fn segments(trace: &Trace) -> Vec<Vec<&LaunchRecord>> {
-    let mut segments = vec![Vec::new()];
-    for event in &trace.events {
-        match event {
-            Event::Launch(launch) => segments.last_mut().expect("starts non-empty").push(launch),
-            Event::Sync { .. } => segments.push(Vec::new()),
-        }
-    }
-    segments.retain(|s| !s.is_empty());
-    segments
+    let runs = trace.events.split(|event| matches!(event, Event::Sync { .. }));
+    runs.map(|run| run.iter().filter_map(Event::as_launch).collect::<Vec<_>>()).filter(|s| !s.is_empty()).collect()
 }
 
 #[cfg(test)]

@@ -63,13 +63,20 @@ struct Header {
     batch: Option<u32>,
 }
 
+impl Event {
+    /// The launch, if this is one.
+    pub fn as_launch(&self) -> Option<&LaunchRecord> {
+        match self {
+            Event::Launch(launch) => Some(launch),
+            Event::Sync { .. } => None,
+        }
+    }
+}
+
 impl Trace {
     /// The launches, in CPU order.
     pub fn launches(&self) -> impl Iterator<Item = &LaunchRecord> {
-        self.events.iter().filter_map(|event| match event {
-            Event::Launch(launch) => Some(launch),
-            Event::Sync { .. } => None,
-        })
+        self.events.iter().filter_map(Event::as_launch)
     }
 
     /// The trace as JSON lines: the header, then one event per line.

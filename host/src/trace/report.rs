@@ -43,17 +43,17 @@ pub fn advice_table(chains: &[Chain]) -> String {
     table(header, body)
 }
 
-/// The sweep's plots, with file names: TKLQT and GPU idle time, and latency (wall time) and
-/// GPU busy time, each against batch size.
+/// The sweep's plots, with file names: TKLQT, and latency (wall time) with GPU busy time,
+/// against batch size.
 pub fn sweep_plots(sweep: &Sweep) -> [(&'static str, Plot); 2] {
     let series = |name: &str, ns: fn(&Summary) -> u64| Series {
         name: name.into(),
         points: sweep.points().iter().map(|(batch, s)| (f64::from(*batch), ns(s) as f64 / 1e3)).collect(),
     };
     let plot = |title: &str, series| Plot { title: title.into(), x_label: "batch size".into(), y_label: "µs".into(), series };
-    let tklqt = vec![series("TKLQT", |s| s.tklqt_ns), series("GPU idle", |s| s.gpu_idle_ns)];
+    let tklqt = vec![series("TKLQT", |s| s.tklqt_ns)];
     let latency = vec![series("latency", |s| s.wall_ns), series("GPU busy", |s| s.gpu_busy_ns)];
-    [("tklqt.svg", plot("TKLQT and GPU idle time", tklqt)), ("latency.svg", plot("Latency and GPU busy time", latency))]
+    [("tklqt.svg", plot("Total kernel launch and queuing time", tklqt)), ("latency.svg", plot("Latency and GPU busy time", latency))]
 }
 
 const SUMMARY_HEADER: [&str; 8] =
@@ -143,7 +143,7 @@ mod tests {
         let sweep = Sweep::new([(4, summary(6_000, 4_000)), (1, summary(1_000, 12_000))]);
         let [(tklqt_file, tklqt), (latency_file, latency)] = sweep_plots(&sweep);
         assert_eq!((tklqt_file, latency_file), ("tklqt.svg", "latency.svg"));
-        assert_eq!(tklqt.series[1].points, [(1.0, 12.0), (4.0, 4.0)], "GPU idle, by batch");
+        assert_eq!(tklqt.series, [Series { name: "TKLQT".into(), points: vec![(1.0, 9.0), (4.0, 9.0)] }]);
         assert_eq!(latency.series.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["latency", "GPU busy"]);
         assert_eq!(latency.series[1].points, [(1.0, 1.0), (4.0, 6.0)]);
     }
