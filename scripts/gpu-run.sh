@@ -19,4 +19,5 @@ step examples .gpu/clusterfuse-examples
 step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 .gpu/clusterfuse-examples
 step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 .gpu/clusterfuse-examples
 step launch-overhead .gpu/launch-overhead
+step cluster-bench .gpu/cluster-bench
 exit $status

@@ -34,6 +34,35 @@ pub fn warps() -> u32 {
     size().div_ceil(WARP_SIZE)
 }
 
+/// The indices `range.start + thread::rank_in_block()`, then every [`size`]-th one below
+/// `range.end`: the block's threads striding over `range` together. It counts in 32 bits
+/// and divides nothing (a `usize` `step_by` costs a 64-bit division call per loop).
+#[inline(always)]
+pub fn stride_loop(range: core::ops::Range<usize>) -> StrideLoop {
+    StrideLoop { next: range.start as u32 + crate::thread::rank_in_block(), end: range.end as u32, step: size() }
+}
+
+/// The iterator of [`stride_loop`].
+pub struct StrideLoop {
+    next: u32,
+    end: u32,
+    step: u32,
+}
+
+impl Iterator for StrideLoop {
+    type Item = usize;
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<usize> {
+        let i = self.next;
+        if i >= self.end {
+            return None;
+        }
+        self.next = i.saturating_add(self.step);
+        Some(i as usize)
+    }
+}
+
 /// `__syncthreads()`: every thread of the block waits here; shared and global memory
 /// written before it is visible to the whole block after it.
 #[inline(always)]

@@ -57,6 +57,39 @@ pub fn wait() {
     arch::barrier_cluster_wait_acquire();
 }
 
+/// The cluster scope token that every [`#[cluster_primitive]`](crate::cluster_primitive) takes
+/// first, so that collective calls read as such: `argmax(&scope, data)`.
+///
+/// Holding one is a promise, not a proof: every thread of every block of the cluster makes the
+/// same sequence of collective calls (they contain cluster barriers, and a block that skips one
+/// deadlocks its peers or exits while they read its shared memory). Any kernel may create it,
+/// because a launch without a cluster is a cluster of one block, where every collective is
+/// correct; making it a compile error to create outside `#[kernel(cluster(..))]` needs
+/// `#[kernel]` to hand it out, which it does not yet.
+#[derive(Clone, Copy, Default)]
+pub struct Cluster(());
+
+impl Cluster {
+    /// The token; see the type's docs for what holding it promises.
+    #[inline(always)]
+    pub fn new() -> Self {
+        Self(())
+    }
+}
+
+/// What a `#[cluster_primitive]` declared, as `<primitive>::FACTS`: its static shared scratch
+/// (part of the static shared memory of every kernel that calls it) and its cluster barriers
+/// per call (declared by the author, not counted by the macro).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrimitiveFacts {
+    /// The function's name.
+    pub name: &'static str,
+    /// Bytes of its static shared scratch, per block.
+    pub shared_bytes: usize,
+    /// Cluster barriers per call.
+    pub barriers: u32,
+}
+
 /// The same shared array in another block of the cluster, reached through DSMEM.
 #[derive(Clone, Copy)]
 pub struct RemoteSlice<T> {
@@ -115,33 +148,101 @@ impl<T: SharedWord> RemoteSlice<T> {
 /// All-reduce of a shared vector across the cluster: afterwards every block's `data[i]` is
 /// `op` over all blocks' `data[i]`.
 ///
-/// Reduce-scatter then all-gather through DSMEM: block `r` owns the `r`-th contiguous chunk;
-/// its threads read element `i` of that chunk from every block in rank order `0, 1, ..`
-/// (so the result is deterministic and bitwise identical everywhere), then store the result
-/// into every block's `data[i]`. Each element is read and written by its owner alone, so the
-/// two phases need only the two cluster barriers around them; the trailing one also keeps
-/// every block resident until its shared memory is no longer read. Safe to call repeatedly.
+/// Reduce-scatter then all-gather through DSMEM, in one pass between two cluster barriers:
+/// block `r` owns the `r`-th contiguous chunk; its threads read each owned element from every
+/// block in rank order `0, 1, ..` (so the result is deterministic and bitwise identical
+/// everywhere) and store the result into every block. Where `data` is 16-byte aligned the
+/// chunks are made of 16-byte vectors (`ld/st.shared::cluster.v4`, up to four peers' loads in
+/// flight), and the last `< 16 / size_of::<T>()` elements (all of them, when `data` is not
+/// aligned) go element by element. Each element
+/// is read and written by its owner alone, so the pass needs only the barriers around it; the
+/// trailing one also keeps every block resident until its shared memory is no longer read.
+/// Safe to call repeatedly.
 #[inline(always)]
 pub fn reduce<T: Element + SharedWord, Op: ReduceOp<T>>(data: SharedSlice<T>, _op: Op) {
+    const { assert!(16 % size_of::<T>() == 0, "cluster::reduce needs an element size that divides 16 bytes") };
     let blocks = size();
-    let rank = block_rank();
-    let n = data.len();
-    let chunk = n.div_ceil(blocks as usize);
-    let start = (rank as usize * chunk).min(n);
-    let end = (start + chunk).min(n);
+    let lanes = 16 / size_of::<T>();
+    let vectors = if data.addr() % 16 == 0 { data.len() / lanes } else { 0 };
+    // SAFETY: the first `vectors * 16` bytes of `data`'s own memory, which is 16-byte aligned
+    // (checked above); `T` and `[u32; 4]` are both plain bits.
+    let words = unsafe { SharedSlice::<[u32; 4]>::from_raw_parts(data.addr(), vectors) };
+    let tail = data.slice(vectors * lanes, data.len() - vectors * lanes);
     sync();
-    let mut i = start + crate::thread::rank_in_block() as usize;
-    while i < end {
-        let mut acc = Op::identity();
+    for v in owned_by_this_thread(vectors) {
+        let result = combine_peers(blocks, splat16(Op::identity()), |peer| words.in_block(peer).load(v), combine16::<T, Op>);
         for peer in 0..blocks {
-            acc = Op::combine(acc, data.in_block(peer).load(i));
+            words.in_block(peer).store(v, result);
         }
+    }
+    for i in owned_by_this_thread(tail.len()) {
+        let result = (0..blocks).fold(Op::identity(), |acc, peer| Op::combine(acc, tail.in_block(peer).load(i)));
         for peer in 0..blocks {
-            data.in_block(peer).store(i, acc);
+            tail.in_block(peer).store(i, result);
         }
-        i += block::size() as usize;
     }
     sync();
+}
+
+/// This thread's indices of this block's contiguous share of `0 .. len`.
+#[inline(always)]
+fn owned_by_this_thread(len: usize) -> block::StrideLoop {
+    let chunk = (len as u32).div_ceil(size()) as usize;
+    let start = (block_rank() as usize * chunk).min(len);
+    block::stride_loop(start..(start + chunk).min(len))
+}
+
+/// `combine` over `init, load(0), load(1), .., load(blocks - 1)`, in that order, issuing up
+/// to four loads before their results are needed.
+#[inline(always)]
+fn combine_peers<V: Copy>(blocks: u32, init: V, load: impl Fn(u32) -> V, combine: impl Fn(V, V) -> V) -> V {
+    let mut acc = init;
+    let mut peer = 0;
+    while peer + 4 <= blocks {
+        let (a, b, c, d) = (load(peer), load(peer + 1), load(peer + 2), load(peer + 3));
+        acc = combine(combine(combine(combine(acc, a), b), c), d);
+        peer += 4;
+    }
+    let rest = blocks - peer;
+    if rest > 0 {
+        let a = load(peer);
+        let b = (rest > 1).then(|| load(peer + 1));
+        let c = (rest > 2).then(|| load(peer + 2));
+        acc = combine(acc, a);
+        if let Some(b) = b {
+            acc = combine(acc, b);
+        }
+        if let Some(c) = c {
+            acc = combine(acc, c);
+        }
+    }
+    acc
+}
+
+/// `value` in every lane of a 16-byte vector.
+#[inline(always)]
+fn splat16<T: Copy>(value: T) -> [u32; 4] {
+    let mut out = [0u32; 4];
+    for k in 0..16 / size_of::<T>() {
+        // SAFETY: lane `k` lies inside the 16 bytes of `out`; unaligned writes need no alignment.
+        unsafe { (out.as_mut_ptr() as *mut T).add(k).write_unaligned(value) };
+    }
+    out
+}
+
+/// `Op::combine` lane by lane on two 16-byte vectors of `T`.
+#[inline(always)]
+fn combine16<T: Element, Op: ReduceOp<T>>(a: [u32; 4], b: [u32; 4]) -> [u32; 4] {
+    let mut out = [0u32; 4];
+    for k in 0..16 / size_of::<T>() {
+        // SAFETY: lane `k` lies inside each 16-byte vector; the vectors hold bits of valid `T`
+        // values (they were loaded from a `SharedSlice<T>`).
+        unsafe {
+            let (x, y) = ((a.as_ptr() as *const T).add(k).read_unaligned(), (b.as_ptr() as *const T).add(k).read_unaligned());
+            (out.as_mut_ptr() as *mut T).add(k).write_unaligned(Op::combine(x, y));
+        }
+    }
+    out
 }
 
 /// All-gather: every block's `tile` lands in every block's `all`, block `r`'s at

@@ -16,6 +16,13 @@ pub mod dynamic_smem;
 pub mod softmax;
 #[path = "05-cluster-collectives.rs"]
 pub mod cluster_collectives;
+#[path = "06-cluster-dtypes.rs"]
+pub mod cluster_dtypes;
+#[path = "07-cluster-primitive.rs"]
+pub mod cluster_primitive;
+
+/// Kernels of the `cluster-bench` benchmark.
+pub mod bench;
 
 pub mod faults;
 
@@ -30,4 +37,13 @@ pub const EXAMPLES: &[(&str, check::Runner)] = &[
     ("03-dynamic-smem", dynamic_smem::run),
     ("04-softmax", softmax::run),
     ("05-cluster", cluster_collectives::run),
+    ("06-f32-sums", cluster_dtypes::f32_sums),
+    ("06-f32-exact", cluster_dtypes::f32_exact),
+    ("06-f16-sums", cluster_dtypes::f16_sums),
+    ("06-f16-exact", cluster_dtypes::f16_exact),
+    ("06-bf16-sums", cluster_dtypes::bf16_sums),
+    ("06-bf16-exact", cluster_dtypes::bf16_exact),
+    ("06-i32-sums", cluster_dtypes::i32_sums),
+    ("06-i32-exact", cluster_dtypes::i32_exact),
+    ("07-primitive", cluster_primitive::run),
 ];

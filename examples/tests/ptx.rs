@@ -1,6 +1,7 @@
 //! The examples' PTX, checked without a GPU: launch directives in place, shared memory through
-//! `ld.shared`/`st.shared`, and every kernel assembled by `ptxas -arch=sm_90` with no spills
-//! and the shared memory it should use.
+//! `ld.shared`/`st.shared`, DSMEM through 16-byte `ld/st.shared::cluster.v4`, and every kernel
+//! assembled by `ptxas -arch=sm_90` with no spills and the shared memory it should use (a
+//! `#[cluster_primitive]`'s scratch included).
 
 use clusterfuse_build::{assemble, home, parse_report, KernelResources};
 use clusterfuse_examples::__CLUSTERFUSE_PTX as PTX;
@@ -60,11 +61,51 @@ fn cluster_collectives_use_dsmem() {
 }
 
 #[test]
+fn cluster_reduce_moves_16_byte_vectors() {
+    for kernel in ["cluster_reduce", "reduce_f32", "reduce_f16", "reduce_bf16", "reduce_i32", "bench_reduce"] {
+        let text = entry(kernel);
+        for instruction in ["ld.shared::cluster.v4.b32", "st.shared::cluster.v4.b32"] {
+            assert!(text.contains(instruction), "`{kernel}` lacks `{instruction}`");
+        }
+    }
+    let naive = entry("bench_reduce_naive");
+    assert!(naive.contains("ld.shared::cluster.b32") && !naive.contains("ld.shared::cluster.v4"), "the naive baseline must load scalars");
+    assert!(entry("bench_reduce_global").contains("ld.global.v4.b32"), "the global baseline must load 16 bytes, coherently");
+    assert!(entry("bench_dsmem_read").contains("ld.shared::cluster.v4.b32"));
+    assert!(entry("bench_barrier").contains("barrier.cluster.arrive.relaxed"));
+}
+
+#[test]
 fn every_kernel_assembles_without_spills() {
     let kernels = resources();
+    let argmax_scratch = clusterfuse_examples::cluster_primitive::argmax::FACTS.shared_bytes as u32;
     let expected_smem = [
-        ("empty", 0), ("saxpy", 0), ("block_sum", 128), ("stencil", 0), ("softmax", 0), ("cluster_reduce", 0), ("cluster_gather", 0),
-        ("reverse", 1024), ("divergent_barrier", 0), ("shared_index", 256), ("peer_read", 16),
+        ("empty", 0),
+        ("saxpy", 0),
+        ("block_sum", 128),
+        ("stencil", 0),
+        ("softmax", 0),
+        ("cluster_reduce", 0),
+        ("cluster_gather", 0),
+        ("reduce_f32", 0),
+        ("gather_f32", 0),
+        ("reduce_f16", 0),
+        ("gather_f16", 0),
+        ("reduce_bf16", 0),
+        ("gather_bf16", 0),
+        ("reduce_i32", 0),
+        ("gather_i32", 0),
+        ("cluster_argmax", argmax_scratch),
+        ("bench_reduce", 0),
+        ("bench_reduce_global", 0),
+        ("bench_reduce_naive", 0),
+        ("bench_barrier", 0),
+        ("bench_dsmem_read", 0),
+        ("bench_spin", 0),
+        ("reverse", 1024),
+        ("divergent_barrier", 0),
+        ("shared_index", 256),
+        ("peer_read", 16),
     ];
     assert_eq!(kernels.len(), expected_smem.len(), "kernels: {:?}", kernels.keys());
     for (name, smem) in expected_smem {
@@ -73,4 +114,5 @@ fn every_kernel_assembles_without_spills() {
         assert_eq!(r.static_smem_bytes, smem, "`{name}` static shared memory: {r:?}");
     }
     assert_eq!(kernels["block_sum"].barriers, 1);
+    assert_eq!(argmax_scratch, 48 * 8, "argmax declares `shared(scratch: [u64; 48])`");
 }

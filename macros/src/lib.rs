@@ -1,9 +1,11 @@
-//! clusterfuse's procedural macros. Use them through the `clusterfuse` crate.
+//! clusterfuse's procedural macros (`#[kernel]`, `#[cluster_primitive]`, `shared!`). Use them
+//! through the `clusterfuse` crate.
 //!
 //! Each macro parses into a small model that keeps the user's tokens and spans
 //! (`kernel/ast.rs`), checks it against Hopper's limits (`kernel/valid.rs`), and emits code
 //! (`kernel/expand.rs`); nothing both parses and emits.
 
+mod cluster_primitive;
 mod kernel;
 mod shared;
 
@@ -26,6 +28,22 @@ use proc_macro::TokenStream;
 #[proc_macro_attribute]
 pub fn kernel(args: TokenStream, item: TokenStream) -> TokenStream {
     kernel::expand(args.into(), item.into()).into()
+}
+
+/// Marks a user-written cluster collective (see `cluster_primitive.rs` for what it checks).
+///
+/// ```ignore
+/// #[cluster_primitive(shared(scratch: [u64; 48]), barriers = 2)]
+/// pub fn argmax(scope: &cluster::Cluster, data: SharedSlice<f32>) -> (f32, u32) { ... }
+/// ```
+///
+/// The function must take the scope token `&Cluster` first. `shared(name: [T; N])` binds
+/// `name: SharedSlice<T>` to a static shared array of the primitive (concrete type, no generic
+/// parameters); `barriers = N` (required) declares the cluster barriers per call. Both land in
+/// `<name>::FACTS`. Arguments: `shared(..)`, `barriers = N`, `crate = path`.
+#[proc_macro_attribute]
+pub fn cluster_primitive(args: TokenStream, item: TokenStream) -> TokenStream {
+    cluster_primitive::expand(args.into(), item.into()).into()
 }
 
 /// A statically sized shared-memory array, one per call site and block:
