@@ -16,6 +16,8 @@ pub mod dynamic_smem;
 pub mod softmax;
 #[path = "05-cluster-collectives.rs"]
 pub mod cluster_collectives;
+#[path = "06-fused-norms.rs"]
+pub mod fused_norms;
 
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod check;
@@ -28,4 +30,5 @@ pub const EXAMPLES: &[(&str, check::Runner)] = &[
     ("03-dynamic-smem", dynamic_smem::run),
     ("04-softmax", softmax::run),
     ("05-cluster", cluster_collectives::run),
+    ("06-fused-norms", fused_norms::run),
 ];

@@ -60,9 +60,24 @@ fn cluster_collectives_use_dsmem() {
 }
 
 #[test]
+fn fused_kernels_are_one_entry_with_16_byte_accesses() {
+    for kernel in ["layernorm_gelu", "add_rmsnorm"] {
+        let text = entry(kernel);
+        assert!(text.contains(".maxntid 128, 1, 1"), "`{kernel}` lacks the declared block as its launch bound");
+        assert!(text.contains("ld.global.nc.v4.b32") && text.contains("st.global.v4.b32"), "`{kernel}` lacks 16-byte accesses");
+    }
+    // RMSNorm writes both the residual and the output; LayerNorm → GELU writes one.
+    assert_eq!(entry("add_rmsnorm").matches("st.global.v4.b32").count(), 2 * 8);
+    assert_eq!(entry("layernorm_gelu").matches("st.global.v4.b32").count(), 8);
+}
+
+#[test]
 fn every_kernel_assembles_without_spills() {
     let kernels = resources();
-    let expected_smem = [("empty", 0), ("saxpy", 0), ("block_sum", 128), ("stencil", 0), ("softmax", 0), ("cluster_reduce", 0), ("cluster_gather", 0)];
+    let expected_smem = [
+        ("empty", 0), ("saxpy", 0), ("block_sum", 128), ("stencil", 0), ("softmax", 0), ("cluster_reduce", 0), ("cluster_gather", 0),
+        ("layernorm_gelu", 128), ("add_rmsnorm", 128), ("add_bias", 0), ("layer_norm", 128), ("gelu_kernel", 0), ("add_residual", 0), ("rms_norm", 128),
+    ];
     assert_eq!(kernels.len(), expected_smem.len(), "kernels: {:?}", kernels.keys());
     for (name, smem) in expected_smem {
         let r = &kernels[name];
