@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and benchmarks gathered by scripts/gpu-bundle.sh, on a machine with a
 # GPU (no Rust needed there): the examples against their CPU references, the same under
-# compute-sanitizer (memcheck, racecheck), then the benchmarks. Logs go to ${OUT:-gpu-results}/.
+# compute-sanitizer (memcheck, racecheck), then the benchmarks (norms-torch.py needs PyTorch). Logs go to ${OUT:-gpu-results}/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-results}
@@ -20,4 +20,6 @@ step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 .gpu/clusterf
 step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 .gpu/clusterfuse-examples
 step launch-overhead .gpu/launch-overhead
 step cluster-bench .gpu/cluster-bench
+step norms-bench .gpu/norms-bench
+step norms-torch python3 scripts/norms-torch.py
 exit $status

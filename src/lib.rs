@@ -30,7 +30,7 @@
 #![cfg_attr(target_arch = "nvptx64", no_std)]
 
 pub use clusterfuse_device::*;
-pub use clusterfuse_macros::{cluster_primitive, kernel, shared};
+pub use clusterfuse_macros::{cluster_primitive, fused_kernel, kernel, shared, stage};
 
 #[cfg(not(target_arch = "nvptx64"))]
 pub use clusterfuse_host as host;
@@ -43,6 +43,7 @@ pub mod prelude {
     pub use crate::shared::SharedSlice;
     pub use crate::{bf16, f16, HalfFloat};
     pub use crate::{block, cluster, cluster_primitive, global, grid, kernel, math, shared, thread, warp};
+    pub use crate::{fused_kernel, stage};
     #[cfg(not(target_arch = "nvptx64"))]
     pub use clusterfuse_host::{Gpu, LaunchConfig};
 }

@@ -9,4 +9,12 @@ fn ui() {
     t.compile_fail("tests/ui/cluster/*.rs");
     t.compile_fail("tests/ui/signature/*.rs");
     t.pass("tests/ui/pass/*.rs");
+    t.compile_fail("tests/ui/fused/*.rs");
+    t.compile_fail("tests/ui/fused/launch/*.rs");
+    t.compile_fail("tests/ui/fused/cluster/*.rs");
+    t.compile_fail("tests/ui/fused/scope/*.rs");
+    t.compile_fail("tests/ui/fused/smem/*.rs");
+    t.compile_fail("tests/ui/fused/dataflow/*.rs");
+    t.compile_fail("tests/ui/fused/device_rust/*.rs");
+    t.pass("tests/ui/fused/pass/*.rs");
 }

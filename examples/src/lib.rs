@@ -21,6 +21,9 @@ pub mod cluster_dtypes;
 #[path = "07-cluster-primitive.rs"]
 pub mod cluster_primitive;
 
+#[path = "08-fused-norms.rs"]
+pub mod fused_norms;
+
 /// Kernels of the `cluster-bench` benchmark.
 pub mod bench;
 
@@ -46,4 +49,5 @@ pub const EXAMPLES: &[(&str, check::Runner)] = &[
     ("06-i32-sums", cluster_dtypes::i32_sums),
     ("06-i32-exact", cluster_dtypes::i32_exact),
     ("07-primitive", cluster_primitive::run),
+    ("08-fused-norms", fused_norms::run),
 ];

@@ -76,6 +76,18 @@ fn cluster_reduce_moves_16_byte_vectors() {
 }
 
 #[test]
+fn fused_kernels_are_one_entry_with_16_byte_accesses() {
+    for kernel in ["layernorm_gelu", "add_rmsnorm"] {
+        let text = entry(kernel);
+        assert!(text.contains(".maxntid 128, 1, 1"), "`{kernel}` lacks the declared block as its launch bound");
+        assert!(text.contains("ld.global.nc.v4.b32") && text.contains("st.global.v4.b32"), "`{kernel}` lacks 16-byte accesses");
+    }
+    // RMSNorm writes both the residual and the output; LayerNorm → GELU writes one.
+    assert_eq!(entry("add_rmsnorm").matches("st.global.v4.b32").count(), 2 * 8);
+    assert_eq!(entry("layernorm_gelu").matches("st.global.v4.b32").count(), 8);
+}
+
+#[test]
 fn every_kernel_assembles_without_spills() {
     let kernels = resources();
     let argmax_scratch = clusterfuse_examples::cluster_primitive::argmax::FACTS.shared_bytes as u32;
@@ -106,6 +118,13 @@ fn every_kernel_assembles_without_spills() {
         ("divergent_barrier", 0),
         ("shared_index", 256),
         ("peer_read", 16),
+        ("layernorm_gelu", 128),
+        ("add_rmsnorm", 128),
+        ("add_bias", 0),
+        ("layer_norm", 128),
+        ("gelu_kernel", 0),
+        ("add_residual", 0),
+        ("rms_norm", 128),
     ];
     assert_eq!(kernels.len(), expected_smem.len(), "kernels: {:?}", kernels.keys());
     for (name, smem) in expected_smem {

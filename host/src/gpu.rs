@@ -4,7 +4,7 @@ use crate::buffer::Buffer;
 use crate::error::{DriverContext, Error, Result};
 use crate::kernel::{Kernel, KernelFacts};
 use clusterfuse_device::limits::MAX_SHARED_MEMORY_PER_BLOCK;
-use cudarc::driver::sys::CUdevice_attribute as DevAttr;
+use cudarc::driver::sys::{CUdevice_attribute as DevAttr, CUevent_flags};
 use cudarc::driver::{CudaContext, CudaModule, CudaStream, DeviceRepr, ValidAsZeroBits};
 use cudarc::nvrtc::Ptx as CudarcPtx;
 use std::collections::HashMap;
@@ -142,6 +142,21 @@ impl Gpu {
             // SAFETY: `ValidAsZeroBits` says all-zero bytes are a valid `T`.
             None => Ok(Buffer::emulated((0..len).map(|_| unsafe { std::mem::zeroed() }).collect())),
         }
+    }
+
+    /// How long the work `enqueue` puts on the default stream takes, in milliseconds: between
+    /// two CUDA events recorded around it (on the emulator, which runs launches as they are
+    /// made, the wall time of `enqueue`).
+    pub fn time_ms<E: From<Error>>(&self, enqueue: impl FnOnce() -> Result<(), E>) -> Result<f64, E> {
+        let Some(stream) = self.stream.cuda() else {
+            let start = std::time::Instant::now();
+            enqueue()?;
+            return Ok(start.elapsed().as_secs_f64() * 1e3);
+        };
+        let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).driver("cuEventRecord", None)?;
+        enqueue()?;
+        let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).driver("cuEventRecord", None)?;
+        Ok(start.elapsed_ms(&end).driver("cuEventElapsedTime", None)? as f64)
     }
 
     /// Waits for all work on the default stream; surfaces faults of earlier launches.

@@ -6,6 +6,7 @@
 //! (`kernel/expand.rs`); nothing both parses and emits.
 
 mod cluster_primitive;
+mod fused;
 mod kernel;
 mod shared;
 
@@ -44,6 +45,52 @@ pub fn kernel(args: TokenStream, item: TokenStream) -> TokenStream {
 #[proc_macro_attribute]
 pub fn cluster_primitive(args: TokenStream, item: TokenStream) -> TokenStream {
     cluster_primitive::expand(args.into(), item.into()).into()
+}
+
+/// Composes stages into one kernel, checking the fusion plan at compile time.
+///
+/// On an inline module holding `#[stage(scope)]` functions and `pub fn kernel(..)`, whose
+/// body is the stages' dataflow (`let row = load(x, b);`). Stage parameters carry where each
+/// value lives: `Registers<T>`, `Shared<[T; N]>`, `Dsmem<[T; N]>` (peers' shared memory),
+/// `Global<&[T]>`, `Global<Out<T>>`, or nothing for a launch argument; `#[out]` marks the
+/// shared arrays a stage writes (the kernel allocates them). The markers are erased: stages
+/// see `T`, `SharedSlice<T>`, `&[T]` and `&Out<T>`. The module gets a `#[kernel]` named after
+/// it, so `name::load(&gpu)?.launch(stream, &name::config(rows), ..)`.
+///
+/// ```ignore
+/// #[fused_kernel(grid = rows, block = 128)]
+/// pub mod scale_rows {
+///     use clusterfuse::prelude::*;
+///     #[stage(block)]
+///     fn load(x: Global<&[f32]>) -> Registers<f32> { .. }
+///     #[stage(thread)]
+///     fn store(v: Registers<f32>, out: Global<Out<f32>>) { .. }
+///     pub fn kernel(x: &[f32], out: Out<f32>, rows: u32) {
+///         let v = load(x);
+///         store(v, out);
+///     }
+/// }
+/// ```
+///
+/// Arguments: `grid = expr` (blocks; literals, module `const`s and `u32` parameters),
+/// `block = N`, `cluster(X[, Y[, Z]][, non_portable])`, `launch_bounds(..)` (default:
+/// `max_threads = block`), `dynamic_smem = BYTES`, `crate = path`.
+#[proc_macro_attribute]
+pub fn fused_kernel(args: TokenStream, item: TokenStream) -> TokenStream {
+    fused::expand(args.into(), item.into()).into()
+}
+
+/// Marks a stage of a `#[fused_kernel]` module; that macro consumes it. Anywhere else it is
+/// an error.
+#[proc_macro_attribute]
+pub fn stage(_args: TokenStream, item: TokenStream) -> TokenStream {
+    let err = syn::Error::new(
+        proc_macro2::Span::call_site(),
+        "`#[stage]` only marks a function inside a `#[fused_kernel(..)] mod`; put it there or drop it",
+    )
+    .to_compile_error();
+    let item: proc_macro2::TokenStream = item.into();
+    quote::quote!(#err #item).into()
 }
 
 /// A statically sized shared-memory array, one per call site and block:

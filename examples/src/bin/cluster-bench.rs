@@ -45,12 +45,8 @@ fn sm_clock_mhz(gpu: &Gpu) -> Result<f64> {
     let config = LaunchConfig { grid: 1.into(), block: 32.into(), ..LaunchConfig::default() };
     let mut cycles = gpu.upload(&[u64::MAX])?;
     let mut mhz = Vec::new();
-    let events = gpu.stream().cuda().ok_or("timing needs a GPU stream")?;
     for _ in 0..3 {
-        let start = events.record_event(None)?;
-        spin.launch(gpu.stream(), &config, &mut cycles, 20_000_000)?;
-        let end = events.record_event(None)?;
-        let ms = start.elapsed_ms(&end)? as f64;
+        let ms = gpu.time_ms(|| spin.launch(gpu.stream(), &config, &mut cycles, 20_000_000))?;
         mhz.push(gpu.download(&cycles)?[0] as f64 / (ms * 1e3));
     }
     mhz.sort_by(f64::total_cmp);

@@ -80,7 +80,7 @@ impl Kernel {
     }
 }
 
-fn parse_launch_bounds(meta: &syn::meta::ParseNestedMeta) -> syn::Result<LaunchBounds> {
+pub(crate) fn parse_launch_bounds(meta: &syn::meta::ParseNestedMeta) -> syn::Result<LaunchBounds> {
     let mut max_threads = None;
     let mut min_blocks = None;
     meta.parse_nested_meta(|nested| {
@@ -120,7 +120,7 @@ impl Parse for ClusterArg {
     }
 }
 
-fn parse_cluster(content: ParseStream, span: Span) -> syn::Result<Cluster> {
+pub(crate) fn parse_cluster(content: ParseStream, span: Span) -> syn::Result<Cluster> {
     let args = Punctuated::<ClusterArg, Token![,]>::parse_terminated(content)?;
     let mut dims = Vec::new();
     let mut non_portable = false;
@@ -156,7 +156,7 @@ fn parse_params(item: &ItemFn) -> syn::Result<Vec<Param>> {
     Ok(params)
 }
 
-fn classify(ty: &Type) -> ParamKind {
+pub(crate) fn classify(ty: &Type) -> ParamKind {
     match ty {
         Type::Reference(reference) => match (&*reference.elem, reference.mutability) {
             (Type::Slice(slice), None) => ParamKind::Input((*slice.elem).clone()),

@@ -1,8 +1,8 @@
 //! `#[kernel]`: parse → check → emit.
 
-mod ast;
+pub(crate) mod ast;
 mod expand;
-mod valid;
+pub(crate) mod valid;
 
 use proc_macro2::TokenStream;
 

@@ -1,22 +1,23 @@
 //! Rules a `#[kernel]` must satisfy, checked against Hopper's limits. Every broken rule is
 //! reported, not only the first.
 
-use super::ast::{Kernel, ParamKind};
+use super::ast::{Cluster, Kernel, LaunchBounds, ParamKind};
 use clusterfuse_device::limits::{MAX_BLOCKS_PER_SM, MAX_CLUSTER_SIZE, MAX_PORTABLE_CLUSTER_SIZE, MAX_THREADS_PER_BLOCK};
 use syn::Error;
 
+/// Every broken rule, combined into one `syn::Error` (serde's `Ctxt`).
 #[derive(Default)]
-struct Errors(Option<Error>);
+pub(crate) struct Errors(Option<Error>);
 
 impl Errors {
-    fn push(&mut self, err: Error) {
+    pub(crate) fn push(&mut self, err: Error) {
         match &mut self.0 {
             Some(first) => first.combine(err),
             None => self.0 = Some(err),
         }
     }
 
-    fn finish(self) -> syn::Result<()> {
+    pub(crate) fn finish(self) -> syn::Result<()> {
         self.0.map_or(Ok(()), Err)
     }
 }
@@ -57,7 +58,12 @@ fn check_signature(kernel: &Kernel, errors: &mut Errors) {
 }
 
 fn check_launch_bounds(kernel: &Kernel, errors: &mut Errors) {
-    let Some(bounds) = &kernel.launch_bounds else { return };
+    if let Some(bounds) = &kernel.launch_bounds {
+        launch_bounds(bounds, errors);
+    }
+}
+
+pub(crate) fn launch_bounds(bounds: &LaunchBounds, errors: &mut Errors) {
     let max = bounds.max_threads;
     if max.value == 0 || max.value > MAX_THREADS_PER_BLOCK {
         errors.push(Error::new(
@@ -86,7 +92,12 @@ fn check_launch_bounds(kernel: &Kernel, errors: &mut Errors) {
 }
 
 fn check_cluster(kernel: &Kernel, errors: &mut Errors) {
-    let Some(cluster) = &kernel.cluster else { return };
+    if let Some(cluster) = &kernel.cluster {
+        self::cluster(cluster, errors);
+    }
+}
+
+pub(crate) fn cluster(cluster: &Cluster, errors: &mut Errors) {
     let [x, y, z] = cluster.dims;
     if cluster.dims.contains(&0) {
         errors.push(Error::new(cluster.span, format!("cluster extent ({x}, {y}, {z}) has a zero; every extent is at least 1")));

@@ -1,0 +1,110 @@
+//! Fused against unfused: LayerNorm(x + b) → GELU and RMSNorm(x + residual) (example 06),
+//! fp16, for hidden ∈ {768, 1024, 4096, 8192} × rows ∈ {1, 64, 512, 4096}.
+//!
+//! Each repetition times, with CUDA events, one pass over `sets` copies of the inputs and
+//! outputs (launched back to back), and reports the time per call; the median of 50
+//! repetitions, after 5 warm-up passes. Copies are rotated so that one pass touches at least
+//! 2 × the H200's 60 MB L2, except that at most 256 copies are made: shapes under ~470 KB
+//! (rows = 1, and rows = 64 at hidden ≤ 1024) stay partly L2-resident, and the table says how
+//! many copies each row used. Roofline = bytes that must move / 4.3 TB/s.
+//!
+//! `cargo run --release -p clusterfuse-examples --bin norms-bench`
+
+use clusterfuse::f16;
+use clusterfuse::host::{Gpu, LaunchConfig};
+use clusterfuse_examples::fused_norms::{
+    add_bias, add_residual, add_rmsnorm, gelu_kernel, layer_norm, layernorm_gelu, rms_norm, BLOCK,
+};
+use std::error::Error;
+
+const HIDDEN: [u32; 4] = [768, 1024, 4096, 8192];
+const ROWS: [u32; 4] = [1, 64, 512, 4096];
+const PEAK_BYTES_PER_S: f64 = 4.3e12;
+const L2_BYTES: usize = 60 << 20;
+const MAX_SETS: usize = 256;
+const WARMUP: usize = 5;
+const REPS: usize = 50;
+
+type Result<T> = std::result::Result<T, Box<dyn Error>>;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Median µs per call of `call(set)` over passes of `sets` calls.
+fn time(gpu: &Gpu, sets: usize, mut call: impl FnMut(usize) -> Result<()>) -> Result<f64> {
+    let mut samples = Vec::new();
+    for rep in 0..WARMUP + REPS {
+        let ms = gpu.time_ms(|| (0..sets).try_for_each(&mut call))?;
+        if rep >= WARMUP {
+            samples.push(ms * 1e3 / sets as f64);
+        }
+    }
+    Ok(median(samples))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn row(op: &str, hidden: u32, rows: u32, variant: &str, kernels: u32, sets: usize, us: f64, bytes: f64) {
+    let roofline_us = bytes / PEAK_BYTES_PER_S * 1e6;
+    println!(
+        "| {op} | {hidden} | {rows} | {variant} | {kernels} | {sets} | {us:.2} | {:.0} | {:.1}% |",
+        bytes / us * 1e-3,
+        roofline_us / us * 100.0
+    );
+}
+
+fn main() -> Result<()> {
+    let gpu = match Gpu::new(0) {
+        Ok(gpu) => gpu,
+        Err(err) => {
+            println!("SKIPPED (norms-bench needs a Hopper GPU: {err})");
+            return Ok(());
+        }
+    };
+    let s = gpu.stream();
+    let (ln, rms) = (layernorm_gelu::load(&gpu)?, add_rmsnorm::load(&gpu)?);
+    let (k_bias, k_ln, k_gelu, k_add, k_rms) =
+        (add_bias::load(&gpu)?, layer_norm::load(&gpu)?, gelu_kernel::load(&gpu)?, add_residual::load(&gpu)?, rms_norm::load(&gpu)?);
+    println!("{} — fp16, median of {REPS} passes (CUDA events), µs per call; roofline {:.1} TB/s", gpu.name()?, PEAK_BYTES_PER_S / 1e12);
+    println!("| op | hidden | rows | variant | kernels | copies | µs | GB/s | % roofline |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for hidden in HIDDEN {
+        for rows in ROWS {
+            let (n, h) = (rows as usize * hidden as usize, hidden as usize);
+            let values = |len: usize| -> Vec<f16> { (0..len).map(|i| f16::from_f32(((i * 7919) % 2001) as f32 / 1000.0 - 1.0)).collect() };
+            let (x, col) = (values(n), values(h));
+            let config = LaunchConfig { grid: rows.into(), block: BLOCK.into(), ..LaunchConfig::default() };
+
+            // LayerNorm(x + b) → GELU: x in, out out (+ b, γ, β).
+            let bytes = (2 * n * 2 + 3 * h * 2) as f64;
+            let sets = (2 * L2_BYTES).div_ceil(bytes as usize).clamp(1, MAX_SETS);
+            let upload = |v: &[f16], k: usize| (0..k).map(|_| gpu.upload(v)).collect::<std::result::Result<Vec<_>, _>>();
+            let (xs, bs, gs, betas) = (upload(&x, sets)?, upload(&col, sets)?, upload(&col, sets)?, upload(&col, sets)?);
+            let (mut outs, mut ys, mut zs) = (upload(&x, sets)?, upload(&x, sets)?, upload(&x, sets)?);
+            let us = time(&gpu, sets, |i| Ok(ln.launch(s, &layernorm_gelu::config(rows), &xs[i], &bs[i], &gs[i], &betas[i], &mut outs[i], hidden, rows)?))?;
+            row("LayerNorm(x+b)→GELU", hidden, rows, "fused", 1, sets, us, bytes);
+            let us = time(&gpu, sets, |i| {
+                k_bias.launch(s, &config, &xs[i], &bs[i], &mut ys[i], hidden)?;
+                k_ln.launch(s, &config, &ys[i], &gs[i], &betas[i], &mut zs[i], hidden)?;
+                Ok(k_gelu.launch(s, &config, &zs[i], &mut outs[i], hidden)?)
+            })?;
+            row("LayerNorm(x+b)→GELU", hidden, rows, "unfused", 3, sets, us, bytes);
+            drop((xs, bs, gs, betas, outs, ys, zs));
+
+            // RMSNorm(x + r): x, r in; residual, out out (+ w).
+            let bytes = (4 * n * 2 + h * 2) as f64;
+            let sets = (2 * L2_BYTES).div_ceil(bytes as usize).clamp(1, MAX_SETS);
+            let (xs, rs, ws) = (upload(&x, sets)?, upload(&x, sets)?, upload(&col, sets)?);
+            let (mut res, mut outs) = (upload(&x, sets)?, upload(&x, sets)?);
+            let us = time(&gpu, sets, |i| Ok(rms.launch(s, &add_rmsnorm::config(rows), &xs[i], &rs[i], &ws[i], &mut res[i], &mut outs[i], hidden, rows)?))?;
+            row("RMSNorm(x+r)", hidden, rows, "fused", 1, sets, us, bytes);
+            let us = time(&gpu, sets, |i| {
+                k_add.launch(s, &config, &xs[i], &rs[i], &mut res[i], hidden)?;
+                Ok(k_rms.launch(s, &config, &res[i], &ws[i], &mut outs[i], hidden)?)
+            })?;
+            row("RMSNorm(x+r)", hidden, rows, "unfused", 2, sets, us, bytes);
+        }
+    }
+    Ok(())
+}
