@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and benchmarks gathered by scripts/gpu-bundle.sh, on a machine with a
 # GPU (no Rust needed there): the examples against their CPU references, the same under
-# compute-sanitizer (memcheck, racecheck), then the benchmarks (norms-torch.py needs PyTorch). Logs go to ${OUT:-gpu-results}/.
+# compute-sanitizer (memcheck, racecheck; at the emulator's shapes), then the benchmarks
+# (norms-torch.py needs PyTorch). `gpu-run.sh check` or `gpu-run.sh bench` runs one half.
+# Logs go to ${OUT:-gpu-results}/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-results}
@@ -15,11 +17,16 @@ step() {
     [ "$rc" -eq 0 ] || { echo "== $name FAILED (exit $rc)"; status=1; }
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
-step examples .gpu/clusterfuse-examples
-step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 .gpu/clusterfuse-examples
-step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 .gpu/clusterfuse-examples
-step launch-overhead .gpu/launch-overhead
-step cluster-bench .gpu/cluster-bench
-step norms-bench .gpu/norms-bench
-step norms-torch python3 scripts/norms-torch.py
+what=${1:-all}
+if [ "$what" = all ] || [ "$what" = check ]; then
+    step examples .gpu/clusterfuse-examples --agree
+    step memcheck timeout 280 compute-sanitizer --tool memcheck --error-exitcode 1 .gpu/clusterfuse-examples --small
+    step racecheck timeout 280 compute-sanitizer --tool racecheck --error-exitcode 1 .gpu/clusterfuse-examples --small
+fi
+if [ "$what" = all ] || [ "$what" = bench ]; then
+    step launch-overhead .gpu/launch-overhead
+    step cluster-bench .gpu/cluster-bench
+    step norms-bench .gpu/norms-bench
+    step norms-torch python3 scripts/norms-torch.py
+fi
 exit $status

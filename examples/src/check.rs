@@ -55,11 +55,17 @@ pub fn random(len: usize) -> Vec<f32> {
     RNG.with_borrow_mut(|rng| (0..len).map(|_| rng.random_range(-1.0..1.0)).collect())
 }
 
+/// Makes this thread's next examples use the emulator's shapes whatever the device (for
+/// runs under `compute-sanitizer`, which are slow at full size).
+pub fn small_shapes() {
+    SMALL.set(true);
+}
+
 /// Makes this thread's next examples draw the inputs of `seed`, at the emulator's shapes
 /// whatever the device: how a GPU's and the emulator's outputs are compared.
 pub fn same_inputs(seed: u64) {
     RNG.set(StdRng::seed_from_u64(seed));
-    SMALL.set(true);
+    small_shapes();
 }
 
 /// A device buffer of `len` NaNs: outputs start poisoned so that unwritten elements show.

@@ -2,10 +2,10 @@
 //! Without a GPU it says so and runs them on the CPU emulator instead, with smaller shapes
 //! (the PTX was already built and checked by `ptxas` when this binary was built).
 //! `--agree` then also runs each on the GPU and on the emulator with the same inputs and
-//! compares the two outputs.
+//! compares the two outputs; `--small` uses the emulator's shapes on the GPU too.
 
 use clusterfuse::host::Gpu;
-use clusterfuse_examples::check::{same_inputs, Runner};
+use clusterfuse_examples::check::{same_inputs, small_shapes, Runner};
 use clusterfuse_examples::EXAMPLES;
 use std::process::ExitCode;
 
@@ -18,6 +18,9 @@ fn main() -> ExitCode {
             Gpu::emulator()
         }
     };
+    if flags.iter().any(|f| f == "--small") {
+        small_shapes();
+    }
     println!("{}", gpu.name().unwrap_or_default());
     println!("{:<18} {:<44} {:>10} {:>9} {:>9}  result", "example", "shape", "rel error", "tolerance", "unwritten");
     let mut failed = 0;
