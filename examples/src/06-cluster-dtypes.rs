@@ -215,18 +215,18 @@ mod host {
 
     /// Runs `ops` over every cluster size and length through `launch` (input in, output
     /// downloaded out) and compares with the f64 reference. Lengths are capped to what fits
-    /// in `smem_limit` bytes of shared memory.
-    pub fn sweep<T: Dtype>(smem_limit: u32, ops: &[u32], mut launch: impl FnMut(&Case, &[T]) -> Result<Vec<T>>) -> Result<Report> {
-        let elem = size_of::<T>();
-        let mut rng = rand::rng();
+    /// in the device's shared memory; the emulator's shapes stop at 4103.
+    pub fn sweep<T: Dtype>(gpu: &Gpu, ops: &[u32], mut launch: impl FnMut(&Case, &[T]) -> Result<Vec<T>>) -> Result<Report> {
+        let (elem, smem_limit) = (size_of::<T>(), gpu.smem_limit());
+        let lengths = crate::check::shape(gpu, &LENGTHS[..], &LENGTHS[..5]);
         let (mut outs, mut refs) = (Vec::new(), Vec::new());
         for &op in ops {
             for size in CLUSTER_SIZES {
                 let arrays = if op == GATHER { size as usize + 1 } else { 1 };
                 let cap = (smem_limit as usize - 16) / (arrays * elem);
-                for n in LENGTHS {
+                for &n in lengths {
                     let case = Case { op, size, n: n.min(cap) };
-                    let x: Vec<T> = (0..case.blocks() * case.n).map(|_| T::random(&mut rng)).collect();
+                    let x: Vec<T> = crate::check::with_rng(|rng| (0..case.blocks() * case.n).map(|_| T::random(rng)).collect());
                     let out = launch(&case, &x)?;
                     outs.extend(out.iter().map(|v| v.to_report()));
                     refs.extend(case.reference(&x));
@@ -234,9 +234,9 @@ mod host {
             }
         }
         let names: Vec<_> = ops.iter().map(|&op| ["sum", "max", "min", "bcast", "gather"][op as usize]).collect();
-        let mut shape = format!("{} {}: clusters 1-16 × n 1..65536", T::NAME, names.join(","));
+        let mut shape = format!("{} {}: clusters 1-16 × n 1..{}", T::NAME, names.join(","), lengths[lengths.len() - 1]);
         let cap = (smem_limit as usize - 16) / elem;
-        if cap < 65536 && ops.iter().any(|&op| op != GATHER) {
+        if cap < lengths[lengths.len() - 1] && ops.iter().any(|&op| op != GATHER) {
             shape += &format!(" (n capped to {cap} by smem)");
         }
         if ops.contains(&GATHER) {
@@ -250,7 +250,7 @@ mod host {
         ($($ty:ty => $reduce:ident, $gather:ident, $run:ident, $sums:ident, $exact:ident;)*) => {$(
             fn $run(gpu: &Gpu, ops: &[u32]) -> Result<Report> {
                 let (reduce, gather) = (super::$reduce::load(gpu)?, super::$gather::load(gpu)?);
-                sweep::<$ty>(gpu.smem_limit(), ops, |case, x| {
+                sweep::<$ty>(gpu, ops, |case, x| {
                     let dx = gpu.upload(x)?;
                     let mut out = gpu.upload(&vec![<$ty as Dtype>::POISON; case.out_len()])?;
                     let config = case.config(size_of::<$ty>());

@@ -85,10 +85,9 @@ pub fn cluster_argmax(x: &[f32], value: Out<f32>, index: Out<u32>, n: u32) {
 
 #[cfg(not(target_arch = "nvptx64"))]
 pub fn run(gpu: &Gpu) -> clusterfuse::host::Result<crate::check::Report> {
-    use crate::check::{poisoned, random, Report};
+    use crate::check::{poisoned, random, with_rng, Report};
     use rand::Rng;
     let kernel = cluster_argmax::load(gpu)?;
-    let mut rng = rand::rng();
     let (mut outs, mut refs) = (Vec::new(), Vec::new());
     let clusters = 3usize;
     for size in [1usize, 2, 3, 4, 8, 16] {
@@ -97,7 +96,7 @@ pub fn run(gpu: &Gpu) -> clusterfuse::host::Result<crate::check::Report> {
             let mut x = random(blocks * n);
             // Cluster 1 gets a tie for its maximum, which the lower index must win.
             if per_cluster >= 2 {
-                let (a, b) = (rng.random_range(0..per_cluster), rng.random_range(0..per_cluster));
+                let (a, b) = with_rng(|rng| (rng.random_range(0..per_cluster), rng.random_range(0..per_cluster)));
                 x[per_cluster + a] = 2.0;
                 x[per_cluster + b] = 2.0;
             }

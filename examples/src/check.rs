@@ -52,7 +52,12 @@ std::thread_local! {
 /// `len` values drawn uniformly from `[-1, 1)`, fresh each call (and from a fresh seed each
 /// run, unless [`same_inputs`] fixed it).
 pub fn random(len: usize) -> Vec<f32> {
-    RNG.with_borrow_mut(|rng| (0..len).map(|_| rng.random_range(-1.0..1.0)).collect())
+    with_rng(|rng| (0..len).map(|_| rng.random_range(-1.0..1.0)).collect())
+}
+
+/// Draws from the generator behind [`random`], for inputs of other types.
+pub fn with_rng<R>(draw: impl FnOnce(&mut StdRng) -> R) -> R {
+    RNG.with_borrow_mut(draw)
 }
 
 /// Makes this thread's next examples use the emulator's shapes whatever the device (for
