@@ -13,7 +13,7 @@
 use clusterfuse::f16;
 use clusterfuse::host::{Gpu, LaunchConfig};
 use clusterfuse_examples::fused_norms::{
-    add_bias, add_residual, add_rmsnorm, gelu_kernel, layer_norm, layernorm_gelu, rms_norm, BLOCK,
+    add_bias, add_residual, add_rmsnorm, gelu_kernel, layer_norm, layernorm_gelu, rms_norm, row_config,
 };
 use std::error::Error;
 
@@ -74,7 +74,7 @@ fn main() -> Result<()> {
             let (n, h) = (rows as usize * hidden as usize, hidden as usize);
             let values = |len: usize| -> Vec<f16> { (0..len).map(|i| f16::from_f32(((i * 7919) % 2001) as f32 / 1000.0 - 1.0)).collect() };
             let (x, col) = (values(n), values(h));
-            let config = LaunchConfig { grid: rows.into(), block: BLOCK.into(), ..LaunchConfig::default() };
+            let config = row_config(hidden, rows);
 
             // LayerNorm(x + b) → GELU: x in, out out (+ b, γ, β).
             let bytes = (2 * n * 2 + 3 * h * 2) as f64;
@@ -82,12 +82,12 @@ fn main() -> Result<()> {
             let upload = |v: &[f16], k: usize| (0..k).map(|_| gpu.upload(v)).collect::<std::result::Result<Vec<_>, _>>();
             let (xs, bs, gs, betas) = (upload(&x, sets)?, upload(&col, sets)?, upload(&col, sets)?, upload(&col, sets)?);
             let (mut outs, mut ys, mut zs) = (upload(&x, sets)?, upload(&x, sets)?, upload(&x, sets)?);
-            let us = time(&gpu, sets, |i| Ok(ln.launch(s, &layernorm_gelu::config(rows), &xs[i], &bs[i], &gs[i], &betas[i], &mut outs[i], hidden, rows)?))?;
+            let us = time(&gpu, sets, |i| Ok(ln.launch(s, &layernorm_gelu::config(hidden, rows), &xs[i], &bs[i], &gs[i], &betas[i], &mut outs[i], hidden, rows)?))?;
             row("LayerNorm(x+b)→GELU", hidden, rows, "fused", 1, sets, us, bytes);
             let us = time(&gpu, sets, |i| {
-                k_bias.launch(s, &config, &xs[i], &bs[i], &mut ys[i], hidden)?;
+                k_bias.launch(s, &config, &xs[i], &bs[i], &mut ys[i])?;
                 k_ln.launch(s, &config, &ys[i], &gs[i], &betas[i], &mut zs[i], hidden)?;
-                Ok(k_gelu.launch(s, &config, &zs[i], &mut outs[i], hidden)?)
+                Ok(k_gelu.launch(s, &config, &zs[i], &mut outs[i])?)
             })?;
             row("LayerNorm(x+b)→GELU", hidden, rows, "unfused", 3, sets, us, bytes);
             drop((xs, bs, gs, betas, outs, ys, zs));
@@ -97,10 +97,10 @@ fn main() -> Result<()> {
             let sets = (2 * L2_BYTES).div_ceil(bytes as usize).clamp(1, MAX_SETS);
             let (xs, rs, ws) = (upload(&x, sets)?, upload(&x, sets)?, upload(&col, sets)?);
             let (mut res, mut outs) = (upload(&x, sets)?, upload(&x, sets)?);
-            let us = time(&gpu, sets, |i| Ok(rms.launch(s, &add_rmsnorm::config(rows), &xs[i], &rs[i], &ws[i], &mut res[i], &mut outs[i], hidden, rows)?))?;
+            let us = time(&gpu, sets, |i| Ok(rms.launch(s, &add_rmsnorm::config(hidden, rows), &xs[i], &rs[i], &ws[i], &mut res[i], &mut outs[i], hidden, rows)?))?;
             row("RMSNorm(x+r)", hidden, rows, "fused", 1, sets, us, bytes);
             let us = time(&gpu, sets, |i| {
-                k_add.launch(s, &config, &xs[i], &rs[i], &mut res[i], hidden)?;
+                k_add.launch(s, &config, &xs[i], &rs[i], &mut res[i])?;
                 Ok(k_rms.launch(s, &config, &res[i], &ws[i], &mut outs[i], hidden)?)
             })?;
             row("RMSNorm(x+r)", hidden, rows, "unfused", 2, sets, us, bytes);

@@ -11,7 +11,7 @@ use syn::{parenthesized, Expr, FnArg, Ident, Item, ItemFn, ItemMod, LitInt, Pat,
 
 pub struct Fused {
     pub module: ItemMod,
-    pub block: Spanned<u32>,
+    pub block: Block,
     pub grid: Expr,
     pub cluster: Option<Cluster>,
     pub launch_bounds: Option<LaunchBounds>,
@@ -23,6 +23,14 @@ pub struct Fused {
     pub consts: HashMap<String, u64>,
     pub stages: Vec<Stage>,
     pub entry: Entry,
+}
+
+/// `block = ..`: threads per block, a constant (checked at compile time) or an expression of
+/// `u32` parameters and constants evaluated at launch, e.g. `hidden / 8` (then
+/// `launch_bounds(max_threads = N)` bounds it).
+pub struct Block {
+    pub expr: Expr,
+    pub value: Option<Spanned<u32>>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
@@ -137,8 +145,7 @@ impl Fused {
         let (mut block, mut grid, mut cluster, mut launch_bounds, mut dynamic_smem, mut krate) = (None, None, None, None, None, None);
         let parser = syn::meta::parser(|meta| {
             if meta.path.is_ident("block") {
-                let lit: LitInt = meta.value()?.parse()?;
-                block = Some(Spanned { value: lit.base10_parse()?, span: lit.span() });
+                block = Some(meta.value()?.parse::<Expr>()?);
             } else if meta.path.is_ident("grid") {
                 grid = Some(meta.value()?.parse::<Expr>()?);
             } else if meta.path.is_ident("cluster") {
@@ -185,6 +192,8 @@ impl Fused {
         let entry = entry.ok_or_else(|| {
             syn::Error::new(span, "a fused kernel module needs `pub fn kernel(..)`: its parameters are the launch arguments, its body the stages' dataflow")
         })?;
+        let value = eval(&block, &consts).map(|v| Spanned { value: v.min(u32::MAX as u64) as u32, span: block.span() });
+        let block = Block { expr: block, value };
         Ok(Fused { module, block, grid, cluster, launch_bounds, dynamic_smem, krate, items, consts, stages, entry })
     }
 

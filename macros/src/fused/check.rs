@@ -41,30 +41,43 @@ fn reserved(name: &Ident, errors: &mut Errors) {
 }
 
 fn launch_shape(fused: &Fused, errors: &mut Errors) {
-    let block = fused.block;
-    if block.value == 0 || block.value > MAX_THREADS_PER_BLOCK {
-        errors.push(Error::new(block.span, format!("`block = {}` is out of range: a block has 1 to {MAX_THREADS_PER_BLOCK} threads", block.value)));
-    }
-    if let Some(bounds) = &fused.launch_bounds {
-        valid::launch_bounds(bounds, errors);
-        let max = bounds.max_threads;
-        if max.value < block.value {
-            errors.push(Error::new(
-                max.span,
-                format!(
-                    "`max_threads = {}` is smaller than the declared `block = {}`: the launch would fail; raise it to at least {} or drop `launch_bounds` (it defaults to the block)",
-                    max.value, block.value, block.value
-                ),
-            ));
+    match (fused.block.value, &fused.launch_bounds) {
+        (Some(block), bounds) => {
+            if block.value == 0 || block.value > MAX_THREADS_PER_BLOCK {
+                errors.push(Error::new(block.span, format!("`block = {}` is out of range: a block has 1 to {MAX_THREADS_PER_BLOCK} threads", block.value)));
+            }
+            if let Some(bounds) = bounds {
+                valid::launch_bounds(bounds, errors);
+                let max = bounds.max_threads;
+                if max.value < block.value {
+                    errors.push(Error::new(
+                        max.span,
+                        format!(
+                            "`max_threads = {}` is smaller than the declared `block = {}`: the launch would fail; raise it to at least {} or drop `launch_bounds` (it defaults to the block)",
+                            max.value, block.value, block.value
+                        ),
+                    ));
+                }
+            }
         }
+        (None, Some(bounds)) => valid::launch_bounds(bounds, errors),
+        (None, None) => errors.push(Error::new_spanned(
+            &fused.block.expr,
+            format!(
+                "`block = {}` is only known at launch; add `launch_bounds(max_threads = N)` with the largest block it can be",
+                fused.block.expr.to_token_stream()
+            ),
+        )),
     }
-    for ident in grid_names(&fused.grid) {
-        let is_u32 = fused.entry.params.iter().any(|p| p.ident == ident && p.space == Space::Uniform && text(&p.ty) == "u32");
-        if !is_u32 && !fused.consts.contains_key(&ident.to_string()) {
-            errors.push(Error::new_spanned(
-                &ident,
-                format!("`grid` names `{ident}`, which is neither a `u32` parameter of `kernel` nor a `const` of this module"),
-            ));
+    for (what, expr) in [("grid", &fused.grid), ("block", &fused.block.expr)] {
+        for ident in grid_names(expr) {
+            let is_u32 = fused.entry.params.iter().any(|p| p.ident == ident && p.space == Space::Uniform && text(&p.ty) == "u32");
+            if !is_u32 && !fused.consts.contains_key(&ident.to_string()) {
+                errors.push(Error::new_spanned(
+                    &ident,
+                    format!("`{what}` names `{ident}`, which is neither a `u32` parameter of `kernel` nor a `const` of this module"),
+                ));
+            }
         }
     }
     let Some(cluster) = &fused.cluster else { return };
@@ -113,12 +126,12 @@ fn stage(fused: &Fused, stage: &Stage, errors: &mut Errors) {
             scope.span,
             format!("`#[stage(cluster)]` stage `{name}` needs a cluster launch; add `cluster(N)` to `#[fused_kernel(..)]` or declare the stage `#[stage(block)]`"),
         )),
-        Scope::Warp if !fused.block.value.is_multiple_of(WARP_SIZE) => errors.push(Error::new(
+        Scope::Warp if fused.block.value.is_some_and(|b| !b.value.is_multiple_of(WARP_SIZE)) => errors.push(Error::new(
             scope.span,
             format!(
                 "`#[stage(warp)]` stage `{name}` needs whole warps, but `block = {}` is not a multiple of {WARP_SIZE}; use a block of {}",
-                fused.block.value,
-                fused.block.value.next_multiple_of(WARP_SIZE)
+                fused.block.expr.to_token_stream(),
+                fused.block.value.map_or(0, |b| b.value.next_multiple_of(WARP_SIZE))
             ),
         )),
         _ => {}

@@ -7,6 +7,7 @@ use super::ast::{grid_names, Arg, Fused, Port, Scope, Space, Stage};
 use proc_macro2::{Group, Span, TokenStream, TokenTree};
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
+use clusterfuse_device::limits::MAX_THREADS_PER_BLOCK;
 use syn::{FnArg, Pat, ReturnType, Type};
 
 /// The module's plain items next to the errors, so that one mistake does not cascade into
@@ -130,7 +131,7 @@ fn entry_fn(fused: &Fused, krate: &TokenStream) -> TokenStream {
     }
     let (max_threads, min_blocks) = match &fused.launch_bounds {
         Some(bounds) => (bounds.max_threads.value, bounds.min_blocks.map(|m| m.value)),
-        None => (fused.block.value, None),
+        None => (fused.block.value.map_or(MAX_THREADS_PER_BLOCK, |b| b.value), None),
     };
     let min_blocks = min_blocks.map(|m| quote!(, min_blocks = #m));
     let cluster = fused.cluster.as_ref().map(|c| {
@@ -139,7 +140,7 @@ fn entry_fn(fused: &Fused, krate: &TokenStream) -> TokenStream {
         quote!(, cluster(#x, #y, #z #non_portable))
     });
     // Parameters that only size the grid are launch arguments too.
-    let grid_only = grid_names(&fused.grid).into_iter().filter(|n| fused.entry.params.iter().any(|p| &p.ident == n));
+    let grid_only = launch_names(fused).into_iter().filter(|n| fused.entry.params.iter().any(|p| &p.ident == n));
     quote! {
         #(#attrs)*
         #[#krate::kernel(launch_bounds(max_threads = #max_threads #min_blocks) #cluster, crate = #krate)]
@@ -155,9 +156,9 @@ fn entry_fn(fused: &Fused, krate: &TokenStream) -> TokenStream {
 fn config_fn(fused: &Fused, krate: &TokenStream) -> TokenStream {
     let host = quote!(#krate::__private::host);
     let grid = &fused.grid;
-    let block = fused.block.value;
+    let block = &fused.block.expr;
     let dynamic = fused.dynamic_smem.map_or(0, |d| d.value);
-    let names = grid_names(grid);
+    let names = launch_names(fused);
     let params = fused.entry.params.iter().filter(|p| names.contains(&p.ident)).map(|p| {
         let (ident, ty) = (&p.ident, &p.ty);
         quote!(#ident: #ty)
@@ -169,12 +170,23 @@ fn config_fn(fused: &Fused, krate: &TokenStream) -> TokenStream {
         pub fn config(#(#params),*) -> #host::LaunchConfig {
             #host::LaunchConfig {
                 grid: #host::Dim3::new((#grid) as u32, 1, 1),
-                block: #host::Dim3::new(#block, 1, 1),
+                block: #host::Dim3::new((#block) as u32, 1, 1),
                 cluster: ::core::option::Option::None,
                 dynamic_smem_bytes: #dynamic,
             }
         }
     }
+}
+
+/// The names the grid and block expressions read.
+fn launch_names(fused: &Fused) -> Vec<syn::Ident> {
+    let mut names = grid_names(&fused.grid);
+    for name in grid_names(&fused.block.expr) {
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
 }
 
 /// `tokens` with every span set to `span`: each allocation's `shared!` symbol is named after

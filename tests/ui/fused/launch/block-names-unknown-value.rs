@@ -1,0 +1,23 @@
+// The block names a value that is not a u32 parameter or a const.
+use clusterfuse::prelude::*;
+
+#[fused_kernel(grid = rows, block = width / 8, launch_bounds(max_threads = 1024))]
+pub mod k {
+    use clusterfuse::prelude::*;
+    #[stage(thread)]
+    fn fetch(x: Global<&[f32]>) -> Registers<f32> {
+        x[thread::global_index_x()]
+    }
+
+    #[stage(thread)]
+    fn store(v: Registers<f32>, out: Global<Out<f32>>) {
+        out.set(thread::global_index_x(), v);
+    }
+
+    pub fn kernel(x: &[f32], out: Out<f32>, rows: u32, cols: u32) {
+        let v = fetch(x);
+        store(v, out);
+    }
+}
+
+fn main() {}
