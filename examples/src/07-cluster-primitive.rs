@@ -38,13 +38,16 @@ fn warp_max(mut key: u64) -> u64 {
 /// concatenation (block `r`'s `data[i]` is `r * data.len() + i`; the lowest index on ties),
 /// in every thread. The block size must be a multiple of 32; NaNs are not supported.
 ///
-/// Each warp reduces by shuffles into `scratch[warp]`; threads `p < cluster::size()` combine
-/// the warps' keys and push the block's key into `scratch[32 + rank]` of block `p`; after a
-/// cluster barrier every block reduces the same keys in rank order; the second barrier lets
-/// the scratch be reused.
-#[cluster_primitive(shared(scratch: [u64; 48]), barriers = 2)]
+/// The block announces it has started (`cluster::arrive`) and each warp reduces by shuffles
+/// into `scratch[warp]`; once every peer has started (`cluster::wait`: before that a peer's
+/// shared memory may not exist yet), threads `p < cluster::size()` combine the warps' keys
+/// and push the block's key into `scratch[32 + rank]` of block `p`; after a cluster barrier
+/// every block reduces the same keys in rank order; the last barrier lets the scratch be
+/// reused.
+#[cluster_primitive(shared(scratch: [u64; 48]), barriers = 3)]
 pub fn argmax(_scope: &Cluster, data: SharedSlice<f32>) -> (f32, u32) {
     let (rank, n) = (cluster::block_rank(), data.len());
+    cluster::arrive();
     block::sync();
     let mut best = 0u64;
     for i in block::stride_loop(0..n) {
@@ -55,6 +58,7 @@ pub fn argmax(_scope: &Cluster, data: SharedSlice<f32>) -> (f32, u32) {
         scratch.store(warp::index_in_block() as usize, best);
     }
     block::sync();
+    cluster::wait();
     let peer = thread::rank_in_block();
     if peer < cluster::size() {
         let block_best = (0..block::warps() as usize).map(|w| scratch.load(w)).fold(0, u64::max);

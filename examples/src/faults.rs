@@ -37,13 +37,17 @@ pub fn shared_index(out: Out<f32>, index: u32) {
 }
 
 /// Block 0 reads block 1's shared value through DSMEM. With `keep_alive == 0` block 1 does
-/// not wait for it at a cluster barrier before exiting.
+/// not wait for it at a cluster barrier before exiting; with `started == 0` block 0 reads
+/// before any cluster barrier, when block 1 may not have started.
 #[kernel(cluster(2))]
-pub fn peer_read(out: Out<f32>, keep_alive: u32) {
+pub fn peer_read(out: Out<f32>, keep_alive: u32, started: u32) {
     let value = shared!([f32; 1]);
     let rank = cluster::block_rank();
     if thread::index_x() == 0 {
         value.store(0, rank as f32 + 1.0);
+    }
+    if started == 0 && rank == 0 && thread::index_x() == 0 {
+        out.set(0, value.in_block(1).load(0));
     }
     cluster::sync();
     if rank == 0 && thread::index_x() == 0 {

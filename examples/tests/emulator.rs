@@ -79,11 +79,21 @@ fn reading_an_exited_peer_is_reported() {
     let gpu = Gpu::emulator();
     let kernel = peer_read::load(&gpu).unwrap();
     let mut out = gpu.zeros::<f32>(1).unwrap();
-    kernel.launch(gpu.stream(), &config(2, 32), &mut out, 1).unwrap();
+    kernel.launch(gpu.stream(), &config(2, 32), &mut out, 1, 1).unwrap();
     assert_eq!(gpu.download(&out).unwrap(), [2.0]);
 
-    let fault = fault(kernel.launch(gpu.stream(), &config(2, 32), &mut out, 0));
+    let fault = fault(kernel.launch(gpu.stream(), &config(2, 32), &mut out, 0, 1));
     assert!(fault.message.contains("which has exited"), "{fault}");
+    assert_eq!(fault.at, Some((Dim3::new(0, 0, 0), Dim3::new(0, 0, 0))));
+}
+
+#[test]
+fn reaching_a_peer_before_any_cluster_barrier_is_reported() {
+    let gpu = Gpu::emulator();
+    let kernel = peer_read::load(&gpu).unwrap();
+    let mut out = gpu.zeros::<f32>(1).unwrap();
+    let fault = fault(kernel.launch(gpu.stream(), &config(2, 32), &mut out, 1, 0));
+    assert!(fault.message.contains("may not have started"), "{fault}");
     assert_eq!(fault.at, Some((Dim3::new(0, 0, 0), Dim3::new(0, 0, 0))));
 }
 

@@ -55,7 +55,10 @@ impl Fiber {
         let body: *const (dyn Fn() + Sync) = body;
         // SAFETY: the caller keeps `body` and the thread alive until the coroutine completes.
         let coroutine = unsafe {
-            Coroutine::with_stack_unchecked(stack, move |yielder: &Yielder, _start: Resume| {
+            Coroutine::with_stack_unchecked(stack, move |yielder: &Yielder, start: Resume| {
+                if let Resume::Abort = start {
+                    return Err(String::from("aborted before it started"));
+                }
                 (*this).yielder.set(yielder);
                 panic::catch_unwind(AssertUnwindSafe(|| (*body)())).map_err(|payload| panic_message(&*payload))
             })

@@ -140,6 +140,11 @@ fn access<R>(addr: u32, size: usize, space: Space, kind: Access, f: impl FnOnce(
         };
         let block = &cluster.blocks[rank as usize];
         if rank != thread.rank {
+            if thread.epochs.get().cluster == 0 {
+                fault(format_args!(
+                    "shared-memory access to block rank {rank} of the cluster before any cluster barrier: that block may not have started, so its shared memory may not exist yet; call cluster::sync() (or arrive, then wait) first"
+                ));
+            }
             let epoch = Stamp::of(thread).epochs.cluster;
             if block.remote_access.get().is_none_or(|(latest, _)| epoch >= latest) {
                 block.remote_access.set(Some((epoch, thread.id)));
