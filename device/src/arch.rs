@@ -487,6 +487,85 @@ pub unsafe fn atom_shared_add_u32(addr: u32, value: u32) -> u32 {
     }
 }
 
+// --- mbarriers and bulk copies (§9.7.13.15, §9.7.9.25) ---------------------------------------
+
+/// `mbarrier.init.shared::cta.b64`: a barrier object at `addr` expecting `arrivals` per phase.
+///
+/// # Safety
+/// 1. `addr` is an 8-byte-aligned `.shared::cta` address of 8 bytes used only as this barrier.
+/// 2. No thread uses the barrier until the initialisation is made visible (by
+///    [`fence_mbarrier_init_release_cluster`] and a barrier).
+#[inline(always)]
+pub unsafe fn mbarrier_init_shared_b64(addr: u32, arrivals: u32) {
+    gpu_or_emulator! {
+        gpu: ptx!("mbarrier.init.shared::cta.b64 [{a}], {n};", a = in(reg32) addr, n = in(reg32) arrivals, options(nostack)),
+        emulator: emu::mbarrier_init(addr, arrivals),
+    }
+}
+
+/// `fence.mbarrier_init.release.cluster`: makes this thread's `mbarrier.init`s visible to the
+/// cluster (pair with a cluster barrier before peers signal them).
+#[inline(always)]
+pub fn fence_mbarrier_init_release_cluster() {
+    gpu_or_emulator! {
+        // SAFETY: a fence only orders memory operations.
+        gpu: unsafe { ptx!("fence.mbarrier_init.release.cluster;", options(nostack)) },
+        emulator: emu::fence(),
+    }
+}
+
+/// `mbarrier.arrive.expect_tx.release.cta.shared::cta.b64`: one arrival at the barrier at
+/// `addr`, which also expects `bytes` more of asynchronous copies in the current phase.
+///
+/// # Safety
+/// 1. `addr` is an initialised barrier in this block's shared memory.
+#[inline(always)]
+pub unsafe fn mbarrier_arrive_expect_tx_shared_b64(addr: u32, bytes: u32) {
+    gpu_or_emulator! {
+        gpu: ptx!("{{ .reg .b64 state; mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 state, [{a}], {b}; }}",
+                  a = in(reg32) addr, b = in(reg32) bytes, options(nostack)),
+        emulator: emu::mbarrier_arrive_expect_tx(addr, bytes),
+    }
+}
+
+/// `mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64`: true once the phase of parity
+/// `parity` of the barrier at `addr` has completed (the hardware may suspend the thread a
+/// while first); acquires what the phase's arrivals and copies released.
+///
+/// # Safety
+/// 1. `addr` is an initialised barrier in this block's shared memory.
+#[inline(always)]
+pub unsafe fn mbarrier_try_wait_parity_shared_b64(addr: u32, parity: u32) -> bool {
+    gpu_or_emulator! {
+        gpu: {
+            let done: u32;
+            ptx!("{{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [{a}], {q}; selp.u32 {d}, 1, 0, p; }}",
+                 d = out(reg32) done, a = in(reg32) addr, q = in(reg32) parity, options(nostack));
+            done != 0
+        },
+        emulator: emu::mbarrier_try_wait(addr, parity),
+    }
+}
+
+/// `cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes`: copies `bytes`
+/// from this block's shared memory at `src` to the distributed-shared address `dst`
+/// asynchronously; their arrival completes that many bytes of the barrier at `barrier`, a
+/// distributed-shared address in the destination's block.
+///
+/// # Safety
+/// 1. `src` and `dst` are 16-byte aligned, `bytes` is a multiple of 16, and both ranges lie in
+///    live shared memory; `dst` and `barrier` come from [`mapa_shared_cluster`] of the same rank.
+/// 2. Nothing writes `src` or touches `dst` until the barrier's phase has completed (and, for
+///    `src`, until the issuing block learns so, e.g. through a cluster barrier).
+#[inline(always)]
+pub unsafe fn cp_async_bulk_shared_cluster_shared_cta(dst: u32, src: u32, bytes: u32, barrier: u32) {
+    gpu_or_emulator! {
+        gpu: ptx!("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [{d}], [{s}], {n}, [{m}];",
+                  d = in(reg32) dst, s = in(reg32) src, n = in(reg32) bytes, m = in(reg32) barrier, options(nostack)),
+        emulator: emu::bulk_copy(dst, src, bytes, barrier),
+    }
+}
+
 // --- Global memory (§9.7.9.8, §9.7.13.5) -----------------------------------------------------
 
 /// `ld.global.nc.v4.b32`: 16 bytes through the read-only path.

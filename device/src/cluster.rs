@@ -7,6 +7,7 @@
 
 use crate::arch::{self, SharedWord};
 use crate::out_of_bounds;
+use crate::mbarrier::{Mbarrier, RemoteMbarrier};
 use crate::ops::{Element, ReduceOp};
 use crate::shared::SharedSlice;
 use crate::{block, Dim3};
@@ -95,6 +96,7 @@ pub struct PrimitiveFacts {
 pub struct RemoteSlice<T> {
     addr: u32,
     len: u32,
+    rank: u32,
     _element: PhantomData<T>,
 }
 
@@ -106,7 +108,7 @@ impl<T: SharedWord> SharedSlice<T> {
         if rank >= size() {
             out_of_bounds()
         }
-        RemoteSlice { addr: arch::mapa_shared_cluster(self.addr(), rank), len: self.len() as u32, _element: PhantomData }
+        RemoteSlice { addr: arch::mapa_shared_cluster(self.addr(), rank), len: self.len() as u32, rank, _element: PhantomData }
     }
 }
 
@@ -142,6 +144,26 @@ impl<T: SharedWord> RemoteSlice<T> {
         }
         // SAFETY: as for `load`.
         unsafe { T::st_shared_cluster(self.addr + (i * size_of::<T>()) as u32, value) }
+    }
+
+    /// Copies all of `src`, this block's, into the peer's array from element `at`: one
+    /// asynchronous bulk copy (`cp.async.bulk`) issued by the calling thread, whose bytes
+    /// complete on `barrier`, the peer's mbarrier. The peer learns of it by
+    /// [`Mbarrier::wait`](crate::mbarrier::Mbarrier::wait) after announcing the bytes; `src`
+    /// must stay unchanged until the issuing block knows the copy landed (e.g. after a
+    /// cluster barrier that follows the peer's wait). Traps unless both ends are 16-byte
+    /// aligned, the size is a multiple of 16 bytes, the range fits, and `barrier` is in the
+    /// same block.
+    #[inline(always)]
+    pub fn copy_from(self, at: usize, src: SharedSlice<T>, barrier: RemoteMbarrier) {
+        let bytes = src.len() * size_of::<T>();
+        let dst = self.addr + (at * size_of::<T>()) as u32;
+        if at + src.len() > self.len() || barrier.rank != self.rank || bytes % 16 != 0 || dst % 16 != 0 || src.addr() % 16 != 0 {
+            out_of_bounds()
+        }
+        // SAFETY: checked above: aligned, in bounds, destination and barrier in one block;
+        // the caller keeps `src` and the destination untouched until the copy is known done.
+        unsafe { arch::cp_async_bulk_shared_cluster_shared_cta(dst, src.addr(), bytes as u32, barrier.addr) }
     }
 }
 
@@ -261,6 +283,26 @@ pub fn gather<T: SharedWord>(tile: SharedSlice<T>, all: SharedSlice<T>) {
         }
         i += block::size() as usize;
     }
+    sync();
+}
+
+/// All-gather as [`gather`], through bulk copies: thread 0 of each block pushes its whole
+/// `tile` to every block with one `cp.async.bulk` each, and every block waits on its own
+/// `barrier` (an [`Mbarrier`] with one arrival per phase) until
+/// all tiles have landed. `tile` must be a multiple of 16 bytes. The closing cluster barrier
+/// keeps every `tile` unchanged until all copies from it have landed, so it is safe to call
+/// repeatedly.
+#[inline(always)]
+pub fn gather_bulk<T: SharedWord>(tile: SharedSlice<T>, all: SharedSlice<T>, barrier: &mut Mbarrier) {
+    let (rank, m, blocks) = (block_rank() as usize, tile.len(), size());
+    sync();
+    if crate::thread::rank_in_block() == 0 {
+        barrier.arrive_expect_tx(blocks * (m * size_of::<T>()) as u32);
+        for peer in 0..blocks {
+            all.in_block(peer).copy_from(rank * m, tile, barrier.in_block(peer));
+        }
+    }
+    barrier.wait();
     sync();
 }
 

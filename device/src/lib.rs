@@ -30,6 +30,7 @@ pub mod emu;
 pub mod global;
 pub mod grid;
 pub mod math;
+pub mod mbarrier;
 pub mod shared;
 pub mod thread;
 pub mod warp;

@@ -1,10 +1,12 @@
 //! 05 — thread-block clusters: the blocks of a cluster all-reduce a shared-memory vector
 //! through distributed shared memory (`cluster::reduce`) and all-gather their tiles
-//! (`cluster::gather`). The cluster size is chosen at launch, from 1 to 16 (above 8 the host
-//! opts the kernel into non-portable cluster sizes by itself).
+//! (`cluster::gather`, and `cluster::gather_bulk`, whose tiles travel as `cp.async.bulk`
+//! copies completing on an mbarrier). The cluster size is chosen at launch, from 1 to 16
+//! (above 8 the host opts the kernel into non-portable cluster sizes by itself).
 
-use clusterfuse::prelude::*;
+use clusterfuse::mbarrier::Mbarrier;
 use clusterfuse::ops::Max;
+use clusterfuse::prelude::*;
 
 /// Block `b` loads `x[b*n .. (b+1)*n]` into shared memory, the cluster reduces it element-wise
 /// (`op` 0: sum, 1: max), and every block writes the result to `out[b*n ..]`.
@@ -53,10 +55,31 @@ pub fn cluster_gather(x: &[f32], out: Out<f32>, m: u32) {
     }
 }
 
+/// As [`cluster_gather`], through bulk copies (`m` a multiple of 4), twice in a row so that
+/// the mbarrier's second phase and the reuse of `tile` are exercised.
+#[kernel(launch_bounds(max_threads = 256))]
+pub fn cluster_gather_bulk(x: &[f32], out: Out<f32>, m: u32) {
+    let m = m as usize;
+    let blocks = cluster::size() as usize;
+    let mut smem = shared::dynamic();
+    let (tile, all, slot) = (smem.take::<f32>(m), smem.take::<f32>(blocks * m), smem.take::<u64>(1));
+    let mut barrier = Mbarrier::new(slot, 1);
+    let b = block::index_x() as usize;
+    for round in 0..2 {
+        for i in block::stride_loop(0..m) {
+            tile.store(i, x[b * m + i] + round as f32);
+        }
+        cluster::gather_bulk(tile, all, &mut barrier);
+    }
+    for i in block::stride_loop(0..blocks * m) {
+        out.set(b * blocks * m + i, all.load(i) - 1.0);
+    }
+}
+
 #[cfg(not(target_arch = "nvptx64"))]
 pub fn run(gpu: &Gpu) -> clusterfuse::host::Result<crate::check::Report> {
     use crate::check::{poisoned, random, Report};
-    let (reduce, gather) = (cluster_reduce::load(gpu)?, cluster_gather::load(gpu)?);
+    let (reduce, gather, gather_bulk) = (cluster_reduce::load(gpu)?, cluster_gather::load(gpu)?, cluster_gather_bulk::load(gpu)?);
     let (mut outs, mut refs) = (Vec::new(), Vec::new());
     let clusters = 3u32;
     for size in [1u32, 2, 3, 4, 8, 16] {
@@ -98,7 +121,19 @@ pub fn run(gpu: &Gpu) -> clusterfuse::host::Result<crate::check::Report> {
                 let first = b / size as usize * size as usize;
                 refs.extend(x[first * m..(first + size as usize) * m].iter().map(|&v| v as f64));
             }
+
+            let m = n.min(1024).next_multiple_of(4);
+            let x = random(blocks as usize * m);
+            let dx = gpu.upload(&x)?;
+            let mut out = poisoned(gpu, blocks as usize * size as usize * m)?;
+            let config = LaunchConfig { dynamic_smem_bytes: ((size as usize + 1) * m * 4 + 48) as u32, ..config };
+            gather_bulk.launch(gpu.stream(), &config, &dx, &mut out, m as u32)?;
+            outs.extend(gpu.download(&out)?);
+            for b in 0..blocks as usize {
+                let first = b / size as usize * size as usize;
+                refs.extend(x[first * m..(first + size as usize) * m].iter().map(|&v| v as f64));
+            }
         }
     }
-    Ok(Report::new("clusters 1,2,3,4,8,16 × n 1,1000,4103 × sum,max,gather".into(), &outs, &refs, 1e-6))
+    Ok(Report::new("clusters 1,2,3,4,8,16 × n 1,1000,4103 × sum,max,gather,bulk gather".into(), &outs, &refs, 1e-6))
 }

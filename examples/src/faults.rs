@@ -57,3 +57,28 @@ pub fn peer_read(out: Out<f32>, keep_alive: u32, started: u32) {
         cluster::sync();
     }
 }
+
+/// Each block of a cluster of 2 pushes a 4-float tile into its peer with a bulk copy and
+/// reads what it received; with `waited == 0` it reads before waiting on its mbarrier.
+#[kernel(cluster(2))]
+pub fn bulk_exchange(out: Out<f32>, waited: u32) {
+    let mut smem = shared::dynamic();
+    let (tile, received, slot) = (smem.take::<f32>(4), smem.take::<f32>(4), smem.take::<u64>(1));
+    let mut barrier = clusterfuse::mbarrier::Mbarrier::new(slot, 1);
+    let (rank, t) = (cluster::block_rank(), thread::index_x() as usize);
+    if t < 4 {
+        tile.store(t, (rank * 4) as f32 + t as f32);
+    }
+    cluster::sync();
+    if t == 0 {
+        barrier.arrive_expect_tx(16);
+        received.in_block(1 - rank).copy_from(0, tile, barrier.in_block(1 - rank));
+    }
+    if waited != 0 {
+        barrier.wait();
+    }
+    if t < 4 {
+        out.set(rank as usize * 4 + t, received.load(t));
+    }
+    cluster::sync();
+}

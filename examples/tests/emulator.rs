@@ -4,7 +4,7 @@
 
 use clusterfuse::host::{Error, Gpu, LaunchConfig};
 use clusterfuse::Dim3;
-use clusterfuse_examples::faults::{divergent_barrier, peer_read, reverse, shared_index};
+use clusterfuse_examples::faults::{bulk_exchange, divergent_barrier, peer_read, reverse, shared_index};
 use clusterfuse_examples::{saxpy::saxpy, EXAMPLES};
 
 fn config(grid: u32, block: u32) -> LaunchConfig {
@@ -119,4 +119,19 @@ fn the_emulator_plans_launches_like_a_gpu() {
     kernel.launch(emulator.stream(), &config(1, 32), 1.0, &x, &mut y).unwrap();
     let too_big = config(1, 2048);
     assert!(matches!(kernel.launch(emulator.stream(), &too_big, 1.0, &x, &mut y), Err(Error::InvalidLaunch { .. })));
+}
+
+#[test]
+fn reading_a_bulk_copy_before_its_mbarrier_wait_is_a_race() {
+    let gpu = Gpu::emulator();
+    let kernel = bulk_exchange::load(&gpu).unwrap();
+    let mut out = gpu.zeros::<f32>(8).unwrap();
+    let config = LaunchConfig { dynamic_smem_bytes: 48, ..config(2, 32) };
+    kernel.launch(gpu.stream(), &config, &mut out, 1).unwrap();
+    assert_eq!(gpu.download(&out).unwrap(), [4.0, 5.0, 6.0, 7.0, 0.0, 1.0, 2.0, 3.0]);
+
+    // Whichever side the scheduler runs first reports it: the early read, or the copy
+    // landing on bytes read without waiting.
+    let fault = fault(kernel.launch(gpu.stream(), &config, &mut out, 0));
+    assert!(fault.message.contains("shared-memory race"), "{fault}");
 }

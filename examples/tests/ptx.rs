@@ -58,6 +58,10 @@ fn cluster_collectives_use_dsmem() {
         }
     }
     assert!(entry("cluster_reduce").contains("ld.shared::cluster"));
+    let bulk = entry("cluster_gather_bulk");
+    for instruction in ["mbarrier.init.shared::cta.b64", "fence.mbarrier_init.release.cluster", "mbarrier.arrive.expect_tx", "mbarrier.try_wait.parity", "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes"] {
+        assert!(bulk.contains(instruction), "`cluster_gather_bulk` lacks `{instruction}`");
+    }
 }
 
 #[test]
@@ -119,6 +123,8 @@ fn every_kernel_assembles_without_spills() {
         ("divergent_barrier", 0),
         ("shared_index", 256),
         ("peer_read", 16),
+        ("bulk_exchange", 0),
+        ("cluster_gather_bulk", 0),
         ("layernorm_gelu", 128),
         ("add_rmsnorm", 128),
         ("add_bias", 0),

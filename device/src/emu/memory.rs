@@ -36,7 +36,9 @@ pub fn mapa(addr: u32, rank: u32) -> u32 {
     })
 }
 
-/// One thread's access, as the race check records it.
+/// One thread's access, as the race check records it. A bulk copy's writes carry
+/// `ASYNC | mbarrier` as their thread and the barrier's phase in `epochs.warp`: they are
+/// ordered before a thread once it has waited for that phase.
 #[derive(Clone, Copy, Debug)]
 struct Stamp {
     thread: u32,
@@ -44,6 +46,7 @@ struct Stamp {
 }
 
 const NOBODY: u32 = u32::MAX;
+const ASYNC: u32 = 1 << 31;
 
 impl Stamp {
     const NONE: Stamp = Stamp { thread: NOBODY, epochs: Epochs { warp: 0, block: 0, cluster: 0 } };
@@ -63,6 +66,10 @@ impl Stamp {
             return true;
         }
         let now = thread.epochs.get();
+        if self.thread & ASYNC != 0 {
+            let waited = thread.mbarrier_phases.borrow().get((self.thread & !ASYNC) as usize).copied().unwrap_or(0);
+            return waited > self.epochs.warp || now.cluster > self.epochs.cluster;
+        }
         let same_block = self.thread / threads_per_block == thread.id / threads_per_block;
         let same_warp = same_block && (self.thread % threads_per_block) / 32 == thread.index / 32;
         (same_warp && now.warp > self.epochs.warp)
@@ -119,12 +126,14 @@ impl BlockMemory {
 }
 
 /// What one access does to memory and the shadow.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 enum Access {
     Read,
     Write,
     /// Atomics are ordered among themselves; they are not checked against plain accesses.
     Atomic,
+    /// A bulk copy's writes, checked from the issuing thread and recorded with this stamp.
+    Copy(Stamp),
 }
 
 /// Checks an access of `size` bytes at `addr` and runs `f` on the bytes.
@@ -154,7 +163,7 @@ fn access<R>(addr: u32, size: usize, space: Space, kind: Access, f: impl FnOnce(
             fault(format_args!("shared-memory access to block rank {rank} of the cluster, which has exited: keep blocks alive with a cluster barrier until peers are done"));
         }
         let offset = (addr & OFFSET_MASK) as usize;
-        if !(addr as usize).is_multiple_of(size) {
+        if !(addr as usize).is_multiple_of(size.min(16)) {
             fault(format_args!("misaligned {size}-byte shared access at {addr:#x}"));
         }
         let mut memory = block.memory.borrow_mut();
@@ -173,7 +182,7 @@ fn access<R>(addr: u32, size: usize, space: Space, kind: Access, f: impl FnOnce(
                 window.bytes.len()
             ));
         }
-        if kind != Access::Atomic {
+        if !matches!(kind, Access::Atomic) {
             check_races(thread, cluster.threads_per_block, &mut window.shadow[offset..offset + size], kind, offset, rank);
         }
         f(&mut window.bytes[offset..offset + size])
@@ -181,7 +190,10 @@ fn access<R>(addr: u32, size: usize, space: Space, kind: Access, f: impl FnOnce(
 }
 
 fn check_races(thread: &Thread, threads_per_block: u32, shadow: &mut [Shadow], kind: Access, offset: usize, rank: u32) {
-    let me = Stamp::of(thread);
+    let me = match kind {
+        Access::Copy(stamp) => stamp,
+        _ => Stamp::of(thread),
+    };
     for byte in shadow {
         let conflict = match kind {
             Access::Read => (!byte.write.ordered_before(thread, threads_per_block)).then_some(("reads", "written", byte.write)),
@@ -196,6 +208,11 @@ fn check_races(thread: &Thread, threads_per_block: u32, shadow: &mut [Shadow], k
         };
         if let Some((verb, other, stamp)) = conflict {
             let cluster = thread.cluster();
+            if stamp.thread & ASYNC != 0 {
+                fault(format_args!(
+                    "shared-memory race: this thread {verb} byte {offset} of block rank {rank}'s shared memory, written by a bulk copy whose mbarrier phase it has not waited for"
+                ));
+            }
             let (block, other_thread) = cluster.locate(stamp.thread);
             fault(format_args!(
                 "shared-memory race: this thread {verb} byte {offset} of block rank {rank}'s shared memory, {other} by thread {other_thread} of block {block} with no barrier between them"
@@ -239,4 +256,23 @@ pub fn atomic<T: Copy>(addr: u32, update: impl FnOnce(T) -> T) -> T {
             old
         }
     })
+}
+
+/// `cp.async.bulk` of `bytes` from this block's `src` to the distributed-shared `dst`, as the
+/// emulator runs it: at once, its writes ordered before the threads that wait for `phase` of
+/// the destination's mbarrier `index`.
+pub fn bulk_copy(dst: u32, src: u32, bytes: usize, index: u32, phase: u32) {
+    let data: Vec<u8> = access(src, bytes, Space::Block, Access::Read, |from| from.to_vec());
+    let cluster = with_current(|thread| Stamp::of(thread).epochs.cluster);
+    let stamp = Stamp { thread: ASYNC | index, epochs: Epochs { warp: phase, block: 0, cluster } };
+    access(dst, bytes, Space::Cluster, Access::Copy(stamp), |to| to.copy_from_slice(&data));
+}
+
+/// The block rank an address points into (`own` for a `.shared::cta` address) and the
+/// address within that block.
+pub fn split(addr: u32, own: u32) -> (u32, u32) {
+    match addr >> RANK_SHIFT {
+        0 => (own, addr),
+        mapped => (mapped - 1, addr & !(0x1f << RANK_SHIFT)),
+    }
 }

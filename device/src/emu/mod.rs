@@ -5,13 +5,17 @@
 //! **What it models.** Every thread of the grid runs as a fiber; the threads of one cluster
 //! (a block is a cluster of one) run on one OS thread, interleaved at synchronisation points,
 //! and clusters run in parallel. `bar.sync`, `bar.warp.sync`, the cluster barrier (split
-//! arrive/wait), shuffles and votes are real rendezvous of the threads they name. Shared
-//! memory is per block, starts filled with `0xff` bytes (NaN as floats), and is reached
-//! through distributed-shared addresses from `mapa` for peer blocks.
+//! arrive/wait), shuffles and votes are real rendezvous of the threads they name; mbarriers
+//! count arrivals and transaction bytes per phase, and bulk copies (`cp.async.bulk`) complete
+//! on them. Shared memory is per block, starts filled with `0xff` bytes (NaN as floats), and
+//! is reached through distributed-shared addresses from `mapa` for peer blocks.
 //!
 //! **What it reports**, as a [`Fault`] naming the kernel, block and thread:
 //! - a data race on shared memory: two threads touch the same byte, at least one writing,
-//!   with no barrier both passed in between (like `compute-sanitizer --tool racecheck`);
+//!   with no barrier both passed in between (like `compute-sanitizer --tool racecheck`), or a
+//!   thread touches a bulk copy's destination before waiting for its mbarrier phase, or
+//!   overwrites its source before the copy is known complete;
+//! - a distributed-shared access before any cluster barrier (the peer may not have started);
 //! - a deadlock: threads wait at a barrier that the others never reach (they exited or wait
 //!   elsewhere), with who waits where;
 //! - out-of-bounds or misaligned shared accesses, accesses to a peer block that has exited,
@@ -25,11 +29,13 @@
 //! the `.approx` instructions (the emulator computes them exactly).
 
 mod fiber;
+mod mbarrier;
 pub mod memory;
 mod ops;
 mod schedule;
 mod thread;
 
+pub use mbarrier::{arrive_expect_tx as mbarrier_arrive_expect_tx, bulk_copy, init as mbarrier_init, try_wait as mbarrier_try_wait};
 pub use ops::*;
 pub use schedule::run;
 pub use thread::Registers;

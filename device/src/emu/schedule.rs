@@ -30,6 +30,8 @@ pub enum Wait {
     Collective(Shuffle, u32),
     /// `barrier.cluster.wait` for this phase.
     Cluster(u32),
+    /// `mbarrier.try_wait.parity` on mbarrier (index, parity).
+    Mbarrier(u32, u32),
 }
 
 impl Wait {
@@ -39,6 +41,7 @@ impl Wait {
             Wait::Warp(mask) => format!("bar.warp.sync {mask:#010x}"),
             Wait::Collective(op, mask) => format!("{op:?} shuffle/vote with mask {mask:#010x}"),
             Wait::Cluster(_) => String::from("barrier.cluster.wait"),
+            Wait::Mbarrier(..) => String::from("mbarrier.try_wait"),
         }
     }
 }
@@ -120,6 +123,7 @@ pub struct Cluster {
     pub registry: Arc<Registry>,
     pub blocks: Vec<Block>,
     pub barrier: Cell<ClusterBarrier>,
+    pub mbarriers: RefCell<Vec<super::mbarrier::Mbarrier>>,
 }
 
 impl Cluster {
@@ -227,6 +231,7 @@ fn run_cluster(
         registry: registry.clone(),
         blocks,
         barrier: Cell::default(),
+        mbarriers: RefCell::default(),
     });
     let mut fibers = Vec::with_capacity((size * threads_per_block) as usize);
     for rank in 0..size {
@@ -251,6 +256,7 @@ fn run_cluster(
                 id: rank * threads_per_block + index,
                 epochs: Cell::new(Epochs::default()),
                 cluster_arrival: Cell::new(None),
+                mbarrier_phases: RefCell::default(),
                 cluster: &*cluster,
                 yielder: Cell::new(ptr::null()),
             });
@@ -386,17 +392,23 @@ fn release(cluster: &Cluster, fibers: &[Fiber], waits: &mut [Option<Wait>], runn
             }
         }
     }
-    // barrier.cluster.wait: released once its phase completed (counted at arrival).
+    // barrier.cluster.wait: released once its phase completed (counted at arrival);
+    // mbarrier waits once the phase of their parity has.
     let phase = cluster.barrier.get().phase;
     for (i, wait) in waits.iter_mut().enumerate() {
-        if let Some(Wait::Cluster(waited)) = *wait {
-            if waited < phase {
+        let done = match *wait {
+            Some(Wait::Cluster(waited)) => waited < phase,
+            Some(Wait::Mbarrier(barrier, parity)) => cluster.mbarriers.borrow()[barrier as usize].completed & 1 != parity,
+            _ => false,
+        };
+        if done {
+            if let Some(Wait::Cluster(_)) = *wait {
                 let thread = fibers[i].thread();
                 thread.epochs.set(Epochs { cluster: phase, ..thread.epochs.get() });
-                *wait = None;
-                runnable[i] = true;
-                released = true;
             }
+            *wait = None;
+            runnable[i] = true;
+            released = true;
         }
     }
     Ok(released)

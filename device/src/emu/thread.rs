@@ -4,7 +4,8 @@
 use super::fiber::Yielder;
 use super::schedule::Cluster;
 use crate::Dim3;
-use core::cell::Cell;
+use core::cell::{Cell, RefCell};
+use std::vec::Vec;
 use core::ptr;
 
 /// The special registers of one thread, as PTX defines them.
@@ -56,6 +57,8 @@ pub struct Thread {
     pub epochs: Cell<Epochs>,
     /// The cluster-barrier phase this thread has arrived at and not yet waited for.
     pub cluster_arrival: Cell<Option<u32>>,
+    /// Phases of each mbarrier (by index) this thread has seen complete.
+    pub mbarrier_phases: RefCell<Vec<u32>>,
     pub cluster: *const Cluster,
     pub yielder: Cell<*const Yielder>,
 }

@@ -1,0 +1,68 @@
+//! mbarriers: barrier objects in shared memory that count, per phase, arrivals and the bytes
+//! of asynchronous copies, such as the bulk DSMEM copies of
+//! [`RemoteSlice::copy_from`](crate::cluster::RemoteSlice::copy_from). Unlike `bar.sync`,
+//! peers of the cluster can signal a block's mbarrier, and a thread waits for a phase, not
+//! for the other threads.
+
+use crate::arch;
+use crate::cluster;
+use crate::out_of_bounds;
+use crate::shared::SharedSlice;
+
+/// One thread's handle on an mbarrier of its block, with the parity of the phase it waits
+/// for next.
+pub struct Mbarrier {
+    addr: u32,
+    parity: u32,
+}
+
+/// A peer block's mbarrier, as bulk copies into that block name it.
+#[derive(Clone, Copy)]
+pub struct RemoteMbarrier {
+    pub(crate) addr: u32,
+    pub(crate) rank: u32,
+}
+
+impl Mbarrier {
+    /// The mbarrier in `slot[0]`, initialised by thread 0 of the block to expect `arrivals`
+    /// per phase. Every thread of the block calls it; a barrier must follow before the
+    /// mbarrier is used (`cluster::sync()` when peers will signal it).
+    #[inline(always)]
+    pub fn new(slot: SharedSlice<u64>, arrivals: u32) -> Self {
+        if slot.is_empty() {
+            out_of_bounds()
+        }
+        if crate::thread::rank_in_block() == 0 {
+            // SAFETY: `slot[0]` is 8 aligned bytes of this block's shared memory, given to
+            // the barrier; the caller's barrier orders the init before any use.
+            unsafe { arch::mbarrier_init_shared_b64(slot.addr(), arrivals) };
+            arch::fence_mbarrier_init_release_cluster();
+        }
+        Self { addr: slot.addr(), parity: 0 }
+    }
+
+    /// One arrival that also announces `bytes` of copies into this block in this phase.
+    #[inline(always)]
+    pub fn arrive_expect_tx(&self, bytes: u32) {
+        // SAFETY: an initialised barrier of this block (`new`).
+        unsafe { arch::mbarrier_arrive_expect_tx_shared_b64(self.addr, bytes) }
+    }
+
+    /// Waits until the current phase completes (every arrival made, every announced byte
+    /// arrived), then moves on to the next phase.
+    #[inline(always)]
+    pub fn wait(&mut self) {
+        // SAFETY: as for `arrive_expect_tx`.
+        while !unsafe { arch::mbarrier_try_wait_parity_shared_b64(self.addr, self.parity) } {}
+        self.parity ^= 1;
+    }
+
+    /// The same mbarrier in the block of cluster rank `rank`; traps when `rank` is out of range.
+    #[inline(always)]
+    pub fn in_block(&self, rank: u32) -> RemoteMbarrier {
+        if rank >= cluster::size() {
+            out_of_bounds()
+        }
+        RemoteMbarrier { addr: arch::mapa_shared_cluster(self.addr, rank), rank }
+    }
+}
