@@ -6,7 +6,11 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 cargo build --release -p clusterfuse-examples --bins
 mkdir -p .gpu
-for bin in clusterfuse-examples launch-overhead cluster-bench norms-bench; do
+for bin in clusterfuse-examples launch-overhead cluster-bench norms-bench tklqt-sweep; do
     cp "target/release/$bin" .gpu/
 done
+# The GPU checks of graphs and the launch recorder, a test binary ("Executable ... (path)").
+test_bin=$(cargo test --release -p clusterfuse-examples --test launch_tools --no-run 2>&1 \
+    | sed -n 's/.*Executable .*(\(target\/release\/deps\/launch_tools-[0-9a-f]*\)).*/\1/p')
+cp "$test_bin" .gpu/launch-tools-test
 ls -l .gpu

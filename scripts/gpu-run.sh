@@ -2,7 +2,9 @@
 # Runs the GPU tests and benchmarks gathered by scripts/gpu-bundle.sh, on a machine with a
 # GPU (no Rust needed there): the examples against their CPU references, the same under
 # compute-sanitizer (memcheck, racecheck; at the emulator's shapes), then the benchmarks
-# (norms-torch.py needs PyTorch). `gpu-run.sh check` or `gpu-run.sh bench` runs one half.
+# (norms-torch.py needs PyTorch), after checking graphs and the launch recorder they use;
+# the TKLQT sweep leaves its traces and plots in $out/tklqt/. `gpu-run.sh check` or
+# `gpu-run.sh bench` runs one half.
 # Logs go to ${OUT:-gpu-results}/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +26,9 @@ if [ "$what" = all ] || [ "$what" = check ]; then
     step racecheck timeout 280 compute-sanitizer --tool racecheck --error-exitcode 1 .gpu/clusterfuse-examples --small
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
+    step launch-tools .gpu/launch-tools-test --nocapture
     step launch-overhead .gpu/launch-overhead
+    step tklqt-sweep .gpu/tklqt-sweep "$out/tklqt"
     step cluster-bench .gpu/cluster-bench
     step norms-bench .gpu/norms-bench
     step norms-torch python3 scripts/norms-torch.py

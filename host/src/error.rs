@@ -22,6 +22,48 @@ pub enum Error {
     /// A GPU buffer, stream or kernel was used with the emulator's, or the other way round.
     #[error("mixed backends: a GPU buffer, stream or kernel was used with the CPU emulator's (or the other way round)")]
     WrongBackend,
+    /// A graph capture or update failed; nothing was replaced.
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+    /// A launch recording was started while one was already running on this device.
+    #[error("a launch recording is already running on this device; finish it before starting another")]
+    AlreadyRecording,
+}
+
+/// Why a graph could not be captured or updated.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    /// Graphs need a GPU: the emulator runs each launch when it is made, leaving nothing to replay.
+    #[error("CUDA graphs need a GPU; the CPU emulator runs each launch as it is made, so there is nothing to capture")]
+    Emulator,
+    /// The capturing thread waited for the GPU, which a capture cannot contain.
+    #[error("`{call}` inside a graph capture: a capture records launches without running them, so there is nothing to wait for; synchronise after replaying")]
+    Synchronize { call: &'static str },
+    /// The driver invalidated the capture (an unsupported call was made while capturing).
+    #[error("the driver ended the capture: {0}")]
+    Invalidated(DriverError),
+    /// `cuGraphExecUpdate` refused the new launches: they differ from the graph's in more
+    /// than their parameters.
+    #[error("cannot update the graph in place: {0}; capture a new graph instead")]
+    UpdateRefused(GraphChange),
+}
+
+/// What differed between a graph and the launches meant to update it
+/// (`CUgraphExecUpdateResult`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GraphChange {
+    #[error("the number of launches or their dependencies changed")]
+    Topology,
+    #[error("a node's type changed")]
+    NodeType,
+    #[error("a launch's kernel changed")]
+    Function,
+    #[error("a launch's parameters changed in a way the driver cannot update (e.g. its grid or cluster)")]
+    Parameters,
+    #[error("a launch's attributes changed")]
+    Attributes,
+    #[error("the driver does not support updating this graph")]
+    Unsupported,
 }
 
 /// `Result` with [`Error`].

@@ -2,7 +2,9 @@
 
 use crate::buffer::Buffer;
 use crate::error::{DriverContext, Error, Result};
+use crate::graph;
 use crate::kernel::{Kernel, KernelFacts};
+use crate::record::Recorder;
 use clusterfuse_device::limits::MAX_SHARED_MEMORY_PER_BLOCK;
 use cudarc::driver::sys::{CUdevice_attribute as DevAttr, CUevent_flags};
 use cudarc::driver::{CudaContext, CudaModule, CudaStream, DeviceRepr, ValidAsZeroBits};
@@ -29,7 +31,10 @@ impl Ptx {
 /// Where launches go: a CUDA stream, or (on the emulator) the calling thread, which runs
 /// each launch to completion before it returns.
 pub struct Stream {
-    cuda: Option<Arc<CudaStream>>,
+    pub(crate) cuda: Option<Arc<CudaStream>>,
+    /// The device's launch recorder; None for a graph's capture stream, whose launches
+    /// are not run and so not recorded.
+    pub(crate) recorder: Option<Arc<Recorder>>,
 }
 
 impl Stream {
@@ -45,6 +50,7 @@ pub struct Gpu {
     stream: Stream,
     cuda: Option<Cuda>,
     smem_limit: u32,
+    recorder: Arc<Recorder>,
 }
 
 struct Cuda {
@@ -67,14 +73,24 @@ impl Gpu {
             return Err(Error::NoGpu(format!("GPU {ordinal} ({name}) is sm_{major}{minor}; clusterfuse needs Hopper (sm_90)")));
         }
         let smem_limit = context.attribute(DevAttr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).driver("cuDeviceGetAttribute", None)? as u32;
-        let stream = Stream { cuda: Some(context.default_stream()) };
-        Ok(Self { stream, cuda: Some(Cuda { context, modules: Mutex::new(HashMap::new()) }), smem_limit })
+        // SAFETY: no buffer exists yet. Work is ordered by clusterfuse itself: everything runs
+        // on the default stream, and a graph's capture stream only records. Without this,
+        // once a capture stream exists cudarc would add an event wait and record per buffer
+        // to every launch, and put waits on events recorded outside a capture into it
+        // (cudarc's own graph test turns tracking off for this reason).
+        unsafe { context.disable_event_tracking() };
+        let recorder = Arc::new(Recorder::default());
+        let stream = Stream { cuda: Some(context.default_stream()), recorder: Some(recorder.clone()) };
+        let cuda = Cuda { context, modules: Mutex::new(HashMap::new()) };
+        Ok(Self { stream, cuda: Some(cuda), smem_limit, recorder })
     }
 
     /// The CPU emulator (see `clusterfuse::emu`): kernels run on the host with GPU semantics,
     /// races and deadlocks reported as [`Error::Emulator`]. Needs no GPU.
     pub fn emulator() -> Self {
-        Self { stream: Stream { cuda: None }, cuda: None, smem_limit: MAX_SHARED_MEMORY_PER_BLOCK }
+        let recorder = Arc::new(Recorder::default());
+        let stream = Stream { cuda: None, recorder: Some(recorder.clone()) };
+        Self { stream, cuda: None, smem_limit: MAX_SHARED_MEMORY_PER_BLOCK, recorder }
     }
 
     /// True for the CPU emulator.
@@ -98,6 +114,11 @@ impl Gpu {
     /// The default stream.
     pub fn stream(&self) -> &Stream {
         &self.stream
+    }
+
+    /// The launch recorder behind [`Recording`](crate::Recording).
+    pub(crate) fn recorder(&self) -> &Recorder {
+        &self.recorder
     }
 
     /// Shared memory one block may use on this device, static and dynamic together.
@@ -126,13 +147,17 @@ impl Gpu {
         }
     }
 
-    /// Copies a device buffer back to the host (waits for the stream).
+    /// Copies a device buffer back to the host (waits for the stream; a recording logs it as
+    /// a synchronisation).
     pub fn download<T: DeviceRepr + Copy>(&self, buffer: &Buffer<T>) -> Result<Vec<T>> {
-        match (self.stream.cuda(), buffer.as_cuda(), buffer.as_emulated()) {
-            (Some(stream), Some(slice), _) => stream.clone_dtoh(slice).driver("cuMemcpyDtoH", None),
-            (None, _, Some(values)) => Ok(values.to_vec()),
-            _ => Err(Error::WrongBackend),
-        }
+        graph::forbid_in_capture("Gpu::download")?;
+        let values = match (self.stream.cuda(), buffer.as_cuda(), buffer.as_emulated()) {
+            (Some(stream), Some(slice), _) => stream.clone_dtoh(slice).driver("cuMemcpyDtoH", None)?,
+            (None, _, Some(values)) => values.to_vec(),
+            _ => return Err(Error::WrongBackend),
+        };
+        self.recorder.synchronized();
+        Ok(values)
     }
 
     /// A new zeroed device buffer of `len` elements.
@@ -159,12 +184,15 @@ impl Gpu {
         Ok(start.elapsed_ms(&end).driver("cuEventElapsedTime", None)? as f64)
     }
 
-    /// Waits for all work on the default stream; surfaces faults of earlier launches.
+    /// Waits for all work on the default stream; surfaces faults of earlier launches. A
+    /// recording logs it; inside a graph capture it is [`CaptureError::Synchronize`](crate::CaptureError).
     pub fn synchronize(&self) -> Result<()> {
-        match self.stream.cuda() {
-            Some(stream) => stream.synchronize().driver("cuStreamSynchronize", None),
-            None => Ok(()),
+        graph::forbid_in_capture("Gpu::synchronize")?;
+        if let Some(stream) = self.stream.cuda() {
+            stream.synchronize().driver("cuStreamSynchronize", None)?;
         }
+        self.recorder.synchronized();
+        Ok(())
     }
 }
 

@@ -110,6 +110,8 @@ impl Kernel {
 
     /// Launches with parameter slots `params` on a GPU: `cuLaunchKernel`, or
     /// `cuLaunchKernelEx` with a cluster-dimension attribute when the plan has a cluster.
+    /// While a [`Recording`](crate::Recording) runs, the launch is logged; otherwise that
+    /// costs one relaxed atomic load.
     ///
     /// # Safety
     /// 1. `params` has one slot per PTX parameter of the entry, in order, each pointing to a
@@ -118,31 +120,13 @@ impl Kernel {
     ///    passed, until the kernel completes on `stream`.
     /// 3. `plan` satisfies [`Kernel::plan`]'s checks for this kernel.
     pub unsafe fn launch_raw(&self, stream: &Stream, plan: &LaunchPlan, params: &mut [*mut c_void]) -> Result<()> {
-        let (cuda, stream) = (self.on_gpu()?, stream.cuda().ok_or(Error::WrongBackend)?);
+        let (cuda, cu_stream) = (self.on_gpu()?, stream.cuda().ok_or(Error::WrongBackend)?);
         cuda.prepare(self.facts, plan)?;
-        let function = cuda.function.cu_function();
-        let (grid, block) = (plan.grid, plan.block);
-        let result = match plan.cluster {
-            None => sys::cuLaunchKernel(
-                function,
-                grid.x,
-                grid.y,
-                grid.z,
-                block.x,
-                block.y,
-                block.z,
-                plan.dynamic_smem_bytes,
-                stream.cu_stream(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            ),
-            Some(cluster) => {
-                let mut attribute = cluster_attribute(cluster);
-                let launch = launch_config(stream, plan, &mut attribute);
-                sys::cuLaunchKernelEx(&launch, function, params.as_mut_ptr(), std::ptr::null_mut())
-            }
-        };
-        result.result().driver("cuLaunchKernel", Some(self.facts.name))
+        if let Some(recorder) = stream.recording() {
+            // SAFETY: the caller's guarantees, passed on.
+            return recorder.launch(self.facts.name, plan, stream, || unsafe { cuda.submit(self.facts.name, cu_stream, plan, params) });
+        }
+        cuda.submit(self.facts.name, cu_stream, plan, params)
     }
 
     /// What typed launchers call: on a GPU, [`Kernel::launch_raw`] with `params`; on the
@@ -177,11 +161,45 @@ impl Kernel {
             smem_limit: self.smem_limit,
             buffers: &buffers,
         };
-        emu::run(&launch, emulated).map_err(Error::Emulator)
+        let run = || emu::run(&launch, emulated).map_err(Error::Emulator);
+        match stream.recording() {
+            None => run(),
+            Some(recorder) => recorder.launch(self.facts.name, plan, stream, run),
+        }
     }
 }
 
 impl CudaKernel {
+    /// Submits the launch to the driver.
+    ///
+    /// # Safety
+    /// 1. As for [`Kernel::launch_raw`], and [`CudaKernel::prepare`] has run for `plan`.
+    unsafe fn submit(&self, kernel: &'static str, stream: &CudaStream, plan: &LaunchPlan, params: &mut [*mut c_void]) -> Result<()> {
+        let function = self.function.cu_function();
+        let (grid, block) = (plan.grid, plan.block);
+        let result = match plan.cluster {
+            None => sys::cuLaunchKernel(
+                function,
+                grid.x,
+                grid.y,
+                grid.z,
+                block.x,
+                block.y,
+                block.z,
+                plan.dynamic_smem_bytes,
+                stream.cu_stream(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            ),
+            Some(cluster) => {
+                let mut attribute = cluster_attribute(cluster);
+                let launch = launch_config(stream, plan, &mut attribute);
+                sys::cuLaunchKernelEx(&launch, function, params.as_mut_ptr(), std::ptr::null_mut())
+            }
+        };
+        result.result().driver("cuLaunchKernel", Some(kernel))
+    }
+
     /// Raises the function's limits the plan needs, once: the dynamic shared memory opt-in
     /// and the non-portable cluster size.
     fn prepare(&self, facts: &KernelFacts, plan: &LaunchPlan) -> Result<()> {
