@@ -2,7 +2,7 @@
 # Runs the GPU tests and benchmarks gathered by scripts/gpu-bundle.sh, on a machine with a
 # GPU (no Rust needed there): the examples against their CPU references, the same under
 # compute-sanitizer (memcheck, racecheck; at the emulator's shapes), then the benchmarks
-# (norms-torch.py needs PyTorch). `gpu-run.sh check` or `gpu-run.sh bench` runs one half.
+# (norms-torch.py and gemm-torch.py need PyTorch). `gpu-run.sh check` or `gpu-run.sh bench` runs one half.
 # Logs go to ${OUT:-gpu-results}/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,5 +28,7 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
     step cluster-bench .gpu/cluster-bench
     step norms-bench .gpu/norms-bench
     step norms-torch python3 scripts/norms-torch.py
+    step gemm-bench .gpu/gemm-bench
+    step gemm-torch python3 scripts/gemm-torch.py
 fi
 exit $status
