@@ -2,9 +2,9 @@
 # Runs the GPU tests and benchmarks gathered by scripts/gpu-bundle.sh, on a machine with a
 # GPU (no Rust needed there): the examples against their CPU references, the same under
 # compute-sanitizer (memcheck, racecheck; at the emulator's shapes), then the benchmarks
-# (norms-torch.py needs PyTorch), after checking graphs and the launch recorder they use;
-# the TKLQT sweep leaves its traces and plots in $out/tklqt/. `gpu-run.sh check` or
-# `gpu-run.sh bench` runs one half.
+# (norms-torch.py and gemm-torch.py need PyTorch), after checking graphs and the launch
+# recorder they use; the TKLQT sweep leaves its traces and plots in $out/tklqt/.
+# `gpu-run.sh check` or `gpu-run.sh bench` runs one half.
 # Logs go to ${OUT:-gpu-results}/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,5 +32,7 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
     step cluster-bench .gpu/cluster-bench
     step norms-bench .gpu/norms-bench
     step norms-torch python3 scripts/norms-torch.py
+    step gemm-bench .gpu/gemm-bench
+    step gemm-torch python3 scripts/gemm-torch.py
 fi
 exit $status

@@ -755,3 +755,124 @@ pub fn trap() -> ! {
     #[cfg(not(target_arch = "nvptx64"))]
     emu::trap("trap")
 }
+
+// --- Tensor cores (§9.7.14) and asynchronous copies (§9.7.9.25) ------------------------------
+
+macro_rules! mma_m16n8k16 {
+    ($($(#[$doc:meta])* $name:ident => $ptx:literal, $kind:ident;)*) => {$(
+        $(#[$doc])*
+        ///
+        /// A warp collective (`.sync.aligned`): all 32 lanes execute it together, each giving
+        /// its fragment registers in the layouts of PTX ISA §9.7.14.5.8 (see [`crate::mma`]).
+        #[inline(always)]
+        pub fn $name(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+            gpu_or_emulator! {
+                gpu: {
+                    let mut d = c;
+                    // SAFETY: registers only; every lane of the warp executes it (the caller's
+                    // contract as for any `.aligned` instruction: no divergence here).
+                    unsafe {
+                        ptx!(concat!($ptx, " {{{d0}, {d1}, {d2}, {d3}}}, {{{a0}, {a1}, {a2}, {a3}}}, {{{b0}, {b1}}}, {{{d0}, {d1}, {d2}, {d3}}};"),
+                             d0 = inout(reg32) d[0], d1 = inout(reg32) d[1], d2 = inout(reg32) d[2], d3 = inout(reg32) d[3],
+                             a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
+                             b0 = in(reg32) b[0], b1 = in(reg32) b[1], options(nomem, nostack))
+                    };
+                    d
+                },
+                emulator: emu::mma_m16n8k16(emu::HalfKind::$kind, a, b, c),
+            }
+        }
+    )*};
+}
+
+mma_m16n8k16! {
+    /// `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`: `D = A·B + C` for a 16×16 f16
+    /// A, a 16×8 f16 B and a 16×8 f32 C, spread over the warp.
+    mma_sync_m16n8k16_row_col_f32_f16_f16_f32 => "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", F16;
+    /// `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`: as the f16 form, bf16 inputs.
+    mma_sync_m16n8k16_row_col_f32_bf16_bf16_f32 => "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", Bf16;
+}
+
+macro_rules! ldmatrix {
+    ($($(#[$doc:meta])* $name:ident => $ptx:literal, $count:literal, $trans:literal, [$($d:ident),*];)*) => {$(
+        $(#[$doc])*
+        ///
+        /// A warp collective (§9.7.14.5.15): lanes `8j .. 8j + 8` give the shared addresses of
+        /// rows 0-7 of matrix `j` (16 bytes each, 16-byte aligned); register `j` of lane `l`
+        /// receives row `l / 4`, columns `2 (l % 4) ..+ 2` of matrix `j` (of its transpose
+        /// with `.trans`). Lanes past the last matrix's give no address.
+        ///
+        /// # Safety
+        /// 1. For each lane that gives one, `row_addr .. row_addr + 16` is a 16-byte-aligned
+        ///    `.shared::cta` address range of this block that no thread writes concurrently.
+        /// 2. Every lane of the warp executes it together.
+        #[inline(always)]
+        pub unsafe fn $name(row_addr: u32) -> [u32; $count] {
+            gpu_or_emulator! {
+                gpu: {
+                    $(let $d: u32;)*
+                    ptx!(concat!($ptx, " {{", ldmatrix!(@regs $($d),*), "}}, [{p}];"),
+                         $($d = out(reg32) $d,)* p = in(reg32) row_addr, options(readonly, nostack));
+                    [$($d),*]
+                },
+                emulator: {
+                    let all = emu::ldmatrix($count, $trans, row_addr);
+                    core::array::from_fn(|j| all[j])
+                },
+            }
+        }
+    )*};
+    (@regs $a:ident, $b:ident) => { "{a}, {b}" };
+    (@regs $a:ident, $b:ident, $c:ident, $d:ident) => { "{a}, {b}, {c}, {d}" };
+}
+
+ldmatrix! {
+    /// `ldmatrix.sync.aligned.m8n8.x4.shared.b16`: four 8×8 matrices of 16-bit values.
+    ldmatrix_sync_aligned_m8n8_x4_shared_b16 => "ldmatrix.sync.aligned.m8n8.x4.shared.b16", 4, false, [a, b, c, d];
+    /// `ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16`: four 8×8 matrices, each transposed.
+    ldmatrix_sync_aligned_m8n8_x4_trans_shared_b16 => "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", 4, true, [a, b, c, d];
+    /// `ldmatrix.sync.aligned.m8n8.x2.shared.b16`: two 8×8 matrices (lanes 0-15 give rows).
+    ldmatrix_sync_aligned_m8n8_x2_shared_b16 => "ldmatrix.sync.aligned.m8n8.x2.shared.b16", 2, false, [a, b];
+    /// `ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16`: two 8×8 matrices, each transposed.
+    ldmatrix_sync_aligned_m8n8_x2_trans_shared_b16 => "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16", 2, true, [a, b];
+}
+
+/// `cp.async.cg.shared.global [dst], [src], 16, src_size`: starts copying 16 bytes from
+/// global `src` to shared `dst` through L2 only, writing zeros past `src_size` bytes
+/// (`src_size = 0` zero-fills `dst` and reads nothing). Completes at
+/// [`cp_async_wait_group`] after the [`cp_async_commit_group`] that follows it; the emulator
+/// copies at once.
+///
+/// # Safety
+/// 1. `dst` is a 16-byte-aligned `.shared::cta` address of 16 bytes that nothing reads or
+///    writes until the copy's group has been waited for.
+/// 2. `src` is 16-byte aligned and its first `src_size` bytes (at most 16) are readable
+///    global memory that no thread writes during the kernel.
+#[inline(always)]
+pub unsafe fn cp_async_cg_shared_global_16(dst: u32, src: *const [u32; 4], src_size: u32) {
+    gpu_or_emulator! {
+        gpu: ptx!("cp.async.cg.shared.global [{d}], [{s}], 16, {n};", d = in(reg32) dst, s = in(reg64) src, n = in(reg32) src_size, options(nostack)),
+        emulator: emu::cp_async_16(dst, src, src_size),
+    }
+}
+
+/// `cp.async.commit_group`: closes the group of this thread's `cp.async`s issued since the last.
+#[inline(always)]
+pub fn cp_async_commit_group() {
+    gpu_or_emulator! {
+        // SAFETY: bookkeeping of this thread's copies only.
+        gpu: unsafe { ptx!("cp.async.commit_group;", options(nostack)) },
+        emulator: (),
+    }
+}
+
+/// `cp.async.wait_group N`: waits until at most `N` of this thread's committed groups are
+/// pending. Other threads' copies need a barrier after it as well.
+#[inline(always)]
+pub fn cp_async_wait_group<const N: u32>() {
+    gpu_or_emulator! {
+        // SAFETY: waits only; the memory clobber keeps shared accesses after it.
+        gpu: unsafe { ptx!("cp.async.wait_group {n};", n = const N, options(nostack)) },
+        emulator: (),
+    }
+}

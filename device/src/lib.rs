@@ -1,8 +1,8 @@
 //! clusterfuse's device library: what kernels call.
 //!
 //! Organised by execution scope ([`thread`], [`warp`], [`block`], [`grid`]) and memory space
-//! ([`shared`], [`global`]); call sites read scope-then-operation, `warp::reduce_sum(x)`,
-//! `block::sync()`. Everything is built from [`arch`], one function per PTX instruction,
+//! ([`shared`], [`global`]), with the warp's tensor cores in [`mma`]; call sites read
+//! scope-then-operation, `warp::reduce_sum(x)`, `block::sync()`. Everything is built from [`arch`], one function per PTX instruction,
 //! which is public so that user primitives are as fast as the built-in ones.
 //!
 //! The whole library also compiles for the host, where kernels run on the CPU emulator
@@ -31,6 +31,7 @@ pub mod global;
 pub mod grid;
 pub mod math;
 pub mod mbarrier;
+pub mod mma;
 pub mod shared;
 pub mod thread;
 pub mod warp;

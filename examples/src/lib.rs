@@ -23,6 +23,8 @@ pub mod cluster_primitive;
 
 #[path = "08-fused-norms.rs"]
 pub mod fused_norms;
+#[path = "10-gemm.rs"]
+pub mod gemm;
 
 /// Kernels of the `cluster-bench` benchmark.
 pub mod bench;
@@ -50,4 +52,15 @@ pub const EXAMPLES: &[(&str, check::Runner)] = &[
     ("06-i32-exact", cluster_dtypes::i32_exact),
     ("07-primitive", cluster_primitive::run),
     ("08-fused-norms", fused_norms::run),
+    ("10-mma-tile", gemm::run_tile),
+    ("10-gemm-f16", gemm::f16_plain),
+    ("10-gemm-f16-bias", gemm::f16_bias),
+    ("10-gemm-f16-gelu", gemm::f16_bias_gelu),
+    ("10-gemm-f16-resid", gemm::f16_residual),
+    ("10-gemm-f16-scale", gemm::f16_scale),
+    ("10-gemm-bf16", gemm::bf16_plain),
+    ("10-gemm-bf16-bias", gemm::bf16_bias),
+    ("10-gemm-bf16-gelu", gemm::bf16_bias_gelu),
+    ("10-gemm-bf16-resid", gemm::bf16_residual),
+    ("10-gemm-bf16-scale", gemm::bf16_scale),
 ];

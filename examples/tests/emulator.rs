@@ -135,3 +135,41 @@ fn reading_a_bulk_copy_before_its_mbarrier_wait_is_a_race() {
     let fault = fault(kernel.launch(gpu.stream(), &config, &mut out, 0));
     assert!(fault.message.contains("shared-memory race"), "{fault}");
 }
+
+#[test]
+fn gemm_rejects_unsupported_shapes_before_launching() {
+    use clusterfuse::f16;
+    use clusterfuse_examples::gemm::{config, EpilogueKind, GemmError, GemmType, HostOperands, Operands};
+    for (m, n, k, what) in [(33, 40, 50, "multiples of 8"), (33, 44, 48, "multiples of 8"), (0, 8, 8, "at least 1")] {
+        match config(m, n, k) {
+            Err(err @ GemmError::Shape(_)) => assert!(err.to_string().contains(what), "{m} × {n} × {k}: {err}"),
+            other => panic!("{m} × {n} × {k} accepted: {other:?}"),
+        }
+    }
+    assert!(config(33, 40, 48).is_ok());
+
+    let gpu = Gpu::emulator();
+    let kernels = f16::load(&gpu).unwrap();
+    let x = Operands::upload(&gpu, &HostOperands::<f16>::random(16, 16, 16)).unwrap();
+    let mut out = gpu.upload(&[f16::NAN; 255]).unwrap();
+    let err = f16::launch(&kernels, &gpu, EpilogueKind::None, &x, &mut out, 16, 16, 16).unwrap_err();
+    assert!(err.to_string().contains("C holds 255 elements"), "{err}");
+    // Nothing was launched: the output still holds its poison.
+    assert!(gpu.download(&out).unwrap().iter().all(|v| v.is_nan()));
+    let err = f16::launch(&kernels, &gpu, EpilogueKind::Residual, &x, &mut gpu.upload(&[f16::NAN; 256]).unwrap(), 16, 16, 16);
+    assert!(err.is_ok(), "{err:?}");
+}
+
+#[test]
+fn tensor_core_ops_need_the_whole_warp() {
+    use clusterfuse::bf16;
+    use clusterfuse_examples::gemm::mma_tile;
+    let gpu = Gpu::emulator();
+    let (a, c) = (gpu.upload(&[bf16::ONE; 256]).unwrap(), gpu.upload(&[0.0f32; 256]).unwrap());
+    let mut out = gpu.zeros::<f32>(512).unwrap();
+    let kernel = mma_tile::load(&gpu).unwrap();
+    kernel.launch(gpu.stream(), &config(1, 32), &a, &a, &a, &c, &mut out).unwrap();
+    assert!(gpu.download(&out).unwrap().iter().all(|&v| v == 16.0));
+    let fault = fault(kernel.launch(gpu.stream(), &config(1, 16), &a, &a, &a, &c, &mut out));
+    assert!(fault.message.contains("past the end of a warp of 16 threads"), "{fault}");
+}

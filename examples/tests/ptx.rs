@@ -1,7 +1,8 @@
 //! The examples' PTX, checked without a GPU: launch directives in place, shared memory through
 //! `ld.shared`/`st.shared`, DSMEM through 16-byte `ld/st.shared::cluster.v4`, and every kernel
 //! assembled by `ptxas -arch=sm_90` with no spills and the shared memory it should use (a
-//! `#[cluster_primitive]`'s scratch included).
+//! `#[cluster_primitive]`'s scratch included); the GEMM on the tensor cores (`mma.sync`,
+//! `ldmatrix`, `cp.async` in the PTX; `HMMA`, `LDSM`, `LDGSTS` in the SASS).
 
 use clusterfuse_build::{assemble, home, parse_report, KernelResources};
 use clusterfuse_examples::__CLUSTERFUSE_PTX as PTX;
@@ -132,6 +133,17 @@ fn every_kernel_assembles_without_spills() {
         ("gelu_kernel", 0),
         ("add_residual", 0),
         ("rms_norm", 128),
+        ("mma_tile", 3 * 512),
+        ("gemm_f16", 0),
+        ("gemm_f16_bias", 0),
+        ("gemm_f16_bias_gelu", 0),
+        ("gemm_f16_residual", 0),
+        ("gemm_f16_scale", 0),
+        ("gemm_bf16", 0),
+        ("gemm_bf16_bias", 0),
+        ("gemm_bf16_bias_gelu", 0),
+        ("gemm_bf16_residual", 0),
+        ("gemm_bf16_scale", 0),
     ];
     assert_eq!(kernels.len(), expected_smem.len(), "kernels: {:?}", kernels.keys());
     for (name, smem) in expected_smem {
@@ -141,4 +153,55 @@ fn every_kernel_assembles_without_spills() {
     }
     assert_eq!(kernels["block_sum"].barriers, 1);
     assert_eq!(argmax_scratch, 48 * 8, "argmax declares `shared(scratch: [u64; 48])`");
+}
+
+/// The GEMM kernels' entries, as (name, input type).
+fn gemm_kernels() -> Vec<(String, &'static str)> {
+    let epilogues = ["", "_bias", "_bias_gelu", "_residual", "_scale"];
+    ["f16", "bf16"].into_iter().flat_map(|t| epilogues.map(|e| (format!("gemm_{t}{e}"), t))).collect()
+}
+
+#[test]
+fn gemm_runs_on_the_tensor_cores_from_a_cp_async_pipeline() {
+    for (kernel, t) in gemm_kernels() {
+        let text = entry(&kernel);
+        let mma = format!("mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32");
+        // Per k-step of 64: 4 k-slices × (4 × 4 mma, 4 ldmatrix of A, 2 of B pairs); 8 copies
+        // per thread, issued in the loop and twice in the prologue.
+        assert_eq!(text.matches(&mma).count(), 64, "`{kernel}`: mma.sync per k-step");
+        assert_eq!(text.matches("ldmatrix.sync.aligned.m8n8.x4.shared.b16").count(), 16, "`{kernel}`: ldmatrix of A");
+        assert_eq!(text.matches("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16").count(), 8, "`{kernel}`: ldmatrix.trans of B");
+        assert_eq!(text.matches("cp.async.cg.shared.global").count(), 3 * 8, "`{kernel}`: cp.async copies");
+        assert!(text.contains("cp.async.wait_group 1;") && text.contains("cp.async.commit_group;"), "`{kernel}`: pipeline waits");
+        assert!(!text.contains(".local"), "`{kernel}` keeps its accumulators in local memory");
+    }
+    let tile = entry("mma_tile");
+    for instruction in ["ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16", "ldmatrix.sync.aligned.m8n8.x2.shared.b16", "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"] {
+        assert!(tile.contains(instruction), "`mma_tile` lacks `{instruction}`");
+    }
+}
+
+#[test]
+fn gemm_sass_has_hmma_ldsm_and_ldgsts() {
+    let bin = home().join("bin");
+    let (ptxas, cuobjdump) = (bin.join("ptxas"), bin.join("cuobjdump"));
+    assert!(cuobjdump.exists(), "cuobjdump not found at {}: run scripts/setup.sh", cuobjdump.display());
+    let dir = std::env::temp_dir().join(format!("clusterfuse-sass-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ptx, cubin) = (dir.join("examples.ptx"), dir.join("examples.cubin"));
+    std::fs::write(&ptx, PTX.text).unwrap();
+    let status = std::process::Command::new(&ptxas).args(["-arch=sm_90", "-o"]).arg(&cubin).arg(&ptx).status().unwrap();
+    assert!(status.success(), "ptxas failed");
+    let path = std::env::join_paths(std::iter::once(bin.clone()).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()))).unwrap();
+    for (kernel, t) in gemm_kernels() {
+        let output = std::process::Command::new(&cuobjdump).env("PATH", &path).args(["--dump-sass", "-fun", &kernel]).arg(&cubin).output().unwrap();
+        assert!(output.status.success(), "cuobjdump: {}", String::from_utf8_lossy(&output.stderr));
+        let sass = String::from_utf8_lossy(&output.stdout);
+        let hmma = format!("HMMA.16816.F32{}", if t == "bf16" { ".BF16" } else { " " });
+        assert_eq!(sass.matches(&hmma).count(), 64, "`{kernel}`: {hmma} per k-step");
+        assert!(sass.contains("LDSM.16.M88.4") && sass.contains("LDSM.16.MT88.4"), "`{kernel}` lacks LDSM");
+        assert!(sass.contains("LDGSTS.E.BYPASS.128"), "`{kernel}` lacks 16-byte LDGSTS");
+        assert!(!sass.contains("LDL") && !sass.contains("STL"), "`{kernel}` touches local memory");
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }

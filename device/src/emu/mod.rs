@@ -5,10 +5,12 @@
 //! **What it models.** Every thread of the grid runs as a fiber; the threads of one cluster
 //! (a block is a cluster of one) run on one OS thread, interleaved at synchronisation points,
 //! and clusters run in parallel. `bar.sync`, `bar.warp.sync`, the cluster barrier (split
-//! arrive/wait), shuffles and votes are real rendezvous of the threads they name; mbarriers
-//! count arrivals and transaction bytes per phase, and bulk copies (`cp.async.bulk`) complete
-//! on them. Shared memory is per block, starts filled with `0xff` bytes (NaN as floats), and
-//! is reached through distributed-shared addresses from `mapa` for peer blocks.
+//! arrive/wait), shuffles, votes and the tensor-core collectives (`mma.sync`, `ldmatrix`,
+//! computed from every lane's fragment registers per PTX's layouts) are real rendezvous of
+//! the threads they name; mbarriers count arrivals and transaction bytes per phase, and bulk
+//! copies (`cp.async.bulk`) complete on them. Shared memory is per block, starts filled with
+//! `0xff` bytes (NaN as floats), and is reached through distributed-shared addresses from
+//! `mapa` for peer blocks.
 //!
 //! **What it reports**, as a [`Fault`] naming the kernel, block and thread:
 //! - a data race on shared memory: two threads touch the same byte, at least one writing,
@@ -25,8 +27,10 @@
 //! **What it does not model.** Timing (`clock64` reads wall time), memory-ordering subtleties
 //! beyond barriers (execution is sequentially consistent, fences are no-ops, and busy-waiting
 //! on memory written by another thread never ends), races on global memory, warps that
-//! diverge inside a shuffle, tensor-core instructions, and floating-point approximations of
-//! the `.approx` instructions (the emulator computes them exactly).
+//! diverge inside a shuffle, copies in flight (`cp.async` completes at issue, so a missing
+//! `cp.async.wait_group` goes unseen), the tensor cores' internal rounding (`mma.sync` sums
+//! in f64 and rounds once, to f32), and floating-point approximations of the `.approx`
+//! instructions (the emulator computes them exactly).
 
 mod fiber;
 mod mbarrier;

@@ -1,7 +1,7 @@
 //! What [`crate::arch`] calls off the GPU: registers, barriers, shuffles, global accesses.
 
 use super::fiber::suspend;
-use super::memory::STATIC_BASE;
+use super::memory::{self, Space, STATIC_BASE};
 use super::schedule::{ClusterBarrier, Wait};
 use super::thread::{with_current, Registers};
 use core::fmt;
@@ -145,6 +145,136 @@ pub fn shuffle(op: Shuffle, value: u32, operand: u32, mask: u32) -> u32 {
         let result = warp.borrow().results[lane];
         result
     })
+}
+
+/// Which 16-bit float a tensor-core instruction reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HalfKind {
+    F16,
+    Bf16,
+}
+
+/// A tensor-core warp collective: all 32 lanes take part, each giving up to 10 words of
+/// registers and getting 4 back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Matrix {
+    /// `mma.sync.m16n8k16.row.col.f32`: A (words 0-3), B (4-5), C (6-9, f32 bits).
+    Mma(HalfKind),
+    /// `ldmatrix.m8n8.b16` of `count` matrices: words 0-3 are the row the lane addressed.
+    Ldmatrix { count: u32, trans: bool },
+}
+
+impl Matrix {
+    /// Every lane's result from every lane's operands, per the fragment layouts of PTX ISA
+    /// §9.7.14.5.8 (mma) and §9.7.14.5.15 (ldmatrix): lane `l` is in group `l / 4` with
+    /// index `l % 4` in it, and the lower half of a 32-bit register is the lower column.
+    pub(super) fn apply(self, operands: &[[u32; 10]; 32]) -> [[u32; 4]; 32] {
+        let half = |word: u32, h: usize| (word >> (16 * h)) as u16;
+        let mut results = [[0; 4]; 32];
+        match self {
+            Matrix::Ldmatrix { count, trans } => {
+                for (lane, result) in results.iter_mut().enumerate() {
+                    let (group, index) = (lane / 4, lane % 4);
+                    for j in 0..count as usize {
+                        let row = |r: usize| &operands[8 * j + r][..4];
+                        result[j] = if trans {
+                            // Column `group` of stored rows 2·index and 2·index + 1.
+                            let element = |r: usize| half(row(r)[group / 2], group % 2) as u32;
+                            element(2 * index) | element(2 * index + 1) << 16
+                        } else {
+                            row(group)[index]
+                        };
+                    }
+                }
+            }
+            Matrix::Mma(kind) => {
+                let value = |bits: u16| match kind {
+                    HalfKind::F16 => crate::f16::from_bits(bits).to_f64(),
+                    HalfKind::Bf16 => crate::bf16::from_bits(bits).to_f64(),
+                };
+                let (mut a, mut b, mut d) = ([[0.0; 16]; 16], [[0.0; 8]; 16], [[0.0; 8]; 16]);
+                for (lane, words) in operands.iter().enumerate() {
+                    let (group, index) = (lane / 4, lane % 4);
+                    for h in 0..2 {
+                        for r in 0..4 {
+                            a[group + 8 * (r % 2)][2 * index + 8 * (r / 2) + h] = value(half(words[r], h));
+                        }
+                        for r in 0..2 {
+                            b[2 * index + 8 * r + h][group] = value(half(words[4 + r], h));
+                        }
+                    }
+                    for i in 0..4 {
+                        d[group + 8 * (i / 2)][2 * index + i % 2] = f32::from_bits(words[6 + i]) as f64;
+                    }
+                }
+                // Products of 16-bit floats are exact in f64, and so nearly is their sum: one
+                // rounding, to f32, at the end.
+                for (lane, result) in results.iter_mut().enumerate() {
+                    let (group, index) = (lane / 4, lane % 4);
+                    for (i, word) in result.iter_mut().enumerate() {
+                        let (row, col) = (group + 8 * (i / 2), 2 * index + i % 2);
+                        let sum = (0..16).fold(d[row][col], |acc, k| acc + a[row][k] * b[k][col]);
+                        *word = (sum as f32).to_bits();
+                    }
+                }
+            }
+        }
+        results
+    }
+}
+
+/// Lane's part of a [`Matrix`] collective: deposits `words`, waits for the whole warp, and
+/// returns its 4 result words.
+fn matrix(op: Matrix, words: [u32; 10]) -> [u32; 4] {
+    with_current(|thread| {
+        check_member_mask(thread, u32::MAX);
+        let warp = &thread.cluster().blocks[thread.rank as usize].warps[thread.warp() as usize];
+        let lane = thread.registers.lane as usize;
+        warp.borrow_mut().matrix_operands[lane] = words;
+        suspend(thread, Wait::Matrix(op));
+        let result = warp.borrow().matrix_results[lane];
+        result
+    })
+}
+
+/// `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}`: a warp collective.
+pub fn mma_m16n8k16(kind: HalfKind, a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+    let c = c.map(f32::to_bits);
+    let words = [a[0], a[1], a[2], a[3], b[0], b[1], c[0], c[1], c[2], c[3]];
+    matrix(Matrix::Mma(kind), words).map(f32::from_bits)
+}
+
+/// `ldmatrix.sync.aligned.m8n8.x{count}[.trans].shared.b16`: lanes `0 .. 8 count` each load
+/// their row (16 bytes, an ordinary shared read, race-checked), then the warp exchanges them.
+pub fn ldmatrix(count: u32, trans: bool, row_addr: u32) -> [u32; 4] {
+    let lane = registers(|r| r.lane);
+    let row: [u32; 4] = if lane < 8 * count { memory::load(row_addr, Space::Block) } else { [0; 4] };
+    let mut words = [0; 10];
+    words[..4].copy_from_slice(&row);
+    matrix(Matrix::Ldmatrix { count, trans }, words)
+}
+
+/// `cp.async.cg.shared.global` of 16 bytes, zero-filled past `src_size`: copied at issue
+/// (the emulator has no copies in flight, so a missing `cp.async.wait_group` goes unseen).
+///
+/// # Safety
+/// 1. As `arch::cp_async_cg_shared_global_16`'s.
+pub unsafe fn cp_async_16(dst: u32, src: *const [u32; 4], src_size: u32) {
+    if src_size > 16 || !(src as usize).is_multiple_of(16) {
+        fault(format_args!("cp.async of {src_size} bytes from {src:p}: the source must be 16-byte aligned and at most 16 bytes"));
+    }
+    let mut bytes = [0u8; 16];
+    if src_size > 0 {
+        let src = src.cast::<u8>();
+        // Both ends of the source inside one buffer; `global_access` checks each.
+        global_access(src, 1, || ());
+        // SAFETY: the caller's contract: `src_size` readable bytes.
+        global_access(unsafe { src.add(src_size as usize - 1) }, 1, || ());
+        // SAFETY: as above.
+        unsafe { core::ptr::copy_nonoverlapping(src, bytes.as_mut_ptr(), src_size as usize) };
+    }
+    // SAFETY: `[u8; 16]` and `[u32; 4]` are 16 bytes of plain data.
+    memory::store::<[u32; 4]>(dst, unsafe { core::mem::transmute::<[u8; 16], [u32; 4]>(bytes) }, Space::Block);
 }
 
 fn check_member_mask(thread: &super::thread::Thread, mask: u32) {

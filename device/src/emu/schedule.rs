@@ -4,7 +4,7 @@
 
 use super::fiber::{Fiber, Resume, Step};
 use super::memory::BlockMemory;
-use super::ops::Shuffle;
+use super::ops::{Matrix, Shuffle};
 use super::thread::{Epochs, Registers, Thread};
 use super::{Fault, Launch};
 use crate::limits::WARP_SIZE;
@@ -28,6 +28,8 @@ pub enum Wait {
     Warp(u32),
     /// A shuffle or vote with this member mask (its operands are in the warp's slots).
     Collective(Shuffle, u32),
+    /// A tensor-core collective of the whole warp (its operands are in the warp's slots).
+    Matrix(Matrix),
     /// `barrier.cluster.wait` for this phase.
     Cluster(u32),
     /// `mbarrier.try_wait.parity` on mbarrier (index, parity).
@@ -40,6 +42,7 @@ impl Wait {
             Wait::Block => String::from("bar.sync"),
             Wait::Warp(mask) => format!("bar.warp.sync {mask:#010x}"),
             Wait::Collective(op, mask) => format!("{op:?} shuffle/vote with mask {mask:#010x}"),
+            Wait::Matrix(op) => format!("{op:?} (all 32 lanes)"),
             Wait::Cluster(_) => String::from("barrier.cluster.wait"),
             Wait::Mbarrier(..) => String::from("mbarrier.try_wait"),
         }
@@ -85,6 +88,9 @@ pub struct Warp {
     pub epoch: u32,
     pub operands: [(u32, u32); 32],
     pub results: [u32; 32],
+    /// Each lane's registers for a [`Matrix`] collective, and what it gets back.
+    pub matrix_operands: [[u32; 10]; 32],
+    pub matrix_results: [[u32; 4]; 32],
 }
 
 /// One block of a cluster.
@@ -356,12 +362,12 @@ fn release(cluster: &Cluster, fibers: &[Fiber], waits: &mut [Option<Wait>], runn
             let lanes = (range.end - first).min(WARP_SIZE as usize);
             for lane in 0..lanes {
                 let wait = match waits[first + lane] {
-                    Some(wait @ (Wait::Warp(_) | Wait::Collective(..))) => wait,
+                    Some(wait @ (Wait::Warp(_) | Wait::Collective(..) | Wait::Matrix(_))) => wait,
                     _ => continue,
                 };
                 let mask = match wait {
                     Wait::Warp(mask) | Wait::Collective(_, mask) => mask,
-                    _ => unreachable!(),
+                    _ => u32::MAX,
                 };
                 let members = (0..lanes).filter(|l| mask & (1 << l) != 0);
                 if !members.clone().all(|l| waits[first + l] == Some(wait)) {
@@ -378,6 +384,7 @@ fn release(cluster: &Cluster, fibers: &[Fiber], waits: &mut [Option<Wait>], runn
                             })?;
                         }
                     }
+                    Wait::Matrix(op) => warp.matrix_results = op.apply(&warp.matrix_operands),
                     _ => warp.epoch += 1,
                 }
                 for l in members {

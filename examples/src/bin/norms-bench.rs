@@ -11,7 +11,7 @@
 //! `cargo run --release -p clusterfuse-examples --bin norms-bench`
 
 use clusterfuse::f16;
-use clusterfuse::host::{Gpu, LaunchConfig};
+use clusterfuse::host::Gpu;
 use clusterfuse_examples::fused_norms::{
     add_bias, add_residual, add_rmsnorm, gelu_kernel, layer_norm, layernorm_gelu, rms_norm, row_config,
 };

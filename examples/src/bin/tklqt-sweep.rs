@@ -15,7 +15,7 @@ use clusterfuse::f16;
 use clusterfuse::host::trace::{self, AdviceOptions, Summary, Sweep, Trace};
 use clusterfuse::host::{Buffer, Gpu, LaunchConfig};
 use clusterfuse_examples::check::random;
-use clusterfuse_examples::fused_norms::{add_bias, add_residual, gelu_kernel, layer_norm, rms_norm, BLOCK};
+use clusterfuse_examples::fused_norms::{add_bias, add_residual, gelu_kernel, layer_norm, rms_norm, row_config};
 use clusterfuse_examples::{saxpy::saxpy, softmax::softmax};
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -91,19 +91,19 @@ impl Batch {
     /// Launches the 12 layers (84 kernels) on the default stream.
     fn forward(&mut self, gpu: &Gpu, k: &Kernels) -> clusterfuse::host::Result<()> {
         let s = gpu.stream();
-        let rows = LaunchConfig { grid: self.tokens.into(), block: BLOCK.into(), ..LaunchConfig::default() };
+        let rows = row_config(HIDDEN, self.tokens);
         let n = self.tokens * HIDDEN;
         let elementwise = LaunchConfig { grid: n.div_ceil(256).into(), block: 256.into(), ..LaunchConfig::default() };
         let softmax_rows = self.tokens * HEADS;
         let softmax = LaunchConfig { grid: softmax_rows.div_ceil(8).into(), block: 256.into(), ..LaunchConfig::default() };
         for _ in 0..LAYERS {
-            k.add_residual.launch(s, &rows, &self.x, &self.r, &mut self.res, HIDDEN)?;
+            k.add_residual.launch(s, &rows, &self.x, &self.r, &mut self.res)?;
             k.rms_norm.launch(s, &rows, &self.res, &self.weight, &mut self.h, HIDDEN)?;
             k.saxpy.launch(s, &elementwise, 0.5, &self.xs, &mut self.ys)?;
             k.softmax.launch(s, &softmax, &self.scores, &mut self.probs, SEQ)?;
-            k.add_bias.launch(s, &rows, &self.h, &self.bias, &mut self.y, HIDDEN)?;
+            k.add_bias.launch(s, &rows, &self.h, &self.bias, &mut self.y)?;
             k.layer_norm.launch(s, &rows, &self.y, &self.gamma, &self.beta, &mut self.z, HIDDEN)?;
-            k.gelu.launch(s, &rows, &self.z, &mut self.out, HIDDEN)?;
+            k.gelu.launch(s, &rows, &self.z, &mut self.out)?;
         }
         Ok(())
     }

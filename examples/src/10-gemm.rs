@@ -1,0 +1,627 @@
+//! 10 — a GEMM on the tensor cores: `C = epilogue(A·B)` for row-major A (M × K), B (K × N)
+//! and C (M × N) of f16 or bf16, accumulated in f32 by `mma.sync.m16n8k16` ([`clusterfuse::mma`]).
+//!
+//! Each block of 256 threads computes a 128 × 128 tile of C, stepping through K 64 at a
+//! time. A three-stage shared-memory pipeline keeps two k-steps of A and B in flight
+//! (`cp.async`, 16 bytes per thread and copy, zero-filled past the matrices' edges) while
+//! the eight warps (2 × 4) each multiply a 64 × 32 sub-tile out of the current stage:
+//! `ldmatrix` into fragments (rows padded by 16 bytes, so its eight rows hit eight distinct
+//! bank groups), 16 `mma.sync` per 16-wide k-slice. The epilogue — none, bias, bias + GELU,
+//! residual add, scaling — is a type parameter of the device code, so each kind is its own
+//! kernel with nothing of the others in it.
+//!
+//! Shapes: any M; N and K multiples of 8 (16-byte rows for the copies). The host rejects
+//! others before launching, with [`GemmError::Shape`].
+
+use clusterfuse::arch;
+use clusterfuse::mma::{mma_m16n8k16, FragA, FragB, FragC, MmaInput};
+use clusterfuse::prelude::*;
+
+/// Rows of C per block.
+pub const BM: usize = 128;
+/// Columns of C per block.
+pub const BN: usize = 128;
+/// K per pipeline stage.
+pub const BK: usize = 64;
+/// Pipeline stages in shared memory.
+pub const STAGES: usize = 3;
+/// Threads per block: 8 warps.
+pub const THREADS: usize = 256;
+/// Row strides of the staged A and B tiles, in elements: 16 bytes of padding per row.
+const LDA: usize = BK + 8;
+const LDB: usize = BN + 8;
+const A_STAGE: usize = BM * LDA;
+const B_STAGE: usize = BK * LDB;
+/// Elements of dynamic shared memory the kernels take: every stage of A, then of B.
+const SMEM_ELEMENTS: usize = STAGES * (A_STAGE + B_STAGE);
+/// Dynamic shared memory per block (107 520 bytes: two blocks fit on an SM).
+pub const SMEM_BYTES: u32 = (SMEM_ELEMENTS * 2) as u32;
+/// The warps' 2 × 4 arrangement over the tile, and each warp's 64 × 32 sub-tile in
+/// 16 × 8 mma tiles.
+const WARPS_N: usize = 4;
+const WM: usize = 64;
+const WN: usize = 32;
+const MI: usize = WM / 16;
+const NI: usize = WN / 8;
+
+/// What the kernel does to each f32 accumulator before rounding it to the output type.
+pub trait Epilogue: Copy {
+    /// The output at (`row`, `col`) of an `n`-column C, from its accumulator.
+    fn apply(&self, acc: f32, row: usize, col: usize, n: usize) -> f32;
+}
+
+/// `C = A·B`.
+#[derive(Clone, Copy)]
+pub struct Plain;
+
+/// `C = A·B + bias[col]`.
+#[derive(Clone, Copy)]
+pub struct Bias<'a, T>(pub &'a [T]);
+
+/// `C = gelu(A·B + bias[col])`, GELU's tanh form ([`gelu`]).
+#[derive(Clone, Copy)]
+pub struct BiasGelu<'a, T>(pub &'a [T]);
+
+/// `C = A·B + R` for an M × N residual R.
+#[derive(Clone, Copy)]
+pub struct Residual<'a, T>(pub &'a [T]);
+
+/// `C = alpha · A·B`.
+#[derive(Clone, Copy)]
+pub struct Scale(pub f32);
+
+/// `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))` (PyTorch's `gelu(approximate="tanh")`).
+#[inline(always)]
+pub fn gelu(x: f32) -> f32 {
+    let inner = 0.797_884_6 * x.fma(0.044_715 * x * x, x);
+    0.5 * x * (1.0 + math::tanh(inner))
+}
+
+impl Epilogue for Plain {
+    #[inline(always)]
+    fn apply(&self, acc: f32, _: usize, _: usize, _: usize) -> f32 {
+        acc
+    }
+}
+
+impl<T: HalfFloat> Epilogue for Bias<'_, T> {
+    #[inline(always)]
+    fn apply(&self, acc: f32, _: usize, col: usize, _: usize) -> f32 {
+        acc + self.0[col].to_f32()
+    }
+}
+
+impl<T: HalfFloat> Epilogue for BiasGelu<'_, T> {
+    #[inline(always)]
+    fn apply(&self, acc: f32, _: usize, col: usize, _: usize) -> f32 {
+        gelu(acc + self.0[col].to_f32())
+    }
+}
+
+impl<T: HalfFloat> Epilogue for Residual<'_, T> {
+    #[inline(always)]
+    fn apply(&self, acc: f32, row: usize, col: usize, n: usize) -> f32 {
+        acc + self.0[row * n + col].to_f32()
+    }
+}
+
+impl Epilogue for Scale {
+    #[inline(always)]
+    fn apply(&self, acc: f32, _: usize, _: usize, _: usize) -> f32 {
+        self.0 * acc
+    }
+}
+
+/// Pieces of 16 bytes (8 elements) each thread copies per k-step, of A and of B.
+const A_PIECES: usize = BM * BK / 8 / THREADS;
+const B_PIECES: usize = BK * BN / 8 / THREADS;
+
+/// One thread's share of the copies into the pipeline: thread `t` copies rows
+/// `t / 8 + 32 i` of A's k-step (columns `8 (t % 8) ..+ 8`) and rows `t / 16 + 16 i` of B's
+/// (columns `8 (t % 16) ..+ 8`), `i` in `0..4`; what does not change between steps is
+/// worked out once.
+struct Copier<T> {
+    a: *const T,
+    b: *const T,
+    /// A's row `t / 8` and B's column, and whether they lie inside the matrices.
+    a_row: usize,
+    b_col_inside: bool,
+    /// This thread's column of A's k-step and row of B's.
+    a_col: usize,
+    b_row: usize,
+    /// Shared addresses of piece 0 in stage 0.
+    a_dst: u32,
+    b_dst: u32,
+}
+
+impl<T: MmaInput> Copier<T> {
+    #[inline(always)]
+    fn new(a: &[T], b: &[T], smem: u32, bm: usize, bn: usize, (n, k): (usize, usize)) -> Self {
+        const { assert!(THREADS / (BK / 8) == 32 && THREADS / (BN / 8) == 16, "the copies' row steps are 32 (A) and 16 (B)") };
+        let t = thread::rank_in_block() as usize;
+        let (a_row, a_col) = (t / (BK / 8), t % (BK / 8) * 8);
+        let (b_row, b_col) = (t / (BN / 8), t % (BN / 8) * 8);
+        Self {
+            a: a.as_ptr().wrapping_add((bm + a_row) * k + a_col),
+            b: b.as_ptr().wrapping_add(b_row * n + bn + b_col),
+            a_row: bm + a_row,
+            b_col_inside: bn + b_col < n,
+            a_col,
+            b_row,
+            a_dst: smem + ((a_row * LDA + a_col) * 2) as u32,
+            b_dst: smem + ((STAGES * A_STAGE + b_row * LDB + b_col) * 2) as u32,
+        }
+    }
+
+    /// Starts the copies of k-step `kt` into pipeline stage `stage`; pieces past the
+    /// matrices' edges are zero-filled and read nothing (their addresses are never dereferenced).
+    #[inline(always)]
+    fn copy(&self, stage: usize, kt: usize, (m, n, k): (usize, usize, usize)) {
+        let k0 = kt * BK;
+        let a_col_inside = k0 + self.a_col < k;
+        for i in 0..A_PIECES {
+            let inside = a_col_inside && self.a_row + 32 * i < m;
+            let src = self.a.wrapping_add(32 * i * k + k0);
+            let dst = self.a_dst + ((stage * A_STAGE + 32 * i * LDA) * 2) as u32;
+            // SAFETY: the destination is in this stage's A tile, which no thread reads until
+            // the copy's group is waited for and a barrier passed; the source is read only
+            // when inside A, and then is 16 aligned bytes of it (K is a multiple of 8).
+            unsafe { arch::cp_async_cg_shared_global_16(dst, src.cast(), 16 * inside as u32) };
+        }
+        for i in 0..B_PIECES {
+            let inside = self.b_col_inside && k0 + self.b_row + 16 * i < k;
+            let src = self.b.wrapping_add((k0 + 16 * i) * n);
+            let dst = self.b_dst + ((stage * B_STAGE + 16 * i * LDB) * 2) as u32;
+            // SAFETY: as for A (N is a multiple of 8).
+            unsafe { arch::cp_async_cg_shared_global_16(dst, src.cast(), 16 * inside as u32) };
+        }
+    }
+}
+
+/// The block's 128 × 128 tile of `out = epilogue(a · b)`: the body of every GEMM kernel.
+/// Traps unless N and K are multiples of 8 and the buffers hold the shapes.
+#[inline(always)]
+pub fn gemm<T: MmaInput, E: Epilogue>(a: &[T], b: &[T], out: &Out<T>, m: u32, n: u32, k: u32, epilogue: E) {
+    let (m, n, k) = (m as usize, n as usize, k as usize);
+    if a.len() < m * k || b.len() < k * n || out.len() < m * n || !n.is_multiple_of(8) || !k.is_multiple_of(8) {
+        arch::trap()
+    }
+    let smem = shared::dynamic().take::<T>(SMEM_ELEMENTS).addr();
+    let (bm, bn) = (block::index().y as usize * BM, block::index_x() as usize * BN);
+    let warp = warp::index_in_block() as usize;
+    let (wm, wn) = (warp / WARPS_N * WM, warp % WARPS_N * WN);
+    // This lane's ldmatrix row addresses in stage 0, k-slice 0, first fragment.
+    let a_lane = smem + ((wm * LDA + FragA::<T>::lane_offset(LDA)) * 2) as u32;
+    let b_lane = smem + ((STAGES * A_STAGE + wn + FragB::<T>::pair_lane_offset(LDB)) * 2) as u32;
+
+    let copier = Copier::new(a, b, smem, bm, bn, (n, k));
+    let mut acc = [[FragC::ZERO; NI]; MI];
+    let steps = k.div_ceil(BK);
+    for s in 0..STAGES - 1 {
+        if s < steps {
+            copier.copy(s, s, (m, n, k));
+        }
+        arch::cp_async_commit_group();
+    }
+    for kt in 0..steps {
+        // This thread's copies of step `kt` are done; the barrier makes everyone's visible,
+        // and frees the stage step `kt - 1` used, which the next copies overwrite.
+        arch::cp_async_wait_group::<{ STAGES as u32 - 2 }>();
+        block::sync();
+        let next = kt + STAGES - 1;
+        if next < steps {
+            copier.copy(next % STAGES, next, (m, n, k));
+        }
+        arch::cp_async_commit_group();
+        let stage = kt % STAGES;
+        for kk in 0..BK / 16 {
+            let a_slice = a_lane + ((stage * A_STAGE + kk * 16) * 2) as u32;
+            let b_slice = b_lane + ((stage * B_STAGE + kk * 16 * LDB) * 2) as u32;
+            // SAFETY: every address lies in this stage's tiles (64 rows × 16 columns of A from
+            // row `wm`, 16 rows × 32 columns of B from column `wn`, rows 16-byte aligned as
+            // LDA, LDB are multiples of 8), which the barrier above made complete and no
+            // thread writes until the barrier of step `kt + 1`; the whole warp runs this.
+            let frag_a: [FragA<T>; MI] = core::array::from_fn(|i| unsafe { FragA::load_at(a_slice + (i * 16 * LDA * 2) as u32) });
+            let mut frag_b = [FragB::from_regs([0; 2]); NI];
+            for j in 0..NI / 2 {
+                // SAFETY: as above.
+                [frag_b[2 * j], frag_b[2 * j + 1]] = unsafe { FragB::load_pair_k_major_at(b_slice + (j * 16 * 2) as u32) };
+            }
+            for i in 0..MI {
+                for j in 0..NI {
+                    acc[i][j] = mma_m16n8k16(frag_a[i], frag_b[j], acc[i][j]);
+                }
+            }
+        }
+    }
+    // Unrolled, so that `acc` is only indexed by constants and stays in registers.
+    unroll4!(|i| unroll4!(|j| unroll4!(|v| {
+        let (r, c) = FragC::position(v);
+        let (row, col) = (bm + wm + i * 16 + r, bn + wn + j * 8 + c);
+        if row < m && col < n {
+            out.set(row * n + col, T::from_f32(epilogue.apply(acc[i][j].values[v], row, col, n)));
+        }
+    })));
+}
+
+/// `body` with `$i` bound to 0, 1, 2, 3 in turn, as constants (LLVM leaves loops this large
+/// rolled, and a register array indexed at run time moves to local memory).
+macro_rules! unroll4 {
+    (|$i:ident| $body:expr) => {{
+        const _: () = assert!(MI == 4 && NI == 4, "unroll4! covers the 4 × 4 mma tiles of a warp");
+        { let $i: usize = 0; $body }
+        { let $i: usize = 1; $body }
+        { let $i: usize = 2; $body }
+        { let $i: usize = 3; $body }
+    }};
+}
+use unroll4;
+
+macro_rules! gemm_kernels {
+    ($($t:ident: $plain:ident, $bias:ident, $bias_gelu:ident, $residual:ident, $scale:ident;)*) => {$(
+        #[doc = concat!("`out = a · b`, ", stringify!($t), "; grid (⌈N/128⌉, ⌈M/128⌉), 256 threads, [`SMEM_BYTES`] of dynamic shared memory.")]
+        #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
+        pub fn $plain(a: &[$t], b: &[$t], out: Out<$t>, m: u32, n: u32, k: u32) {
+            gemm(a, b, &out, m, n, k, Plain);
+        }
+
+        #[doc = concat!("`out = a · b + bias`, ", stringify!($t), "; launched as the plain kernel.")]
+        #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
+        pub fn $bias(a: &[$t], b: &[$t], bias: &[$t], out: Out<$t>, m: u32, n: u32, k: u32) {
+            gemm(a, b, &out, m, n, k, Bias(bias));
+        }
+
+        #[doc = concat!("`out = gelu(a · b + bias)`, ", stringify!($t), "; launched as the plain kernel.")]
+        #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
+        pub fn $bias_gelu(a: &[$t], b: &[$t], bias: &[$t], out: Out<$t>, m: u32, n: u32, k: u32) {
+            gemm(a, b, &out, m, n, k, BiasGelu(bias));
+        }
+
+        #[doc = concat!("`out = a · b + residual`, ", stringify!($t), "; launched as the plain kernel.")]
+        #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
+        pub fn $residual(a: &[$t], b: &[$t], residual: &[$t], out: Out<$t>, m: u32, n: u32, k: u32) {
+            gemm(a, b, &out, m, n, k, Residual(residual));
+        }
+
+        #[doc = concat!("`out = alpha · a · b`, ", stringify!($t), "; launched as the plain kernel.")]
+        #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
+        pub fn $scale(a: &[$t], b: &[$t], out: Out<$t>, alpha: f32, m: u32, n: u32, k: u32) {
+            gemm(a, b, &out, m, n, k, Scale(alpha));
+        }
+    )*};
+}
+
+gemm_kernels! {
+    f16: gemm_f16, gemm_f16_bias, gemm_f16_bias_gelu, gemm_f16_residual, gemm_f16_scale;
+    bf16: gemm_bf16, gemm_bf16_bias, gemm_bf16_bias_gelu, gemm_bf16_residual, gemm_bf16_scale;
+}
+
+/// One warp, one 16 × 16 × 16 product two ways, to check the fragment loaders: with A
+/// (16 × 16), B (16 × 16, k × n), its transpose Bᵀ and C (16 × 16, f32) row-major,
+/// `out[..256] = A·B + C` through `FragA::load` and `FragB::load_pair_k_major`, and
+/// `out[256..]` the same through `FragB::load_k_major` (columns 0-7) and
+/// `FragB::load_n_major` on Bᵀ (columns 8-15).
+#[kernel(launch_bounds(max_threads = 32))]
+pub fn mma_tile(a: &[bf16], b: &[bf16], bt: &[bf16], c: &[f32], out: Out<f32>) {
+    let (sa, sb, sbt) = (shared!([bf16; 256]), shared!([bf16; 256]), shared!([bf16; 256]));
+    for i in (warp::lane() as usize..256).step_by(32) {
+        sa.store(i, a[i]);
+        sb.store(i, b[i]);
+        sbt.store(i, bt[i]);
+    }
+    warp::sync();
+    let frag_a = FragA::load(sa, 16, 0, 0);
+    let ways = [FragB::load_pair_k_major(sb, 16, 0, 0), [FragB::load_k_major(sb, 16, 0, 0), FragB::load_n_major(sbt, 16, 8, 0)]];
+    for (way, frags) in ways.iter().enumerate() {
+        for (j, &frag_b) in frags.iter().enumerate() {
+            let mut acc = FragC::ZERO;
+            for (v, value) in acc.values.iter_mut().enumerate() {
+                let (r, col) = FragC::position(v);
+                *value = c[r * 16 + j * 8 + col];
+            }
+            let d = mma_m16n8k16(frag_a, frag_b, acc);
+            for (v, &value) in d.values.iter().enumerate() {
+                let (r, col) = FragC::position(v);
+                out.set(way * 256 + r * 16 + j * 8 + col, value);
+            }
+        }
+    }
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+pub use host::*;
+
+#[cfg(not(target_arch = "nvptx64"))]
+mod host {
+    use super::*;
+    use crate::check::{shape, with_rng, Report};
+    use clusterfuse::host::cudarc::driver::DeviceRepr;
+    use clusterfuse::host::{Buffer, Error, Result};
+    use rand::Rng;
+    use std::fmt;
+
+    /// Which epilogue: each is its own kernel.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum EpilogueKind {
+        None,
+        Bias,
+        BiasGelu,
+        Residual,
+        Scale,
+    }
+
+    impl EpilogueKind {
+        /// Every kind, in the order the examples run them.
+        pub const ALL: [EpilogueKind; 5] = [Self::None, Self::Bias, Self::BiasGelu, Self::Residual, Self::Scale];
+
+        /// The kind's name in reports.
+        pub fn name(self) -> &'static str {
+            match self {
+                Self::None => "none",
+                Self::Bias => "bias",
+                Self::BiasGelu => "bias+gelu",
+                Self::Residual => "residual",
+                Self::Scale => "scale",
+            }
+        }
+
+        /// The f64 reference of the output at (`row`, `col`) from the exact product `dot`.
+        pub fn reference<T: HalfFloat>(self, dot: f64, row: usize, col: usize, n: usize, operands: &HostOperands<T>) -> f64 {
+            let value = |v: T| v.to_f32() as f64;
+            match self {
+                Self::None => dot,
+                Self::Bias => dot + value(operands.bias[col]),
+                Self::BiasGelu => {
+                    let x = dot + value(operands.bias[col]);
+                    0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+                }
+                Self::Residual => dot + value(operands.residual[row * n + col]),
+                Self::Scale => operands.alpha as f64 * dot,
+            }
+        }
+    }
+
+    /// Why a GEMM was not launched, or failed.
+    #[derive(Debug)]
+    pub enum GemmError {
+        /// The shape is not supported, or a buffer does not hold it: what and why.
+        Shape(String),
+        /// The launch itself failed.
+        Launch(Error),
+    }
+
+    impl fmt::Display for GemmError {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            match self {
+                Self::Shape(what) => write!(f, "unsupported GEMM: {what}"),
+                Self::Launch(err) => write!(f, "{err}"),
+            }
+        }
+    }
+
+    impl std::error::Error for GemmError {}
+
+    impl From<Error> for GemmError {
+        fn from(err: Error) -> Self {
+            Self::Launch(err)
+        }
+    }
+
+    /// The launch configuration of an M × N × K GEMM, or why the kernels cannot compute it.
+    pub fn config(m: usize, n: usize, k: usize) -> std::result::Result<LaunchConfig, GemmError> {
+        let reject = |what: String| Err(GemmError::Shape(format!("M = {m}, N = {n}, K = {k}: {what}")));
+        if m == 0 || n == 0 || k == 0 {
+            return reject("every dimension must be at least 1".into());
+        }
+        if !n.is_multiple_of(8) || !k.is_multiple_of(8) {
+            return reject("N and K must be multiples of 8 (rows of A, B and C are copied 16 bytes at a time); pad them".into());
+        }
+        if m.div_ceil(BM) > 65535 || m * k > u32::MAX as usize || k * n > u32::MAX as usize || m * n > u32::MAX as usize {
+            return reject("too large: at most 65535 row tiles of 128 and 2^32 elements per matrix".into());
+        }
+        Ok(LaunchConfig {
+            grid: (n.div_ceil(BN) as u32, m.div_ceil(BM) as u32, 1).into(),
+            block: (THREADS as u32).into(),
+            dynamic_smem_bytes: SMEM_BYTES,
+            ..LaunchConfig::default()
+        })
+    }
+
+    /// The GEMM's inputs on the host.
+    pub struct HostOperands<T> {
+        pub a: Vec<T>,
+        pub b: Vec<T>,
+        pub bias: Vec<T>,
+        pub residual: Vec<T>,
+        pub alpha: f32,
+    }
+
+    impl<T: HalfFloat> HostOperands<T> {
+        /// Fresh random operands of an M × N × K GEMM, uniform in [-1, 1).
+        pub fn random(m: usize, n: usize, k: usize) -> Self {
+            with_rng(|rng| {
+                let mut values = |len: usize| (0..len).map(|_| T::from_f32(rng.random_range(-1.0..1.0))).collect::<Vec<T>>();
+                let (a, b, bias, residual) = (values(m * k), values(k * n), values(n), values(m * n));
+                Self { a, b, bias, residual, alpha: rng.random_range(0.5..2.0) }
+            })
+        }
+
+        /// `Σ_k a[row, k] · b[k, col]`, exactly (in f64).
+        pub fn dot(&self, row: usize, col: usize, n: usize, k: usize) -> f64 {
+            (0..k).map(|i| self.a[row * k + i].to_f32() as f64 * self.b[i * n + col].to_f32() as f64).sum()
+        }
+    }
+
+    /// The GEMM's inputs on a device.
+    pub struct Operands<T> {
+        pub a: Buffer<T>,
+        pub b: Buffer<T>,
+        pub bias: Buffer<T>,
+        pub residual: Buffer<T>,
+        pub alpha: f32,
+    }
+
+    impl<T: DeviceRepr + Copy> Operands<T> {
+        /// Copies `host` to `gpu`.
+        pub fn upload(gpu: &Gpu, host: &HostOperands<T>) -> Result<Self> {
+            Ok(Self {
+                a: gpu.upload(&host.a)?,
+                b: gpu.upload(&host.b)?,
+                bias: gpu.upload(&host.bias)?,
+                residual: gpu.upload(&host.residual)?,
+                alpha: host.alpha,
+            })
+        }
+    }
+
+    /// An element type of the GEMM kernels, with its five kernels loaded.
+    pub trait GemmType: HalfFloat + DeviceRepr + Copy {
+        /// The type's name in reports.
+        const NAME: &'static str;
+        /// The kernels of this type, loaded on one device.
+        type Kernels;
+        /// Loads the five kernels.
+        fn load(gpu: &Gpu) -> Result<Self::Kernels>;
+        /// `out = epilogue(a · b)` for an M × N × K GEMM, after checking the shape and buffers.
+        #[allow(clippy::too_many_arguments)]
+        fn launch(
+            kernels: &Self::Kernels,
+            gpu: &Gpu,
+            epilogue: EpilogueKind,
+            x: &Operands<Self>,
+            out: &mut Buffer<Self>,
+            m: usize,
+            n: usize,
+            k: usize,
+        ) -> std::result::Result<(), GemmError>;
+    }
+
+    /// Checks that the buffers hold an M × N × K GEMM's operands.
+    fn check_buffers<T>(x: &Operands<T>, out: &Buffer<T>, epilogue: EpilogueKind, (m, n, k): (usize, usize, usize)) -> std::result::Result<(), GemmError> {
+        let mut needs = vec![("A", x.a.len(), m * k), ("B", x.b.len(), k * n), ("C", out.len(), m * n)];
+        match epilogue {
+            EpilogueKind::Bias | EpilogueKind::BiasGelu => needs.push(("bias", x.bias.len(), n)),
+            EpilogueKind::Residual => needs.push(("residual", x.residual.len(), m * n)),
+            EpilogueKind::None | EpilogueKind::Scale => {}
+        }
+        match needs.into_iter().find(|&(_, len, need)| len < need) {
+            Some((what, len, need)) => Err(GemmError::Shape(format!("{what} holds {len} elements; M = {m}, N = {n}, K = {k} needs {need}"))),
+            None => Ok(()),
+        }
+    }
+
+    macro_rules! gemm_type {
+        ($($t:ident, $kernels:ident, $name:literal: $plain:ident, $bias:ident, $bias_gelu:ident, $residual:ident, $scale:ident;)*) => {$(
+            #[doc = concat!("The ", $name, " GEMM kernels, loaded.")]
+            pub struct $kernels {
+                plain: $plain::Kernel,
+                bias: $bias::Kernel,
+                bias_gelu: $bias_gelu::Kernel,
+                residual: $residual::Kernel,
+                scale: $scale::Kernel,
+            }
+
+            impl GemmType for $t {
+                const NAME: &'static str = $name;
+                type Kernels = $kernels;
+
+                fn load(gpu: &Gpu) -> Result<$kernels> {
+                    Ok($kernels {
+                        plain: $plain::load(gpu)?,
+                        bias: $bias::load(gpu)?,
+                        bias_gelu: $bias_gelu::load(gpu)?,
+                        residual: $residual::load(gpu)?,
+                        scale: $scale::load(gpu)?,
+                    })
+                }
+
+                fn launch(kernels: &$kernels, gpu: &Gpu, epilogue: EpilogueKind, x: &Operands<$t>, out: &mut Buffer<$t>, m: usize, n: usize, k: usize) -> std::result::Result<(), GemmError> {
+                    let config = config(m, n, k)?;
+                    check_buffers(x, out, epilogue, (m, n, k))?;
+                    let (s, (m, n, k)) = (gpu.stream(), (m as u32, n as u32, k as u32));
+                    match epilogue {
+                        EpilogueKind::None => kernels.plain.launch(s, &config, &x.a, &x.b, out, m, n, k)?,
+                        EpilogueKind::Bias => kernels.bias.launch(s, &config, &x.a, &x.b, &x.bias, out, m, n, k)?,
+                        EpilogueKind::BiasGelu => kernels.bias_gelu.launch(s, &config, &x.a, &x.b, &x.bias, out, m, n, k)?,
+                        EpilogueKind::Residual => kernels.residual.launch(s, &config, &x.a, &x.b, &x.residual, out, m, n, k)?,
+                        EpilogueKind::Scale => kernels.scale.launch(s, &config, &x.a, &x.b, out, x.alpha, m, n, k)?,
+                    }
+                    Ok(())
+                }
+            }
+        )*};
+    }
+
+    gemm_type! {
+        f16, F16Kernels, "f16": gemm_f16, gemm_f16_bias, gemm_f16_bias_gelu, gemm_f16_residual, gemm_f16_scale;
+        bf16, Bf16Kernels, "bf16": gemm_bf16, gemm_bf16_bias, gemm_bf16_bias_gelu, gemm_bf16_residual, gemm_bf16_scale;
+    }
+
+    /// Checks one kind against its f64 reference, on every output: M, N, K off the tile
+    /// sizes (on the emulator: two row tiles, the second 22 rows; two column tiles, the second
+    /// 8 columns; four k-steps, the last 8 deep, so that the pipeline reuses a stage).
+    pub fn run<T: GemmType>(gpu: &Gpu, epilogue: EpilogueKind, tolerance: f64) -> Result<Report> {
+        let (m, n, k) = shape(gpu, (1000, 1032, 1048), (150, 136, 200));
+        let host = HostOperands::<T>::random(m, n, k);
+        let x = Operands::upload(gpu, &host)?;
+        let mut out = gpu.upload(&vec![T::from_f32(f32::NAN); m * n])?;
+        let kernels = T::load(gpu)?;
+        T::launch(&kernels, gpu, epilogue, &x, &mut out, m, n, k).map_err(|err| match err {
+            GemmError::Launch(err) => err,
+            GemmError::Shape(what) => unreachable!("the example's shapes are supported: {what}"),
+        })?;
+        let out: Vec<f32> = gpu.download(&out)?.into_iter().map(HalfFloat::to_f32).collect();
+        let reference: Vec<f64> =
+            (0..m * n).map(|i| epilogue.reference(host.dot(i / n, i % n, n, k), i / n, i % n, n, &host)).collect();
+        Ok(Report::new(format!("{m} × {n} × {k}, {}, {}", T::NAME, epilogue.name()), &out, &reference, tolerance))
+    }
+
+    /// Relative error allowed: the output's rounding (2^-11 for f16, 2^-8 for bf16) with
+    /// room for `tanh.approx` in GELU and the f32 accumulation over K.
+    pub const F16_TOLERANCE: f64 = 1e-3;
+    /// See [`F16_TOLERANCE`].
+    pub const BF16_TOLERANCE: f64 = 5e-3;
+
+    /// Checks [`mma_tile`]: both ways against the f64 product, to f32 accumulation accuracy.
+    pub fn run_tile(gpu: &Gpu) -> Result<Report> {
+        let (a, b) = with_rng(|rng| {
+            let mut values = || (0..256).map(|_| bf16::from_f32(rng.random_range(-1.0..1.0))).collect::<Vec<bf16>>();
+            (values(), values())
+        });
+        let bt: Vec<bf16> = (0..256).map(|i| b[i % 16 * 16 + i / 16]).collect();
+        let c = crate::check::random(256);
+        let reference: Vec<f64> = (0..512)
+            .map(|i| {
+                let (r, col) = (i % 256 / 16, i % 16);
+                c[i % 256] as f64 + (0..16).map(|k| a[r * 16 + k].to_f64() * b[k * 16 + col].to_f64()).sum::<f64>()
+            })
+            .collect();
+        let (da, db, dbt, dc) = (gpu.upload(&a)?, gpu.upload(&b)?, gpu.upload(&bt)?, gpu.upload(&c)?);
+        let mut out = crate::check::poisoned(gpu, 512)?;
+        let config = LaunchConfig { grid: 1.into(), block: 32.into(), ..LaunchConfig::default() };
+        mma_tile::load(gpu)?.launch(gpu.stream(), &config, &da, &db, &dbt, &dc, &mut out)?;
+        Ok(Report::new("16 × 16 × 16, bf16, two ways".into(), &gpu.download(&out)?, &reference, 1e-6))
+    }
+
+    macro_rules! runners {
+        ($($name:ident => $t:ident, $kind:ident, $tolerance:ident;)*) => {$(
+            #[doc = concat!("Example runner: ", stringify!($t), ", epilogue ", stringify!($kind), ".")]
+            pub fn $name(gpu: &Gpu) -> Result<Report> {
+                run::<$t>(gpu, EpilogueKind::$kind, $tolerance)
+            }
+        )*};
+    }
+
+    runners! {
+        f16_plain => f16, None, F16_TOLERANCE;
+        f16_bias => f16, Bias, F16_TOLERANCE;
+        f16_bias_gelu => f16, BiasGelu, F16_TOLERANCE;
+        f16_residual => f16, Residual, F16_TOLERANCE;
+        f16_scale => f16, Scale, F16_TOLERANCE;
+        bf16_plain => bf16, None, BF16_TOLERANCE;
+        bf16_bias => bf16, Bias, BF16_TOLERANCE;
+        bf16_bias_gelu => bf16, BiasGelu, BF16_TOLERANCE;
+        bf16_residual => bf16, Residual, BF16_TOLERANCE;
+        bf16_scale => bf16, Scale, BF16_TOLERANCE;
+    }
+}
