@@ -2,7 +2,7 @@
 # Runs the GPU tests and benchmarks gathered by scripts/gpu-bundle.sh, on a machine with a
 # GPU (no Rust needed there): the examples against their CPU references, the same under
 # compute-sanitizer (memcheck, racecheck; at the emulator's shapes), then the benchmarks
-# (norms-torch.py needs PyTorch). `gpu-run.sh check` or `gpu-run.sh bench` runs one half.
+# (norms-torch.py and decode-torch.py need PyTorch). `gpu-run.sh check` or `gpu-run.sh bench` runs one half.
 # Logs go to ${OUT:-gpu-results}/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,5 +28,10 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
     step cluster-bench .gpu/cluster-bench
     step norms-bench .gpu/norms-bench
     step norms-torch python3 scripts/norms-torch.py
+    # decode-bench writes its L = 1024 inputs (~150 MB) outside $out for the PyTorch check.
+    dump=${DECODE_DUMP:-/tmp/clusterfuse-decode-check}
+    step decode-bench .gpu/decode-bench --dump "$dump"
+    step decode-torch python3 scripts/decode-torch.py
+    step decode-torch-check python3 scripts/decode-torch.py --check "$dump"
 fi
 exit $status

@@ -23,6 +23,8 @@ pub mod cluster_primitive;
 
 #[path = "08-fused-norms.rs"]
 pub mod fused_norms;
+#[path = "09-decode-attention.rs"]
+pub mod decode_attention;
 
 /// Kernels of the `cluster-bench` benchmark.
 pub mod bench;
@@ -50,4 +52,5 @@ pub const EXAMPLES: &[(&str, check::Runner)] = &[
     ("06-i32-exact", cluster_dtypes::i32_exact),
     ("07-primitive", cluster_primitive::run),
     ("08-fused-norms", fused_norms::run),
+    ("09-decode-attention", decode_attention::run),
 ];
