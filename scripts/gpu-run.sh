@@ -2,7 +2,7 @@
 # Runs the GPU tests and benchmarks gathered by scripts/gpu-bundle.sh, on a machine with a
 # GPU (no Rust needed there): the examples against their CPU references, the same under
 # compute-sanitizer (memcheck, racecheck; at the emulator's shapes), then the benchmarks
-# (norms-torch.py and gemm-torch.py need PyTorch), after checking graphs and the launch
+# (norms-torch.py, gemm-torch.py and decode-torch.py need PyTorch), after checking graphs and the launch
 # recorder they use; the TKLQT sweep leaves its traces and plots in $out/tklqt/.
 # `gpu-run.sh check` or `gpu-run.sh bench` runs one half.
 # Logs go to ${OUT:-gpu-results}/.
@@ -34,5 +34,10 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
     step norms-torch python3 scripts/norms-torch.py
     step gemm-bench .gpu/gemm-bench
     step gemm-torch python3 scripts/gemm-torch.py
+    # decode-bench writes its L = 1024 inputs (~150 MB) outside $out for the PyTorch check.
+    dump=${DECODE_DUMP:-/tmp/clusterfuse-decode-check}
+    step decode-bench .gpu/decode-bench --dump "$dump"
+    step decode-torch python3 scripts/decode-torch.py
+    step decode-torch-check python3 scripts/decode-torch.py --check "$dump"
 fi
 exit $status

@@ -82,6 +82,20 @@ impl<'a, T: Copy> Out<'a, T> {
         // bytes of plain data.
         unsafe { arch::st_global_v4_b32(ptr as *mut [u32; 4], core::mem::transmute_copy(&values)) }
     }
+
+    /// Elements `N * i .. N * i + N` in one 16-byte `ld.global.v4` through the coherent path
+    /// (an output may be read back where this kernel, ordered by a barrier or fence, wrote it;
+    /// [`load16`] on inputs takes the read-only path instead). Traps when out of bounds or
+    /// misaligned.
+    #[inline(always)]
+    pub fn load16<const N: usize>(&self, i: usize) -> [T; N] {
+        #[repr(C, align(16))]
+        struct Vector([u32; 4]);
+        let ptr = vector_ptr::<T, N>(self.ptr, self.len, i);
+        // SAFETY: in bounds and 16-byte aligned (checked by `vector_ptr`); the memory is
+        // readable (invariant 1); `[T; N]` is 16 bytes of plain data.
+        unsafe { core::mem::transmute_copy(&(ptr as *const Vector).read().0) }
+    }
 }
 
 impl Out<'_, f32> {

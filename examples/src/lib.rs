@@ -23,6 +23,8 @@ pub mod cluster_primitive;
 
 #[path = "08-fused-norms.rs"]
 pub mod fused_norms;
+#[path = "09-decode-attention.rs"]
+pub mod decode_attention;
 #[path = "10-gemm.rs"]
 pub mod gemm;
 
@@ -52,6 +54,7 @@ pub const EXAMPLES: &[(&str, check::Runner)] = &[
     ("06-i32-exact", cluster_dtypes::i32_exact),
     ("07-primitive", cluster_primitive::run),
     ("08-fused-norms", fused_norms::run),
+    ("09-decode-attention", decode_attention::run),
     ("10-mma-tile", gemm::run_tile),
     ("10-gemm-f16", gemm::f16_plain),
     ("10-gemm-f16-bias", gemm::f16_bias),
