@@ -27,7 +27,10 @@ if [ "$what" = all ] || [ "$what" = check ]; then
     # of false positives, NVIDIA/cccl#8288); it is checked alone so that the rest stays clean.
     step memcheck timeout 280 compute-sanitizer --tool memcheck --kernel-name-exclude kns=cluster_gather_bulk --error-exitcode 1 .gpu/clusterfuse-examples --small
     step memcheck-bulk timeout 120 compute-sanitizer --tool memcheck --kernel-name kns=cluster_gather_bulk .gpu/clusterfuse-examples --small 05-cluster
-    step racecheck timeout 280 compute-sanitizer --tool racecheck --error-exitcode 1 .gpu/clusterfuse-examples --small
+    # racecheck fails inside the tool ("Internal Sanitizer Error ... hardware exception") on
+    # `cluster_gather_bulk`, even when excluded from checking, so 05 runs under it on its own.
+    step racecheck timeout 280 compute-sanitizer --tool racecheck --error-exitcode 1 .gpu/clusterfuse-examples --small $(.gpu/clusterfuse-examples --list | grep -v '^05-cluster$')
+    step racecheck-cluster timeout 120 compute-sanitizer --tool racecheck --error-exitcode 1 .gpu/clusterfuse-examples --small 05-cluster
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
     step launch-tools .gpu/launch-tools-test --nocapture

@@ -287,20 +287,23 @@ pub fn gather<T: SharedWord>(tile: SharedSlice<T>, all: SharedSlice<T>) {
 }
 
 /// All-gather as [`gather`], through bulk copies: thread 0 of each block pushes its whole
-/// `tile` to every block with one `cp.async.bulk` each, and every block waits on its own
-/// `barrier` (an [`Mbarrier`] with one arrival per phase) until
-/// all tiles have landed. `tile` must be a multiple of 16 bytes. The closing cluster barrier
-/// keeps every `tile` unchanged until all copies from it have landed, so it is safe to call
-/// repeatedly.
+/// `tile` to every peer with one `cp.async.bulk` each, while the block's threads copy it into
+/// their own `all`; every block waits on its own `barrier` (an [`Mbarrier`] with one arrival
+/// per phase) until the peers' tiles have landed. `tile` must be a multiple of 16 bytes. The
+/// closing cluster barrier orders the local copy and keeps every `tile` unchanged until all
+/// copies from it have landed, so it is safe to call repeatedly.
 #[inline(always)]
 pub fn gather_bulk<T: SharedWord>(tile: SharedSlice<T>, all: SharedSlice<T>, barrier: &mut Mbarrier) {
-    let (rank, m, blocks) = (block_rank() as usize, tile.len(), size());
+    let (rank, m, blocks) = (block_rank(), tile.len(), size());
     sync();
     if crate::thread::rank_in_block() == 0 {
-        barrier.arrive_expect_tx(blocks * (m * size_of::<T>()) as u32);
-        for peer in 0..blocks {
-            all.in_block(peer).copy_from(rank * m, tile, barrier.in_block(peer));
+        barrier.arrive_expect_tx((blocks - 1) * (m * size_of::<T>()) as u32);
+        for peer in (0..blocks).filter(|&peer| peer != rank) {
+            all.in_block(peer).copy_from(rank as usize * m, tile, barrier.in_block(peer));
         }
+    }
+    for i in block::stride_loop(0..m) {
+        all.store(rank as usize * m + i, tile.load(i));
     }
     barrier.wait();
     sync();

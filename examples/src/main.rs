@@ -2,7 +2,8 @@
 //! Without a GPU it says so and runs them on the CPU emulator instead, with smaller shapes
 //! (the PTX was already built and checked by `ptxas` when this binary was built).
 //! `--agree` then also runs each on the GPU and on the emulator with the same inputs and
-//! compares the two outputs; `--small` uses the emulator's shapes on the GPU too.
+//! compares the two outputs; `--small` uses the emulator's shapes on the GPU too; `--list`
+//! prints the examples' names.
 
 use clusterfuse::host::Gpu;
 use clusterfuse_examples::check::{same_inputs, small_shapes, Runner};
@@ -11,6 +12,10 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let (flags, only): (Vec<String>, Vec<String>) = std::env::args().skip(1).partition(|a| a.starts_with("--"));
+    if flags.iter().any(|f| f == "--list") {
+        EXAMPLES.iter().for_each(|(name, _)| println!("{name}"));
+        return ExitCode::SUCCESS;
+    }
     let gpu = match Gpu::new(0) {
         Ok(gpu) => gpu,
         Err(err) => {
