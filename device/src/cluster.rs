@@ -158,7 +158,7 @@ impl<T: SharedWord> RemoteSlice<T> {
     pub fn copy_from(self, at: usize, src: SharedSlice<T>, barrier: RemoteMbarrier) {
         let bytes = src.len() * size_of::<T>();
         let dst = self.addr + (at * size_of::<T>()) as u32;
-        if at + src.len() > self.len() || barrier.rank != self.rank || bytes % 16 != 0 || dst % 16 != 0 || src.addr() % 16 != 0 {
+        if at + src.len() > self.len() || barrier.rank != self.rank || !bytes.is_multiple_of(16) || !dst.is_multiple_of(16) || !src.addr().is_multiple_of(16) {
             out_of_bounds()
         }
         // SAFETY: checked above: aligned, in bounds, destination and barrier in one block;
@@ -185,7 +185,7 @@ pub fn reduce<T: Element + SharedWord, Op: ReduceOp<T>>(data: SharedSlice<T>, _o
     const { assert!(16 % size_of::<T>() == 0, "cluster::reduce needs an element size that divides 16 bytes") };
     let blocks = size();
     let lanes = 16 / size_of::<T>();
-    let vectors = if data.addr() % 16 == 0 { data.len() / lanes } else { 0 };
+    let vectors = if data.addr().is_multiple_of(16) { data.len() / lanes } else { 0 };
     // SAFETY: the first `vectors * 16` bytes of `data`'s own memory, which is 16-byte aligned
     // (checked above); `T` and `[u32; 4]` are both plain bits.
     let words = unsafe { SharedSlice::<[u32; 4]>::from_raw_parts(data.addr(), vectors) };

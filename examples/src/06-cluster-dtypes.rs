@@ -119,34 +119,29 @@ mod host {
         }
     }
 
-    impl Dtype for f16 {
-        const NAME: &'static str = "f16";
-        const POISON: Self = f16::NAN;
-        const SUM_TOLERANCE: f64 = 4.0 / 2048.0;
-        fn random(rng: &mut impl Rng) -> Self {
-            HalfFloat::from_f32(rng.random_range(-1.0..1.0))
-        }
-        fn to_f64(self) -> f64 {
-            HalfFloat::to_f32(self) as f64
-        }
-        fn to_report(self) -> f32 {
-            HalfFloat::to_f32(self)
-        }
+    /// f16 and bf16: inputs rounded from f32, sums within 4 units of their precision.
+    macro_rules! half_dtype {
+        ($($ty:ident, $ulps_per_unit:literal;)*) => {$(
+            impl Dtype for $ty {
+                const NAME: &'static str = stringify!($ty);
+                const POISON: Self = $ty::NAN;
+                const SUM_TOLERANCE: f64 = 4.0 / $ulps_per_unit;
+                fn random(rng: &mut impl Rng) -> Self {
+                    HalfFloat::from_f32(rng.random_range(-1.0..1.0))
+                }
+                fn to_f64(self) -> f64 {
+                    HalfFloat::to_f32(self) as f64
+                }
+                fn to_report(self) -> f32 {
+                    HalfFloat::to_f32(self)
+                }
+            }
+        )*};
     }
 
-    impl Dtype for bf16 {
-        const NAME: &'static str = "bf16";
-        const POISON: Self = bf16::NAN;
-        const SUM_TOLERANCE: f64 = 4.0 / 256.0;
-        fn random(rng: &mut impl Rng) -> Self {
-            HalfFloat::from_f32(rng.random_range(-1.0..1.0))
-        }
-        fn to_f64(self) -> f64 {
-            HalfFloat::to_f32(self) as f64
-        }
-        fn to_report(self) -> f32 {
-            HalfFloat::to_f32(self)
-        }
+    half_dtype! {
+        f16, 2048.0;
+        bf16, 256.0;
     }
 
     impl Dtype for i32 {

@@ -162,8 +162,8 @@ fn attend(state: &mut Softmax, q: [f32; 8], start: u32, end: u32, key: impl Fn(u
         for u in 0..TOKENS {
             let p = if valid[u] { math::exp2(s[u] - m) } else { 0.0 };
             state.l += p;
-            for k in 0..8 {
-                state.o[k] = p.fma(vs[u][k].to_f32(), state.o[k]);
+            for (o, v) in state.o.iter_mut().zip(&vs[u]) {
+                *o = p.fma(v.to_f32(), *o);
             }
         }
         state.m = m;
@@ -719,7 +719,7 @@ pub mod host {
 
         /// The fused kernel with clusters of `cluster` blocks (`hidden / cluster ≤ MAX_SLICE`).
         pub fn fused(&self, gpu: &Gpu, b: &mut Buffers, step: &Step, cluster: u32) -> Result<()> {
-            assert!(step.hidden / cluster as usize <= MAX_SLICE && step.hidden % (8 * cluster as usize) == 0, "cluster {cluster} does not fit hidden {}", step.hidden);
+            assert!(step.hidden / cluster as usize <= MAX_SLICE && step.hidden.is_multiple_of(8 * cluster as usize), "cluster {cluster} does not fit hidden {}", step.hidden);
             let c = config(step.heads() * cluster as usize, BLOCK, Some(cluster), 0);
             self.fused.launch(gpu.stream(), &c, &b.x, &b.norm_w, &b.w_qkv, &b.w_o, &b.rope, &mut b.k_cache, &mut b.v_cache,
                               &mut b.partials, &mut b.arrivals, &mut b.out, step.pos as u32, step.max_len as u32)

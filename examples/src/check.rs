@@ -87,3 +87,9 @@ pub fn shape<T>(gpu: &Gpu, on_gpu: T, on_emulator: T) -> T {
         on_gpu
     }
 }
+
+/// The median of `samples` (the upper one of an even count), for benchmarks.
+pub fn median<T: Copy + PartialOrd>(mut samples: Vec<T>) -> T {
+    samples.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    samples[samples.len() / 2]
+}

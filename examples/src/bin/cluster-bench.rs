@@ -14,7 +14,7 @@
 
 use clusterfuse::host::{Gpu, LaunchConfig};
 use clusterfuse_examples::bench::{bench_barrier, bench_dsmem_read, bench_reduce, bench_reduce_global, bench_reduce_naive, bench_spin};
-use clusterfuse_examples::check::random;
+use clusterfuse_examples::check::{random, median};
 use std::process::ExitCode;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -25,10 +25,6 @@ const LENGTHS: [usize; 7] = [128, 512, 1024, 4096, 8192, 16384, 32768];
 /// Dynamic shared memory that leaves room for only one block per SM.
 const ONE_BLOCK_PER_SM: u32 = 116 * 1024;
 
-fn median(mut v: Vec<u64>) -> u64 {
-    v.sort_unstable();
-    v[v.len() / 2]
-}
 
 /// The median of `cycles` (blocks × REPS, rep-major per block), dropping each block's first
 /// repetition; fails if any slot was never written.

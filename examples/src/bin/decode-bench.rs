@@ -17,7 +17,7 @@
 
 use clusterfuse::f16;
 use clusterfuse::host::Gpu;
-use clusterfuse_examples::check::Report;
+use clusterfuse_examples::check::{Report, median};
 use clusterfuse_examples::decode_attention::host::{Buffers, Launchers, Step};
 use clusterfuse_examples::decode_attention::HEAD_DIM;
 use std::error::Error;
@@ -71,10 +71,6 @@ impl Variant {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 /// Bytes one step must move at position `pos` (tokens `0 ..= pos` attended).
 fn bytes(step: &Step) -> f64 {

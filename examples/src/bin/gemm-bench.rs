@@ -15,6 +15,7 @@ use clusterfuse::bf16;
 use clusterfuse::host::Gpu;
 use clusterfuse_examples::gemm::{EpilogueKind, GemmType, HostOperands, Operands};
 use rand::Rng;
+use clusterfuse_examples::check::median;
 use std::error::Error;
 use std::process::ExitCode;
 
@@ -43,10 +44,6 @@ fn shapes() -> Vec<(&'static str, usize, usize, usize)> {
     shapes
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 /// Worst relative error of `SAMPLES` random entries of `out`, scaled by the typical
 /// magnitude of the reference (so that entries near zero do not dominate).

@@ -12,6 +12,7 @@ use clusterfuse::host::cudarc::driver::sys;
 use clusterfuse::host::{Gpu, Graph, LaunchConfig, Recording, Result};
 use clusterfuse::Dim3;
 use clusterfuse_examples::empty::empty;
+use clusterfuse_examples::check::median;
 use std::time::Instant;
 
 const LAUNCHES: usize = 20_000;
@@ -23,10 +24,6 @@ const CUDA_CPP_GRAPH_NODE_US: f64 = 0.50;
 /// A measured path: its name, and one round's µs per launch.
 type Path<'a> = (String, Box<dyn Fn() -> Result<f64> + 'a>);
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 /// µs per launch of `launches` calls of `launch`, wall time up to a synchronisation.
 fn per_launch(gpu: &Gpu, launches: usize, mut launch: impl FnMut() -> Result<()>) -> Result<f64> {

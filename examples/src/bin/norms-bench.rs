@@ -15,6 +15,7 @@ use clusterfuse::host::Gpu;
 use clusterfuse_examples::fused_norms::{
     add_bias, add_residual, add_rmsnorm, gelu_kernel, layer_norm, layernorm_gelu, rms_norm, row_config,
 };
+use clusterfuse_examples::check::median;
 use std::error::Error;
 
 const HIDDEN: [u32; 4] = [768, 1024, 4096, 8192];
@@ -27,10 +28,6 @@ const REPS: usize = 50;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 /// Median µs per call of `call(set)` over passes of `sets` calls.
 fn time(gpu: &Gpu, sets: usize, mut call: impl FnMut(usize) -> Result<()>) -> Result<f64> {
