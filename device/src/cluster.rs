@@ -267,6 +267,37 @@ fn combine16<T: Element, Op: ReduceOp<T>>(a: [u32; 4], b: [u32; 4]) -> [u32; 4] 
     out
 }
 
+/// All-reduce of one value per thread over the whole cluster, in two levels: the block's
+/// threads reduce with [`block::reduce`] (warp shuffles, then the warps' partials through
+/// `scratch[..32]`), then thread `r` of every block stores the block's total into
+/// `scratch[32 + rank]` of block `r` through DSMEM, and every block combines the totals in rank
+/// order, so every thread of the cluster gets the same, deterministic result. `scratch` holds
+/// at least 48 values. Every thread of the cluster must call it; safe to call repeatedly.
+#[inline(always)]
+pub fn reduce_value<T: Element + SharedWord, Op: ReduceOp<T>>(value: T, op: Op, scratch: SharedSlice<T>) -> T {
+    const TOTALS: usize = 32;
+    if scratch.len() < TOTALS + crate::limits::MAX_CLUSTER_SIZE as usize {
+        out_of_bounds()
+    }
+    let (rank, blocks) = (block_rank(), size());
+    // Peers must have started before anything is pushed into their shared memory.
+    arrive();
+    let total = block::reduce(value, op, scratch);
+    wait();
+    let peer = crate::thread::rank_in_block();
+    if peer < blocks {
+        scratch.in_block(peer).store(TOTALS + rank as usize, total);
+    }
+    sync();
+    let mut result = Op::identity();
+    for r in 0..blocks as usize {
+        result = Op::combine(result, scratch.load(TOTALS + r));
+    }
+    // Nobody may push the next call's totals before every block has read these.
+    sync();
+    result
+}
+
 /// All-gather: every block's `tile` lands in every block's `all`, block `r`'s at
 /// `all[r * tile.len() ..]` (`all` holds `cluster::size() * tile.len()` elements). Safe to
 /// call repeatedly.

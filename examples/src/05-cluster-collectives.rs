@@ -55,6 +55,19 @@ pub fn cluster_gather(x: &[f32], out: Out<f32>, m: u32) {
     }
 }
 
+/// `out[b]` = the sum over every thread of block `b`'s cluster of `x[its global index]`
+/// (`cluster::reduce_value`: block, then cluster), computed twice in a row to exercise reuse.
+#[kernel(launch_bounds(max_threads = 256))]
+pub fn cluster_sum_values(x: &[f32], out: Out<f32>) {
+    let scratch = shared!([f32; 48]);
+    let value = x[thread::global_index_x()];
+    let once = cluster::reduce_value(value, Sum, scratch);
+    let twice = cluster::reduce_value(value, Sum, scratch);
+    if thread::index_x() == 0 {
+        out.set(block::index_x() as usize, if once == twice { once } else { f32::NAN });
+    }
+}
+
 /// As [`cluster_gather`], through bulk copies (`m` a multiple of 4), twice in a row so that
 /// the mbarrier's second phase and the reuse of `tile` are exercised.
 #[kernel(launch_bounds(max_threads = 256))]
@@ -80,10 +93,21 @@ pub fn cluster_gather_bulk(x: &[f32], out: Out<f32>, m: u32) {
 pub fn run(gpu: &Gpu) -> clusterfuse::host::Result<crate::check::Report> {
     use crate::check::{poisoned, random, Report};
     let (reduce, gather, gather_bulk) = (cluster_reduce::load(gpu)?, cluster_gather::load(gpu)?, cluster_gather_bulk::load(gpu)?);
+    let sum_values = cluster_sum_values::load(gpu)?;
     let (mut outs, mut refs) = (Vec::new(), Vec::new());
     let clusters = 3u32;
     for size in [1u32, 2, 3, 4, 8, 16] {
         let blocks = clusters * size;
+        let threads = 256usize;
+        let x = random(blocks as usize * threads);
+        let dx = gpu.upload(&x)?;
+        let mut out = poisoned(gpu, blocks as usize)?;
+        let config = LaunchConfig { grid: blocks.into(), block: (threads as u32).into(), cluster: Some(size.into()), dynamic_smem_bytes: 0 };
+        sum_values.launch(gpu.stream(), &config, &dx, &mut out)?;
+        outs.extend(gpu.download(&out)?);
+        let per_cluster = size as usize * threads;
+        refs.extend((0..blocks as usize).map(|b| x[b / size as usize * per_cluster..][..per_cluster].iter().map(|&v| v as f64).sum::<f64>()));
+
         for n in [1usize, 1000, 4103] {
             let x = random(blocks as usize * n);
             for op in [0u32, 1] {
@@ -135,5 +159,5 @@ pub fn run(gpu: &Gpu) -> clusterfuse::host::Result<crate::check::Report> {
             }
         }
     }
-    Ok(Report::new("clusters 1,2,3,4,8,16 × n 1,1000,4103 × sum,max,gather,bulk gather".into(), &outs, &refs, 1e-6))
+    Ok(Report::new("clusters 1,2,3,4,8,16 × n 1,1000,4103 × sum,max,gather,bulk gather; value sums".into(), &outs, &refs, 1e-6))
 }

@@ -126,6 +126,7 @@ fn every_kernel_assembles_without_spills() {
         ("peer_read", 16),
         ("bulk_exchange", 0),
         ("cluster_gather_bulk", 0),
+        ("cluster_sum_values", 192),
         ("layernorm_gelu", 128),
         ("add_rmsnorm", 128),
         ("add_bias", 0),
