@@ -528,6 +528,18 @@ pub unsafe fn mbarrier_arrive_expect_tx_shared_b64(addr: u32, bytes: u32) {
     }
 }
 
+/// `fence.proxy.async.shared::cta`: orders this thread's earlier generic-proxy accesses to
+/// shared memory (ordinary `st.shared`) before later async-proxy ones (`cp.async.bulk` reading
+/// that memory). A barrier alone orders only the generic proxy.
+#[inline(always)]
+pub fn fence_proxy_async_shared_cta() {
+    gpu_or_emulator! {
+        // SAFETY: a fence only orders memory operations.
+        gpu: unsafe { ptx!("fence.proxy.async.shared::cta;", options(nostack)) },
+        emulator: emu::fence(),
+    }
+}
+
 /// `mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64`: true once the phase of parity
 /// `parity` of the barrier at `addr` has completed (the hardware may suspend the thread a
 /// while first); acquires what the phase's arrivals and copies released.
@@ -557,6 +569,8 @@ pub unsafe fn mbarrier_try_wait_parity_shared_b64(addr: u32, parity: u32) -> boo
 ///    live shared memory; `dst` and `barrier` come from [`mapa_shared_cluster`] of the same rank.
 /// 2. Nothing writes `src` or touches `dst` until the barrier's phase has completed (and, for
 ///    `src`, until the issuing block learns so, e.g. through a cluster barrier).
+/// 3. Ordinary stores to `src` were ordered before the copy by
+///    [`fence_proxy_async_shared_cta`] in the storing threads, then a barrier.
 #[inline(always)]
 pub unsafe fn cp_async_bulk_shared_cluster_shared_cta(dst: u32, src: u32, bytes: u32, barrier: u32) {
     gpu_or_emulator! {

@@ -151,14 +151,16 @@ impl<T: SharedWord> RemoteSlice<T> {
     /// complete on `barrier`, the peer's mbarrier. The peer learns of it by
     /// [`Mbarrier::wait`](crate::mbarrier::Mbarrier::wait) after announcing the bytes; `src`
     /// must stay unchanged until the issuing block knows the copy landed (e.g. after a
-    /// cluster barrier that follows the peer's wait). Traps unless both ends are 16-byte
-    /// aligned, the size is a multiple of 16 bytes, the range fits, and `barrier` is in the
-    /// same block.
+    /// cluster barrier that follows the peer's wait). The threads that wrote `src` must have
+    /// called [`fence_async_copies`] before the barrier that precedes this call. Traps unless
+    /// both ends are 16-byte aligned, the size is a non-zero multiple of 16 bytes, the range
+    /// fits, and `barrier` is in the same block.
     #[inline(always)]
     pub fn copy_from(self, at: usize, src: SharedSlice<T>, barrier: RemoteMbarrier) {
         let bytes = src.len() * size_of::<T>();
         let dst = self.addr + (at * size_of::<T>()) as u32;
-        if at + src.len() > self.len() || barrier.rank != self.rank || !bytes.is_multiple_of(16) || !dst.is_multiple_of(16) || !src.addr().is_multiple_of(16) {
+        let fits = at.checked_add(src.len()).is_some_and(|end| end <= self.len());
+        if !fits || barrier.rank != self.rank || bytes == 0 || !bytes.is_multiple_of(16) || !dst.is_multiple_of(16) || !src.addr().is_multiple_of(16) {
             out_of_bounds()
         }
         // SAFETY: checked above: aligned, in bounds, destination and barrier in one block;
@@ -267,6 +269,13 @@ fn combine16<T: Element, Op: ReduceOp<T>>(a: [u32; 4], b: [u32; 4]) -> [u32; 4] 
     out
 }
 
+/// Makes this thread's earlier ordinary stores to shared memory visible to asynchronous bulk
+/// copies ([`RemoteSlice::copy_from`]) issued after the next barrier (`fence.proxy.async`).
+#[inline(always)]
+pub fn fence_async_copies() {
+    arch::fence_proxy_async_shared_cta();
+}
+
 /// All-reduce of one value per thread over the whole cluster, in two levels: the block's
 /// threads reduce with [`block::reduce`] (warp shuffles, then the warps' partials through
 /// `scratch[..32]`), then thread `r` of every block stores the block's total into
@@ -284,9 +293,8 @@ pub fn reduce_value<T: Element + SharedWord, Op: ReduceOp<T>>(value: T, op: Op, 
     arrive();
     let total = block::reduce(value, op, scratch);
     wait();
-    let peer = crate::thread::rank_in_block();
-    if peer < blocks {
-        scratch.in_block(peer).store(TOTALS + rank as usize, total);
+    for peer in block::stride_loop(0..blocks as usize) {
+        scratch.in_block(peer as u32).store(TOTALS + rank as usize, total);
     }
     sync();
     let mut result = Op::identity();
@@ -326,6 +334,7 @@ pub fn gather<T: SharedWord>(tile: SharedSlice<T>, all: SharedSlice<T>) {
 #[inline(always)]
 pub fn gather_bulk<T: SharedWord>(tile: SharedSlice<T>, all: SharedSlice<T>, barrier: &mut Mbarrier) {
     let (rank, m, blocks) = (block_rank(), tile.len(), size());
+    fence_async_copies();
     sync();
     if crate::thread::rank_in_block() == 0 {
         barrier.arrive_expect_tx((blocks - 1) * (m * size_of::<T>()) as u32);

@@ -69,6 +69,7 @@ pub fn bulk_exchange(out: Out<f32>, waited: u32) {
     if t < 4 {
         tile.store(t, (rank * 4) as f32 + t as f32);
     }
+    cluster::fence_async_copies();
     cluster::sync();
     if t == 0 {
         barrier.arrive_expect_tx(16);

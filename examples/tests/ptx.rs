@@ -60,7 +60,7 @@ fn cluster_collectives_use_dsmem() {
     }
     assert!(entry("cluster_reduce").contains("ld.shared::cluster"));
     let bulk = entry("cluster_gather_bulk");
-    for instruction in ["mbarrier.init.shared::cta.b64", "fence.mbarrier_init.release.cluster", "mbarrier.arrive.expect_tx", "mbarrier.try_wait.parity", "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes"] {
+    for instruction in ["fence.proxy.async.shared::cta", "mbarrier.init.shared::cta.b64", "fence.mbarrier_init.release.cluster", "mbarrier.arrive.expect_tx", "mbarrier.try_wait.parity", "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes"] {
         assert!(bulk.contains(instruction), "`cluster_gather_bulk` lacks `{instruction}`");
     }
 }

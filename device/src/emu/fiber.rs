@@ -96,6 +96,10 @@ impl Fiber {
 
 /// Suspends the calling fiber at `wait` until the scheduler resumes it.
 pub fn suspend(thread: &Thread, wait: Wait) {
+    // Unwinding (an abort or a panic) must not stop at a barrier on its way out.
+    if std::thread::panicking() {
+        return;
+    }
     // SAFETY: set when the fiber started; the yielder lives on the fiber's own stack.
     let yielder = unsafe { &*thread.yielder.get() };
     match yielder.suspend(wait) {

@@ -31,22 +31,20 @@ impl Mbarrier {
 fn index(thread: &Thread, addr: u32) -> usize {
     let (rank, addr) = split(addr, thread.rank);
     let barriers = thread.cluster().mbarriers.borrow();
-    match barriers.iter().position(|b| b.rank == rank && b.addr == addr) {
+    // The latest `init` of the address: a re-initialised barrier is a new one.
+    match barriers.iter().rposition(|b| b.rank == rank && b.addr == addr) {
         Some(i) => i,
         None => fault(format_args!("mbarrier at {addr:#x} of block rank {rank} used before mbarrier.init")),
     }
 }
 
-/// `mbarrier.init`.
+/// `mbarrier.init`. A re-initialised address becomes a new barrier, so that the phases threads
+/// saw on the old one order nothing on it.
 pub fn init(addr: u32, arrivals: u32) {
     with_current(|thread| {
         let (rank, addr) = split(addr, thread.rank);
         let state = Mbarrier { rank, addr, arrivals, pending: arrivals, tx: 0, completed: 0 };
-        let mut barriers = thread.cluster().mbarriers.borrow_mut();
-        match barriers.iter_mut().find(|b| b.rank == rank && b.addr == addr) {
-            Some(barrier) => *barrier = state,
-            None => barriers.push(state),
-        }
+        thread.cluster().mbarriers.borrow_mut().push(state);
     })
 }
 
@@ -70,23 +68,24 @@ pub fn arrive_expect_tx(addr: u32, bytes: u32) {
 pub fn try_wait(addr: u32, parity: u32) -> bool {
     with_current(|thread| {
         let i = index(thread, addr);
-        let completed = thread.cluster().mbarriers.borrow()[i].completed;
+        let mut completed = thread.cluster().mbarriers.borrow()[i].completed;
         if completed & 1 == parity & 1 {
             suspend(thread, Wait::Mbarrier(i as u32, parity & 1));
+            // The phase waited for, not any later one completed meanwhile.
+            completed += 1;
         }
-        observe(thread, i);
+        observe(thread, i, completed);
         true
     })
 }
 
-/// Records that `thread` has seen barrier `i`'s completed phases.
-pub fn observe(thread: &Thread, i: usize) {
-    let completed = thread.cluster().mbarriers.borrow()[i].completed;
+/// Records that `thread` has seen barrier `i`'s first `completed` phases complete.
+fn observe(thread: &Thread, i: usize, completed: u32) {
     let mut phases = thread.mbarrier_phases.borrow_mut();
     if phases.len() <= i {
         phases.resize(i + 1, 0);
     }
-    phases[i] = completed;
+    phases[i] = phases[i].max(completed);
 }
 
 /// `cp.async.bulk...mbarrier::complete_tx`: the copy, then its bytes completed on `barrier`.

@@ -3,8 +3,9 @@
 //! starts launches with [`run`].
 //!
 //! **What it models.** Every thread of the grid runs as a fiber; the threads of one cluster
-//! (a block is a cluster of one) run on one OS thread, interleaved at synchronisation points,
-//! and clusters run in parallel. `bar.sync`, `bar.warp.sync`, the cluster barrier (split
+//! (a block is a cluster of one) run interleaved at synchronisation points, and clusters one
+//! after another, all on the launching OS thread (so a kernel's races on global memory stay
+//! wrong answers, not undefined behaviour in the host process). `bar.sync`, `bar.warp.sync`, the cluster barrier (split
 //! arrive/wait), shuffles, votes and the tensor-core collectives (`mma.sync`, `ldmatrix`,
 //! computed from every lane's fragment registers per PTX's layouts) are real rendezvous of
 //! the threads they name; mbarriers count arrivals and transaction bytes per phase, and bulk
@@ -15,14 +16,20 @@
 //! **What it reports**, as a [`Fault`] naming the kernel, block and thread:
 //! - a data race on shared memory: two threads touch the same byte, at least one writing,
 //!   with no barrier both passed in between (like `compute-sanitizer --tool racecheck`), or a
-//!   thread touches a bulk copy's destination before waiting for its mbarrier phase, or
-//!   overwrites its source before the copy is known complete;
+//!   thread touches a bulk copy's destination before waiting for its mbarrier phase;
 //! - a distributed-shared access before any cluster barrier (the peer may not have started);
 //! - a deadlock: threads wait at a barrier that the others never reach (they exited or wait
 //!   elsewhere), with who waits where;
 //! - out-of-bounds or misaligned shared accesses, accesses to a peer block that has exited,
 //!   global accesses outside every buffer passed to the kernel, and `trap`/panics (bounds
 //!   checks of inputs and outputs).
+//!
+//! **Where the race check is lenient** (it may miss a race, never invents one): it keeps a
+//! byte's last two readers only; a `bar.warp.sync` with a partial mask orders the whole warp;
+//! a cluster barrier is taken to order bulk copies issued before it (true once their
+//! receivers waited before it, which it does not check); the source of a bulk copy may be
+//! overwritten once the issuing block has passed a barrier; and the async-proxy fence a bulk
+//! copy's source needs (`cluster::fence_async_copies`) is not checked.
 //!
 //! **What it does not model.** Timing (`clock64` reads wall time), memory-ordering subtleties
 //! beyond barriers (execution is sequentially consistent, fences are no-ops, and busy-waiting

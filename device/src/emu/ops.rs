@@ -116,8 +116,8 @@ impl Shuffle {
                 return Ok((0..32).filter(|&l| mask & (1 << l) != 0 && operands[l as usize].0 != 0).fold(0, |bits, l| bits | (1 << l)));
             }
             Shuffle::Butterfly => lane ^ (operand & 31),
-            Shuffle::Down => lane + operand,
-            Shuffle::Up => match lane.checked_sub(operand) {
+            Shuffle::Down => lane + (operand & 31),
+            Shuffle::Up => match lane.checked_sub(operand & 31) {
                 Some(source) => source,
                 None => return Ok(own),
             },
@@ -312,8 +312,37 @@ pub unsafe fn atomic_update<T: Copy>(ptr: *mut T, update: impl Fn(T) -> T) -> T 
     const { assert!(size_of::<T>() == 4) };
     // SAFETY: aligned and valid (caller); `T` has the size of a `u32`.
     let word = unsafe { AtomicU32::from_ptr(ptr.cast()) };
+    // SAFETY: `T` is a 4-byte plain value (f32, u32 or i32), so every bit pattern converts.
     let bits = |v: T| unsafe { core::mem::transmute_copy::<T, u32>(&v) };
+    // SAFETY: as above.
     let value = |b: u32| unsafe { core::mem::transmute_copy::<u32, T>(&b) };
     let old = word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| Some(bits(update(value(b)))));
     value(old.unwrap_or_else(|b| b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Shuffle;
+
+    /// Lane `l` holds value `100 + l` and operand `operand`.
+    fn operands(operand: u32) -> [(u32, u32); 32] {
+        core::array::from_fn(|l| (100 + l as u32, operand))
+    }
+
+    #[test]
+    fn shuffle_offsets_use_their_low_five_bits_as_ptx_does() {
+        let full = u32::MAX;
+        assert_eq!(Shuffle::Down.apply(&operands(33), 3, full), Ok(104));
+        assert_eq!(Shuffle::Up.apply(&operands(33), 3, full), Ok(102));
+        assert_eq!(Shuffle::Down.apply(&operands(u32::MAX), 0, full), Ok(131));
+        assert_eq!(Shuffle::Down.apply(&operands(1), 31, full), Ok(131));
+        assert_eq!(Shuffle::Up.apply(&operands(4), 2, full), Ok(102));
+        assert_eq!(Shuffle::Butterfly.apply(&operands(1), 6, full), Ok(107));
+    }
+
+    #[test]
+    fn reading_a_lane_outside_the_mask_is_an_error() {
+        let message = Shuffle::Index.apply(&operands(5), 0, 0b11).unwrap_err();
+        assert!(message.contains("lane 5"), "{message}");
+    }
 }

@@ -1,6 +1,6 @@
-//! The scheduler: clusters in parallel on OS threads; within a cluster, every thread a fiber,
-//! run in turn until each waits at a barrier, then the barriers that everyone reached are
-//! released. When none can be, the cluster is deadlocked.
+//! The scheduler: clusters one after another on the launching OS thread; within a cluster,
+//! every thread a fiber, run in turn until each waits at a barrier, then the barriers that
+//! everyone reached are released. When none can be, the cluster is deadlocked.
 
 use super::fiber::{Fiber, Resume, Step};
 use super::memory::BlockMemory;
@@ -11,13 +11,13 @@ use crate::limits::WARP_SIZE;
 use crate::Dim3;
 use core::cell::{Cell, RefCell};
 use core::ptr;
-use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicUsize, Ordering};
 use corosensei::stack::DefaultStack;
 use std::boxed::Box;
 use std::string::String;
 use std::sync::{Arc, Mutex};
 use std::vec::Vec;
-use std::{format, thread};
+use std::format;
 
 /// Where a suspended thread waits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,55 +140,32 @@ impl Cluster {
     }
 }
 
-/// Runs `body` as every thread of `launch`'s grid.
+/// Runs `body` as every thread of `launch`'s grid, one cluster after another on the calling
+/// OS thread: kernels read and write global memory with plain loads and stores, so clusters
+/// running on several OS threads at once could race in the Rust sense when a kernel races in
+/// the CUDA sense.
 ///
 /// # Errors
-/// The first [`Fault`] of any cluster: a race, a deadlock, a bad access, a panic.
+/// The first [`Fault`]: a race, a deadlock, a bad access, a panic.
 pub fn run(launch: &Launch<'_>, body: &(dyn Fn() + Sync)) -> Result<(), Fault> {
     let clusters = Dim3::new(launch.grid.x / launch.cluster.x, launch.grid.y / launch.cluster.y, launch.grid.z / launch.cluster.z);
-    let count = clusters.volume() as usize;
     let registry = Arc::new(Registry {
         sites: Mutex::new(Vec::new()),
         end: AtomicUsize::new(0),
         limit: launch.smem_limit.saturating_sub(launch.dynamic_smem_bytes),
     });
-    let next = AtomicUsize::new(0);
-    let failed = AtomicBool::new(false);
-    let first_fault: Mutex<Option<(usize, Fault)>> = Mutex::new(None);
-    let workers = thread::available_parallelism().map_or(1, |n| n.get()).min(count.max(1));
-    thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(|| {
-                let mut stacks = take_stacks();
-                loop {
-                    let index = next.fetch_add(1, Ordering::Relaxed);
-                    if index >= count || failed.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    let clusterid = unflatten(index as u32, clusters);
-                    if let Err(fault) = run_cluster(launch, &registry, clusterid, clusters, body, &mut stacks) {
-                        failed.store(true, Ordering::Relaxed);
-                        let mut first = first_fault.lock().unwrap_or_else(|e| e.into_inner());
-                        if first.as_ref().is_none_or(|(i, _)| index < *i) {
-                            *first = Some((index, fault));
-                        }
-                    }
-                }
-                return_stacks(stacks);
-            });
-        }
-    });
-    match first_fault.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        Some((_, fault)) => Err(fault),
-        None => Ok(()),
-    }
+    let mut stacks = take_stacks();
+    let outcome = (0..clusters.volume() as u32)
+        .try_for_each(|index| run_cluster(launch, &registry, unflatten(index, clusters), clusters, body, &mut stacks));
+    return_stacks(stacks);
+    outcome
 }
 
 /// Fiber stacks kept between launches: mapping and first-touching them costs more than
 /// running small kernels.
 static STACKS: Mutex<Vec<Vec<DefaultStack>>> = Mutex::new(Vec::new());
 
-/// Most stacks kept per worker (each reserves 128 KB of address space).
+/// Most stacks kept per pool (each reserves 128 KB of address space).
 const KEPT_STACKS: usize = 4096;
 
 fn take_stacks() -> Vec<DefaultStack> {
@@ -277,7 +254,8 @@ fn run_cluster(
             let _ = fiber.resume(Resume::Abort);
         }
     }
-    stacks.extend(fibers.into_iter().map(Fiber::into_stack));
+    // A fiber that did not finish even when aborted is dropped with its stack.
+    stacks.extend(fibers.into_iter().filter(Fiber::done).map(Fiber::into_stack));
     outcome
 }
 
