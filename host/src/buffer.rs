@@ -2,6 +2,7 @@
 
 use crate::error::{Error, Result};
 use crate::gpu::Stream;
+use std::sync::Arc;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, SyncOnDrop};
 
 /// `len` values of `T` in device memory, as kernels take them (`&buffer` for a `&[T]`
@@ -57,10 +58,11 @@ impl<T> Buffer<T> {
     /// The address a launch on `stream` passes for this buffer, read-only.
     ///
     /// # Errors
-    /// [`Error::WrongBackend`] when the buffer and the stream belong to different backends.
+    /// [`Error::WrongBackend`] when the buffer and the stream belong to different devices (two
+    /// GPUs, or a GPU and the emulator).
     pub fn launch_ptr<'a>(&'a self, stream: &'a Stream) -> Result<LaunchPtr<'a>> {
         match (&self.storage, stream.cuda()) {
-            (Storage::Cuda(slice), Some(stream)) => {
+            (Storage::Cuda(slice), Some(stream)) if Arc::ptr_eq(slice.context(), stream.context()) => {
                 let (ptr, sync) = slice.device_ptr(stream);
                 Ok((ptr, Some(sync)))
             }
@@ -75,7 +77,7 @@ impl<T> Buffer<T> {
     /// As for [`Buffer::launch_ptr`].
     pub fn launch_ptr_mut<'a>(&'a mut self, stream: &'a Stream) -> Result<LaunchPtr<'a>> {
         match (&mut self.storage, stream.cuda()) {
-            (Storage::Cuda(slice), Some(stream)) => {
+            (Storage::Cuda(slice), Some(stream)) if Arc::ptr_eq(slice.context(), stream.context()) => {
                 let (ptr, sync) = slice.device_ptr_mut(stream);
                 Ok((ptr, Some(sync)))
             }

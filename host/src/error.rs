@@ -19,8 +19,9 @@ pub enum Error {
     /// A kernel run on the CPU emulator failed: a race, a deadlock, a bad access or a panic.
     #[error("emulated {0}")]
     Emulator(#[from] clusterfuse_device::emu::Fault),
-    /// A GPU buffer, stream or kernel was used with the emulator's, or the other way round.
-    #[error("mixed backends: a GPU buffer, stream or kernel was used with the CPU emulator's (or the other way round)")]
+    /// A buffer, stream or kernel of one device was used with another's: two GPUs, or a GPU
+    /// and the CPU emulator.
+    #[error("mixed devices: a buffer, stream or kernel of one device (a GPU or the CPU emulator) was used with another's")]
     WrongBackend,
     /// A graph capture or update failed; nothing was replaced.
     #[error(transparent)]

@@ -136,7 +136,7 @@ impl Gpu {
         let function = module
             .load_function(facts.name)
             .map_err(|_| Error::MissingKernel { kernel: facts.name, module: ptx.module })?;
-        Kernel::cuda(module, function, facts, self.smem_limit)
+        Kernel::cuda(cuda.context.clone(), module, function, facts, self.smem_limit)
     }
 
     /// Copies `host` to a new device buffer.
@@ -152,7 +152,9 @@ impl Gpu {
     pub fn download<T: DeviceRepr + Copy>(&self, buffer: &Buffer<T>) -> Result<Vec<T>> {
         graph::forbid_in_capture("Gpu::download")?;
         let values = match (self.stream.cuda(), buffer.as_cuda(), buffer.as_emulated()) {
-            (Some(stream), Some(slice), _) => stream.clone_dtoh(slice).driver("cuMemcpyDtoH", None)?,
+            (Some(stream), Some(slice), _) if Arc::ptr_eq(stream.context(), slice.context()) => {
+                stream.clone_dtoh(slice).driver("cuMemcpyDtoH", None)?
+            }
             (None, _, Some(values)) => values.to_vec(),
             _ => return Err(Error::WrongBackend),
         };

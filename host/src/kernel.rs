@@ -5,7 +5,7 @@ use crate::error::{DriverContext, Error, Result};
 use crate::gpu::Stream;
 use clusterfuse_device::{emu, DeviceCopy, Dim3};
 use cudarc::driver::sys::{self, CUfunction_attribute as Attr};
-use cudarc::driver::{CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -39,6 +39,8 @@ struct CudaKernel {
     /// The dynamic shared memory the function is currently allowed (48 KB until raised).
     dynamic_smem_allowed: AtomicU32,
     non_portable_allowed: AtomicBool,
+    /// The GPU the function was loaded on: launches must use its streams.
+    context: Arc<CudaContext>,
     _module: Arc<CudaModule>,
 }
 
@@ -49,7 +51,7 @@ pub fn param<T: DeviceCopy>(value: &T) -> *mut c_void {
 }
 
 impl Kernel {
-    pub(crate) fn cuda(module: Arc<CudaModule>, function: CudaFunction, facts: &'static KernelFacts, smem_limit: u32) -> Result<Self> {
+    pub(crate) fn cuda(context: Arc<CudaContext>, module: Arc<CudaModule>, function: CudaFunction, facts: &'static KernelFacts, smem_limit: u32) -> Result<Self> {
         let attr = |a| function.get_attribute(a).driver("cuFuncGetAttribute", Some(facts.name));
         let static_smem = attr(Attr::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)? as u32;
         let dynamic_allowed = attr(Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)? as u32;
@@ -58,6 +60,7 @@ impl Kernel {
             static_smem,
             dynamic_smem_allowed: AtomicU32::new(dynamic_allowed),
             non_portable_allowed: AtomicBool::new(false),
+            context,
             _module: module,
         };
         Ok(Self { facts, smem_limit, cuda: Some(cuda) })
@@ -121,6 +124,9 @@ impl Kernel {
     /// 3. `plan` satisfies [`Kernel::plan`]'s checks for this kernel.
     pub unsafe fn launch_raw(&self, stream: &Stream, plan: &LaunchPlan, params: &mut [*mut c_void]) -> Result<()> {
         let (cuda, cu_stream) = (self.on_gpu()?, stream.cuda().ok_or(Error::WrongBackend)?);
+        if !Arc::ptr_eq(&cuda.context, cu_stream.context()) {
+            return Err(Error::WrongBackend);
+        }
         cuda.prepare(self.facts, plan)?;
         if let Some(recorder) = stream.recording() {
             // SAFETY: the caller's guarantees, passed on.
