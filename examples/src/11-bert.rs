@@ -90,11 +90,7 @@ fn scores(qkv: &[f16], r: &AttentionRow, scale: f32) -> [f32; SLOTS] {
 /// The row's softmax, in place across the warp's lanes.
 #[inline(always)]
 fn softmax_in_warp(mut p: [f32; SLOTS]) -> [f32; SLOTS] {
-    let mut max = p[0];
-    for s in 1..SLOTS {
-        max = if p[s] > max { p[s] } else { max };
-    }
-    let max = warp::reduce_max(max);
+    let max = warp::reduce_max(p.iter().fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m }));
     let mut sum = 0.0;
     for v in &mut p {
         *v = math::exp2((*v - max) * core::f32::consts::LOG2_E);
