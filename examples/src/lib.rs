@@ -27,6 +27,8 @@ pub mod fused_norms;
 pub mod decode_attention;
 #[path = "10-gemm.rs"]
 pub mod gemm;
+#[path = "11-bert.rs"]
+pub mod bert;
 
 /// Kernels of the `cluster-bench` benchmark.
 pub mod bench;
@@ -66,4 +68,5 @@ pub const EXAMPLES: &[(&str, check::Runner)] = &[
     ("10-gemm-bf16-gelu", gemm::bf16_bias_gelu),
     ("10-gemm-bf16-resid", gemm::bf16_residual),
     ("10-gemm-bf16-scale", gemm::bf16_scale),
+    ("11-bert", bert::run),
 ];

@@ -173,3 +173,20 @@ fn tensor_core_ops_need_the_whole_warp() {
     let fault = fault(kernel.launch(gpu.stream(), &config(1, 16), &a, &a, &a, &c, &mut out));
     assert!(fault.message.contains("past the end of a warp of 16 threads"), "{fault}");
 }
+
+#[test]
+fn bert_rejects_sizes_its_kernels_cannot_run() {
+    use clusterfuse_examples::bert::{Dims, BERT_BASE, TINY};
+    assert_eq!(BERT_BASE.check(), Ok(()));
+    assert_eq!(TINY.check(), Ok(()));
+    for (dims, what) in [
+        (Dims { heads: 8, ..BERT_BASE }, "not heads 8 × 64"),
+        (Dims { hidden: 320, heads: 5, ..BERT_BASE }, "multiple of 256"),
+        (Dims { ffn: 3000, ..BERT_BASE }, "ffn 3000"),
+        (Dims { seq: 130, ..BERT_BASE }, "seq 130"),
+        (Dims { seq: 18, ..BERT_BASE }, "seq 18"),
+    ] {
+        let err = dims.check().unwrap_err();
+        assert!(err.contains(what), "{dims:?}: {err}");
+    }
+}

@@ -151,6 +151,10 @@ fn every_kernel_assembles_without_spills() {
         ("gemm_bf16_bias_gelu", 0),
         ("gemm_bf16_residual", 0),
         ("gemm_bf16_scale", 0),
+        ("attention_scores", 0),
+        ("attention_context", 0),
+        ("attention", 8 * 128 * 4),
+        ("bias_layer_norm", 128),
     ];
     assert_eq!(kernels.len(), expected_smem.len(), "kernels: {:?}", kernels.keys());
     for (name, smem) in expected_smem {
