@@ -17,7 +17,7 @@ mod report;
 mod toolchain;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::{env, fmt, fs};
 
 pub use directives::{insert_directives, KernelDirectives};
@@ -79,22 +79,22 @@ pub fn build_kernels() -> Result<(), Error> {
     }
     let manifest_dir = PathBuf::from(env_var("CARGO_MANIFEST_DIR")?);
     let out_dir = PathBuf::from(env_var("OUT_DIR")?);
-    let crate_name = env_var("CARGO_PKG_NAME")?.replace('-', "_");
     let toolchain = Toolchain::find()?;
 
     // One device target directory per profile directory, shared by the kernel crates built there.
     let target_dir = out_dir.ancestors().nth(3).unwrap_or(&out_dir).join("clusterfuse-device");
-    let status = toolchain
+    // Diagnostics go to stderr as text; stdout carries cargo's JSON messages, which name the PTX.
+    let output = toolchain
         .device_cargo(&manifest_dir.join("Cargo.toml"), &target_dir)
-        .status()
+        .stderr(Stdio::inherit())
+        .output()
         .map_err(|e| Error::Io(format!("cannot run {}: {e}", toolchain.cargo.display())))?;
-    if !status.success() {
-        return Err(Error::DeviceBuild { status: status.to_string() });
+    if !output.status.success() {
+        return Err(Error::DeviceBuild { status: output.status.to_string() });
     }
-
-    let artifacts = target_dir.join("nvptx64-nvidia-cuda").join("release");
-    let raw_ptx = artifacts.join(format!("{crate_name}.ptx"));
-    watch_sources(&artifacts.join(format!("{crate_name}.d")), &manifest_dir)?;
+    let raw_ptx = ptx_artifact(&String::from_utf8_lossy(&output.stdout))
+        .ok_or_else(|| Error::Io("the device build reported no .ptx artifact for the kernel crate".into()))?;
+    watch_sources(&raw_ptx.with_extension("d"), &manifest_dir)?;
 
     let ptx = fs::read_to_string(&raw_ptx).map_err(io("cannot read the device build's PTX", &raw_ptx))?;
     let ptx = insert_directives(&ptx).map_err(Error::Ptx)?;
@@ -114,6 +114,18 @@ pub fn build_kernels() -> Result<(), Error> {
         None => println!("cargo:warning=ptxas not found: the PTX was not assembled for sm_90 (run scripts/setup.sh)"),
     }
     Ok(())
+}
+
+/// The `.ptx` file among the artifacts in cargo's JSON messages (`compiler-artifact`): the
+/// kernel crate's, whatever its library is named (its dependencies build to `.rlib`s).
+fn ptx_artifact(messages: &str) -> Option<PathBuf> {
+    messages
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|message| message["reason"] == "compiler-artifact")
+        .flat_map(|message| message["filenames"].as_array().cloned().unwrap_or_default())
+        .filter_map(|file| file.as_str().map(PathBuf::from))
+        .find(|file| file.extension().is_some_and(|e| e == "ptx"))
 }
 
 /// Assembles `ptx` for sm_90 and returns ptxas's resource report (`-v`).
@@ -149,4 +161,20 @@ fn watch_sources(dep_info: &Path, manifest_dir: &Path) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ptx_artifact;
+    use std::path::PathBuf;
+
+    #[test]
+    fn the_ptx_is_found_among_cargos_messages_whatever_the_library_is_called() {
+        let messages = r#"{"reason":"compiler-artifact","target":{"name":"core"},"filenames":["/t/deps/libcore-1.rlib"]}
+{"reason":"build-script-executed","package_id":"x"}
+{"reason":"compiler-artifact","target":{"name":"my_kernels"},"filenames":["/t/nvptx64-nvidia-cuda/release/my_kernels.ptx"]}
+{"reason":"build-finished","success":true}"#;
+        assert_eq!(ptx_artifact(messages), Some(PathBuf::from("/t/nvptx64-nvidia-cuda/release/my_kernels.ptx")));
+        assert_eq!(ptx_artifact(r#"{"reason":"build-finished","success":true}"#), None);
+    }
 }

@@ -71,7 +71,7 @@ impl Toolchain {
             .env("CLUSTERFUSE_DEVICE_BUILD", "1")
             .env("CARGO_ENCODED_RUSTFLAGS", "-Ctarget-cpu=sm_90\u{1f}-Ctarget-feature=+ptx80")
             .args(["rustc", "--lib", "--release", "--crate-type", "cdylib", "--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core"])
-            .args(["--config", "profile.release.panic=\"abort\"", "--message-format=short", "--target-dir"])
+            .args(["--config", "profile.release.panic=\"abort\"", "--message-format=json-render-diagnostics", "--target-dir"])
             .arg(target_dir)
             .arg("--manifest-path")
             .arg(manifest)
