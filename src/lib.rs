@@ -30,7 +30,7 @@
 #![cfg_attr(target_arch = "nvptx64", no_std)]
 
 pub use clusterfuse_device::*;
-pub use clusterfuse_macros::{cluster_primitive, fused_kernel, kernel, shared, stage};
+pub use clusterfuse_macros::{cluster_primitive, fused_kernel, kernel, stage};
 
 #[cfg(not(target_arch = "nvptx64"))]
 pub use clusterfuse_host as host;
@@ -60,8 +60,19 @@ macro_rules! embed_ptx {
     };
 }
 
+/// A statically sized shared-memory array, one per call site and block, like a CUDA
+/// `__shared__` variable: `let tile = shared!([f32; 256]);` gives a
+/// [`SharedSlice<f32>`](crate::shared::SharedSlice) of 256 elements.
+#[macro_export]
+macro_rules! shared {
+    ($($array:tt)*) => {
+        $crate::__private::shared_array!($crate; $($array)*)
+    };
+}
+
 #[doc(hidden)]
 pub mod __private {
+    pub use clusterfuse_macros::shared_array;
     pub use crate::global::Out;
     pub use crate::shared::SharedSlice;
     #[cfg(not(target_arch = "nvptx64"))]

@@ -93,9 +93,10 @@ pub fn stage(_args: TokenStream, item: TokenStream) -> TokenStream {
     quote::quote!(#err #item).into()
 }
 
-/// A statically sized shared-memory array, one per call site and block:
-/// `let tile = shared!([f32; 256]);` gives a `SharedSlice<f32>` of 256 elements.
+/// What the facade's `shared!([T; N])` expands to, as `shared_array!($crate; [T; N])`: a
+/// statically sized shared-memory array, one per call site and block.
+#[doc(hidden)]
 #[proc_macro]
-pub fn shared(input: TokenStream) -> TokenStream {
+pub fn shared_array(input: TokenStream) -> TokenStream {
     shared::expand(input.into()).into()
 }

@@ -1,19 +1,40 @@
 //! `shared!([T; N])`: a module-scope `.shared` array named after its call site, and a typed
 //! view of it. Like a CUDA `__shared__` variable, each call site is one array per block.
+//! The facade's `shared!` forwards here as `shared_array!($crate; [T; N])`, so the expansion
+//! names the clusterfuse crate however the user's manifest calls it.
 
 use proc_macro2::TokenStream;
 use quote::quote;
 use syn::spanned::Spanned;
-use syn::{Expr, Type, TypeArray};
+use syn::parse::{Parse, ParseStream};
+use syn::{Expr, Path, Token, Type, TypeArray};
 
-pub fn expand(input: TokenStream) -> TokenStream {
-    match syn::parse2::<TypeArray>(input.clone()) {
-        Ok(array) => array_view(&array),
-        Err(_) => syn::Error::new_spanned(input, "expected an array type, e.g. `shared!([f32; 256])`").to_compile_error(),
+/// `krate; [T; N]`.
+struct Input {
+    krate: Path,
+    array: TokenStream,
+}
+
+impl Parse for Input {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let krate = input.parse()?;
+        input.parse::<Token![;]>()?;
+        Ok(Self { krate, array: input.parse()? })
     }
 }
 
-fn array_view(array: &TypeArray) -> TokenStream {
+pub fn expand(input: TokenStream) -> TokenStream {
+    let input = match syn::parse2::<Input>(input) {
+        Ok(input) => input,
+        Err(err) => return err.to_compile_error(),
+    };
+    match syn::parse2::<TypeArray>(input.array.clone()) {
+        Ok(array) => array_view(&input.krate, &array),
+        Err(_) => syn::Error::new_spanned(input.array, "expected an array type, e.g. `shared!([f32; 256])`").to_compile_error(),
+    }
+}
+
+fn array_view(krate: &Path, array: &TypeArray) -> TokenStream {
     let elem: &Type = &array.elem;
     let len: &Expr = &array.len;
     let symbol = symbol_name(array.span());
@@ -37,11 +58,11 @@ fn array_view(array: &TypeArray) -> TokenStream {
         #[cfg(not(target_arch = "nvptx64"))]
         let addr: u32 = {
             static SITE: u8 = 0;
-            ::clusterfuse::arch::static_shared_address(&SITE, ::core::mem::size_of::<[#elem; #len]>())
+            #krate::arch::static_shared_address(&SITE, ::core::mem::size_of::<[#elem; #len]>())
         };
         // SAFETY: the symbol is a 16-byte-aligned `.shared` array of `len` elements, used by
         // this call site alone.
-        unsafe { ::clusterfuse::__private::SharedSlice::<#elem>::from_raw_parts(addr, #len) }
+        unsafe { #krate::__private::SharedSlice::<#elem>::from_raw_parts(addr, #len) }
     }}
 }
 
