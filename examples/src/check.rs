@@ -93,3 +93,15 @@ pub fn median<T: Copy + PartialOrd>(mut samples: Vec<T>) -> T {
     samples.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
     samples[samples.len() / 2]
 }
+
+/// GPU 0 for a benchmark, or `None` after printing why it is skipped (no driver, no device,
+/// not Hopper): benchmarks exit successfully without a GPU.
+pub fn gpu_or_skip(benchmark: &str) -> Option<Gpu> {
+    match Gpu::new(0) {
+        Ok(gpu) => Some(gpu),
+        Err(err) => {
+            println!("SKIPPED ({benchmark} needs a Hopper GPU: {err})");
+            None
+        }
+    }
+}

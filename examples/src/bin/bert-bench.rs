@@ -18,7 +18,7 @@ use clusterfuse::f16;
 use clusterfuse::host::trace::{self, AdviceOptions, Summary, Sweep, Trace};
 use clusterfuse::host::Gpu;
 use clusterfuse_examples::bert::{self, Batch, Dims, Kernels, Mode, Model, BERT_BASE};
-use clusterfuse_examples::check::{median, random, Report};
+use clusterfuse_examples::check::{median, random, Report, gpu_or_skip};
 use std::error::Error;
 use std::path::{Path, PathBuf};
 
@@ -32,12 +32,8 @@ const MODES_AGREE: f64 = 2e-2;
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
 fn main() -> Result<()> {
-    let gpu = match Gpu::new(0) {
-        Ok(gpu) => gpu,
-        Err(err) => {
-            println!("SKIPPED (bert-bench needs a Hopper GPU: {err})");
-            return Ok(());
-        }
+    let Some(gpu) = gpu_or_skip("bert-bench") else {
+        return Ok(());
     };
     let dir = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "bert-bench".into()));
     std::fs::create_dir_all(&dir)?;

@@ -14,7 +14,7 @@
 
 use clusterfuse::host::{Gpu, LaunchConfig};
 use clusterfuse_examples::bench::{bench_barrier, bench_dsmem_read, bench_reduce, bench_reduce_global, bench_reduce_naive, bench_spin};
-use clusterfuse_examples::check::{random, median};
+use clusterfuse_examples::check::{random, median, gpu_or_skip};
 use std::process::ExitCode;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -116,12 +116,8 @@ fn all_reduce(gpu: &Gpu, variant: Variant, size: u32, n: usize) -> Result<Option
 }
 
 fn main() -> ExitCode {
-    let gpu = match Gpu::new(0) {
-        Ok(gpu) => gpu,
-        Err(err) => {
-            eprintln!("SKIPPED: cluster-bench needs a GPU: {err}");
-            return ExitCode::SUCCESS;
-        }
+    let Some(gpu) = gpu_or_skip("cluster-bench") else {
+        return ExitCode::SUCCESS;
     };
     match run(&gpu) {
         Ok(()) => ExitCode::SUCCESS,

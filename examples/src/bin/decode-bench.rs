@@ -17,7 +17,7 @@
 
 use clusterfuse::f16;
 use clusterfuse::host::Gpu;
-use clusterfuse_examples::check::{Report, median};
+use clusterfuse_examples::check::{Report, median, gpu_or_skip};
 use clusterfuse_examples::decode_attention::host::{Buffers, Launchers, Step};
 use clusterfuse_examples::decode_attention::HEAD_DIM;
 use std::error::Error;
@@ -116,12 +116,8 @@ fn dump(dir: &Path, step: &Step, results: &[f32]) -> Result<()> {
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let dump_dir: Option<PathBuf> = args.iter().position(|a| a == "--dump").map(|i| args.get(i + 1).expect("--dump needs a directory").into());
-    let gpu = match Gpu::new(0) {
-        Ok(gpu) => gpu,
-        Err(err) => {
-            println!("SKIPPED (decode-bench needs a Hopper GPU: {err})");
-            return Ok(());
-        }
+    let Some(gpu) = gpu_or_skip("decode-bench") else {
+        return Ok(());
     };
     let launchers = Launchers::load(&gpu)?;
     let max_len = LENGTHS[LENGTHS.len() - 1];

@@ -12,10 +12,9 @@
 //! `cargo run --release -p clusterfuse-examples --bin gemm-bench`
 
 use clusterfuse::bf16;
-use clusterfuse::host::Gpu;
 use clusterfuse_examples::gemm::{EpilogueKind, GemmType, HostOperands, Operands};
 use rand::Rng;
-use clusterfuse_examples::check::median;
+use clusterfuse_examples::check::{median, gpu_or_skip};
 use std::error::Error;
 use std::process::ExitCode;
 
@@ -77,12 +76,8 @@ fn main() -> ExitCode {
 }
 
 fn bench() -> Result<bool> {
-    let gpu = match Gpu::new(0) {
-        Ok(gpu) => gpu,
-        Err(err) => {
-            println!("SKIPPED (gemm-bench needs a Hopper GPU: {err})");
-            return Ok(true);
-        }
+    let Some(gpu) = gpu_or_skip("gemm-bench") else {
+        return Ok(true);
     };
     let kernels = bf16::load(&gpu)?;
     println!("{} — clusterfuse mma.sync GEMM, bf16 in / f32 accumulate / bf16 out; median of {REPS} passes (CUDA events), µs per call", gpu.name()?);

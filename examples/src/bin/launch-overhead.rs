@@ -12,7 +12,7 @@ use clusterfuse::host::cudarc::driver::sys;
 use clusterfuse::host::{Gpu, Graph, LaunchConfig, Recording, Result};
 use clusterfuse::Dim3;
 use clusterfuse_examples::empty::empty;
-use clusterfuse_examples::check::median;
+use clusterfuse_examples::check::{median, gpu_or_skip};
 use std::time::Instant;
 
 const LAUNCHES: usize = 20_000;
@@ -36,12 +36,8 @@ fn per_launch(gpu: &Gpu, launches: usize, mut launch: impl FnMut() -> Result<()>
 }
 
 fn main() -> Result<()> {
-    let gpu = match Gpu::new(0) {
-        Ok(gpu) => gpu,
-        Err(err) => {
-            eprintln!("SKIPPED: launch-overhead needs a GPU: {err}");
-            return Ok(());
-        }
+    let Some(gpu) = gpu_or_skip("launch-overhead") else {
+        return Ok(());
     };
     let kernel = empty::load(&gpu)?;
     let stream = gpu.stream();

@@ -15,7 +15,7 @@ use clusterfuse::host::Gpu;
 use clusterfuse_examples::fused_norms::{
     add_bias, add_residual, add_rmsnorm, gelu_kernel, layer_norm, layernorm_gelu, rms_norm, row_config,
 };
-use clusterfuse_examples::check::median;
+use clusterfuse_examples::check::{median, gpu_or_skip};
 use std::error::Error;
 
 const HIDDEN: [u32; 4] = [768, 1024, 4096, 8192];
@@ -52,12 +52,8 @@ fn row(op: &str, hidden: u32, rows: u32, variant: &str, kernels: u32, sets: usiz
 }
 
 fn main() -> Result<()> {
-    let gpu = match Gpu::new(0) {
-        Ok(gpu) => gpu,
-        Err(err) => {
-            println!("SKIPPED (norms-bench needs a Hopper GPU: {err})");
-            return Ok(());
-        }
+    let Some(gpu) = gpu_or_skip("norms-bench") else {
+        return Ok(());
     };
     let s = gpu.stream();
     let (ln, rms) = (layernorm_gelu::load(&gpu)?, add_rmsnorm::load(&gpu)?);

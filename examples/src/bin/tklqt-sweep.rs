@@ -14,7 +14,7 @@
 use clusterfuse::f16;
 use clusterfuse::host::trace::{self, AdviceOptions, Summary, Sweep, Trace};
 use clusterfuse::host::{Buffer, Gpu, LaunchConfig};
-use clusterfuse_examples::check::random;
+use clusterfuse_examples::check::{random, gpu_or_skip};
 use clusterfuse_examples::fused_norms::{add_bias, add_residual, gelu_kernel, layer_norm, rms_norm, row_config};
 use clusterfuse_examples::{saxpy::saxpy, softmax::softmax};
 use std::error::Error;
@@ -110,12 +110,8 @@ impl Batch {
 }
 
 fn main() -> Result<()> {
-    let gpu = match Gpu::new(0) {
-        Ok(gpu) => gpu,
-        Err(err) => {
-            println!("SKIPPED (tklqt-sweep needs a Hopper GPU: {err})");
-            return Ok(());
-        }
+    let Some(gpu) = gpu_or_skip("tklqt-sweep") else {
+        return Ok(());
     };
     let dir = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "tklqt-sweep".into()));
     std::fs::create_dir_all(&dir)?;
