@@ -15,7 +15,7 @@
 //! `cargo run --release -p clusterfuse-examples --bin bert-bench -- [OUT_DIR]` (default `bert-bench`)
 
 use clusterfuse::f16;
-use clusterfuse::host::trace::{self, AdviceOptions, Summary, Sweep, Trace};
+use clusterfuse::host::trace::{self, AdviceOptions, Summary, Trace};
 use clusterfuse::host::Gpu;
 use clusterfuse_examples::bert::{self, Batch, Dims, Kernels, Mode, Model, BERT_BASE};
 use clusterfuse_examples::check::{median, random, Report, gpu_or_skip};
@@ -129,13 +129,9 @@ fn latency_us(gpu: &Gpu, mut enqueue: impl FnMut() -> clusterfuse::host::Result<
 /// Prints one mode's tables and advice, and writes its plots into `dir`.
 fn report(mode: Mode, traces: &[Trace], dir: &Path) -> Result<()> {
     println!("\n## {}", mode.name());
-    let rows: Vec<(&Trace, Summary)> = traces.iter().map(|t| (t, Summary::of(t))).collect();
-    println!("\n{}", trace::summary_table(&rows));
-    let sweep = Sweep::new(rows.iter().map(|(t, s)| (t.batch.unwrap_or_default(), *s)));
-    println!("{}", trace::sweep_table(&sweep));
-    println!("fusion advice at batch {}:", BATCHES[0]);
-    println!("{}", trace::advice_table(&trace::advise(&traces[0], &AdviceOptions::default())));
-    for (name, plot) in trace::sweep_plots(&sweep) {
+    let (text, plots) = trace::sweep_report(traces, &AdviceOptions::default());
+    println!("\n{text}");
+    for (name, plot) in plots {
         let path = dir.join(format!("{}-{name}", mode.name()));
         std::fs::write(&path, plot.to_svg())?;
         println!("wrote {}", path.display());

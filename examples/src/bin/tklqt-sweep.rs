@@ -12,7 +12,7 @@
 //! `cargo run --release -p clusterfuse-examples --bin tklqt-sweep -- [OUT_DIR]` (default `tklqt-sweep`)
 
 use clusterfuse::f16;
-use clusterfuse::host::trace::{self, AdviceOptions, Summary, Sweep, Trace};
+use clusterfuse::host::trace::{self, AdviceOptions, Summary, Trace};
 use clusterfuse::host::{Buffer, Gpu, LaunchConfig};
 use clusterfuse_examples::check::{random, gpu_or_skip};
 use clusterfuse_examples::fused_norms::{add_bias, add_residual, gelu_kernel, layer_norm, rms_norm, row_config};
@@ -152,13 +152,9 @@ fn main() -> Result<()> {
 
 /// Prints the tables and advice, and writes the plots into `dir`.
 fn report(traces: &[Trace], dir: &Path) -> Result<()> {
-    let rows: Vec<(&Trace, Summary)> = traces.iter().map(|t| (t, Summary::of(t))).collect();
-    println!("\n{}", trace::summary_table(&rows));
-    let sweep = Sweep::new(rows.iter().map(|(t, s)| (t.batch.unwrap_or_default(), *s)));
-    println!("{}", trace::sweep_table(&sweep));
-    println!("fusion advice at batch {}:", BATCHES[0]);
-    println!("{}", trace::advice_table(&trace::advise(&traces[0], &AdviceOptions::default())));
-    for (name, plot) in trace::sweep_plots(&sweep) {
+    let (text, plots) = trace::sweep_report(traces, &AdviceOptions::default());
+    println!("\n{text}");
+    for (name, plot) in plots {
         let path = dir.join(name);
         std::fs::write(&path, plot.to_svg())?;
         println!("wrote {}", path.display());

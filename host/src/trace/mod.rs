@@ -31,6 +31,6 @@ mod tklqt;
 
 pub use proximity::{advise, AdviceOptions, Chain};
 pub use record::{Event, LaunchRecord, Trace, TraceError};
-pub use report::{advice_table, summary_table, sweep_plots, sweep_table};
+pub use report::{advice_table, summary_table, sweep_plots, sweep_report, sweep_table};
 pub use svg::{Plot, Series};
 pub use tklqt::{Bound, Summary, Sweep};

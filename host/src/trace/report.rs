@@ -1,6 +1,6 @@
 //! Plain-text tables of summaries, sweeps and fusion advice, and the sweep's plots.
 
-use super::proximity::Chain;
+use super::proximity::{advise, AdviceOptions, Chain};
 use super::record::Trace;
 use super::svg::{Plot, Series};
 use super::tklqt::{Bound, Summary, Sweep};
@@ -54,6 +54,20 @@ pub fn sweep_plots(sweep: &Sweep) -> [(&'static str, Plot); 2] {
     let tklqt = vec![series("TKLQT", |s| s.tklqt_ns)];
     let latency = vec![series("latency", |s| s.wall_ns), series("GPU busy", |s| s.gpu_busy_ns)];
     [("tklqt.svg", plot("Total kernel launch and queuing time", tklqt)), ("latency.svg", plot("Latency and GPU busy time", latency))]
+}
+
+/// A batch sweep's whole report: one summary row per trace, the sweep table with its
+/// CPU-/GPU-bound transition, and the fusion advice for the first trace, as text; and the
+/// sweep's plots ([`sweep_plots`]).
+pub fn sweep_report(traces: &[Trace], options: &AdviceOptions) -> (String, [(&'static str, Plot); 2]) {
+    let rows: Vec<(&Trace, Summary)> = traces.iter().map(|t| (t, Summary::of(t))).collect();
+    let sweep = Sweep::new(rows.iter().map(|(t, s)| (t.batch.unwrap_or_default(), *s)));
+    let mut text = format!("{}\n{}", summary_table(&rows), sweep_table(&sweep));
+    if let Some(first) = traces.first() {
+        let batch = first.batch.map_or_else(|| first.label.clone(), |b| format!("batch {b}"));
+        text += &format!("\nfusion advice at {batch}:\n{}", advice_table(&advise(first, options)));
+    }
+    (text, sweep_plots(&sweep))
 }
 
 const SUMMARY_HEADER: [&str; 8] =
@@ -118,6 +132,16 @@ mod tests {
         assert_eq!(lines[0], "trace  batch  kernels  TKLQT µs  GPU busy µs  GPU idle µs  idle %  avg kernel µs  wall µs  bound");
         assert_eq!(lines[1], "bert   16           3       9.0          6.0          4.0    40.0            2.0     13.0  GPU");
         assert_eq!(lines[2], "x      -            3       9.0          1.0         12.0    92.3            2.0     13.0  CPU");
+    }
+
+    #[test]
+    fn a_sweep_report_holds_the_summaries_the_sweep_and_the_first_traces_advice() {
+        let traces = [Trace { label: "a".into(), batch: Some(1), events: vec![] }, Trace { label: "b".into(), batch: Some(2), events: vec![] }];
+        let (text, plots) = sweep_report(&traces, &AdviceOptions::default());
+        assert!(text.starts_with("trace  batch  kernels"), "{text}");
+        assert!(text.contains("transition:"), "{text}");
+        assert!(text.contains("fusion advice at batch 1:"), "{text}");
+        assert_eq!(plots.map(|(name, _)| name), ["tklqt.svg", "latency.svg"]);
     }
 
     #[test]
