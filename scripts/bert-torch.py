@@ -15,7 +15,7 @@ import sys
 try:
     import torch
     import torch.nn.functional as F
-    from torchbench import graphed, kernels
+    from torchbench import graphed, kernels, time_us
 except ImportError as err:
     print(f"SKIPPED (bert-torch needs PyTorch: {err})")
     sys.exit(0)
@@ -60,19 +60,6 @@ def encoder(x, layers):
     return x
 
 
-def time_us(fn):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for rep in range(WARMUP + REPS):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        if rep >= WARMUP:
-            samples.append(start.elapsed_time(end) * 1e3)
-    samples.sort()
-    return samples[len(samples) // 2]
-
 
 
 def main():
@@ -90,9 +77,9 @@ def main():
             x = (torch.rand(batch, SEQ, HIDDEN, device=dev) * 2 - 1).half()
             eager = lambda: encoder(x, layers)
             count = kernels(eager)
-            print(f"| {batch} | {batch * SEQ} | torch eager | {count} | {time_us(eager):.1f} |", flush=True)
+            print(f"| {batch} | {batch * SEQ} | torch eager | {count} | {time_us([eager], WARMUP, REPS):.1f} |", flush=True)
             replay = graphed(eager)
-            print(f"| {batch} | {batch * SEQ} | torch graph | {count} | {time_us(replay):.1f} |", flush=True)
+            print(f"| {batch} | {batch * SEQ} | torch graph | {count} | {time_us([replay], WARMUP, REPS):.1f} |", flush=True)
             del replay
 
 

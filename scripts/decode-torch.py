@@ -20,7 +20,7 @@ from pathlib import Path
 try:
     import torch
     import torch.nn.functional as F
-    from torchbench import graphed, kernels
+    from torchbench import graphed, kernels, time_us
 except ImportError as err:
     print(f"SKIPPED (decode-torch needs PyTorch: {err})")
     sys.exit(0)
@@ -67,20 +67,6 @@ def rel(a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
-def time_us(fn):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for rep in range(WARMUP + REPS):
-        start.record()
-        for _ in range(STEPS):
-            fn()
-        end.record()
-        end.synchronize()
-        if rep >= WARMUP:
-            samples.append(start.elapsed_time(end) * 1e3 / STEPS)
-    samples.sort()
-    return samples[len(samples) // 2]
-
 
 
 def bench():
@@ -109,7 +95,7 @@ def bench():
                 err = f"{rel(compiled(*args), eager_out):.1e} vs eager"
             else:
                 err = "–"
-            us = time_us(fn)
+            us = time_us([fn] * STEPS, WARMUP, REPS)
             row = f"| {length} | {name} | {kernels(fn)} | {us:.1f} | {roofline:.1f} | {roofline / us * 100:.0f}% | {err} |"
             print(row, flush=True)
             rows.append(row)

@@ -14,6 +14,7 @@ import sys
 try:
     import torch
     import torch.nn.functional as F
+    from torchbench import time_us
 except ImportError as err:
     print(f"SKIPPED (gemm-torch needs PyTorch: {err})")
     sys.exit(0)
@@ -31,20 +32,6 @@ def shapes():
             out.append(("Llama-2-7B", m, n, k))
     return out
 
-
-def time_us(fn, calls):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for rep in range(WARMUP + REPS):
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        if rep >= WARMUP:
-            samples.append(start.elapsed_time(end) * 1e3 / calls)
-    samples.sort()
-    return samples[len(samples) // 2]
 
 
 def sampled_error(a, b, bias, out, epilogue):
@@ -79,7 +66,7 @@ def main():
         }
         for epilogue, fn in variants.items():
             error = sampled_error(a, b, bias, fn(), epilogue)
-            us = time_us(fn, calls)
+            us = time_us([fn] * calls, WARMUP, REPS)
             print(f"| {workload} | {m} | {n} | {k} | {epilogue} | {calls} | {us:.1f} | {flops / us * 1e-6:.1f} | {error:.1e} |", flush=True)
         del a, b, bias
 

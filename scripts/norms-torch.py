@@ -12,6 +12,7 @@ import sys
 try:
     import torch
     import torch.nn.functional as F
+    from torchbench import kernels, time_us
 except ImportError as err:
     print(f"SKIPPED (norms-torch needs PyTorch: {err})")
     sys.exit(0)
@@ -35,37 +36,12 @@ def add_rmsnorm(x, r, w):
     return (h.float() * torch.rsqrt(var + EPS)).to(h.dtype) * w, h
 
 
-def time_us(fn, sets):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for rep in range(WARMUP + REPS):
-        start.record()
-        for args in sets:
-            fn(*args)
-        end.record()
-        end.synchronize()
-        if rep >= WARMUP:
-            samples.append(start.elapsed_time(end) * 1e3 / len(sets))
-    samples.sort()
-    return samples[len(samples) // 2]
-
-
-def kernels(fn, args):
-    try:
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            fn(*args)
-            torch.cuda.synchronize()
-        return sum(1 for e in prof.events() if e.device_type.name == "CUDA")
-    except Exception:  # the profiler is optional; the timing is not
-        return "?"
 
 
 def row(op, hidden, rows, variant, fn, sets, nbytes):
-    us = time_us(fn, sets)
+    us = time_us([lambda args=args: fn(*args) for args in sets], WARMUP, REPS)
     roofline = nbytes / PEAK * 1e6
-    print(f"| {op} | {hidden} | {rows} | {variant} | {kernels(fn, sets[0])} | {len(sets)} | {us:.2f} | {nbytes / us * 1e-3:.0f} | {roofline / us * 100:.1f}% |", flush=True)
+    print(f"| {op} | {hidden} | {rows} | {variant} | {kernels(lambda: fn(*sets[0]))} | {len(sets)} | {us:.2f} | {nbytes / us * 1e-3:.0f} | {roofline / us * 100:.1f}% |", flush=True)
 
 
 def main():

@@ -1,6 +1,24 @@
-"""What the PyTorch benchmark scripts share: kernel counting and CUDA-graph capture."""
+"""What the PyTorch benchmark scripts share: CUDA-event timing, kernel counting and CUDA-graph
+capture."""
 
 import torch
+
+
+def time_us(calls, warmup, reps):
+    """Median µs per call of `calls` (zero-argument callables run back to back in each pass),
+    over `reps` passes timed with CUDA events after `warmup` untimed ones."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for rep in range(warmup + reps):
+        start.record()
+        for call in calls:
+            call()
+        end.record()
+        end.synchronize()
+        if rep >= warmup:
+            samples.append(start.elapsed_time(end) * 1e3 / len(calls))
+    samples.sort()
+    return samples[len(samples) // 2]
 
 
 def kernels(fn):
