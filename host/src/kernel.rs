@@ -157,7 +157,6 @@ impl Kernel {
         if stream.cuda().is_some() {
             return Err(Error::WrongBackend);
         }
-        let buffers: Vec<(usize, usize)> = buffers.iter().map(|&(address, bytes)| (address as usize, bytes)).collect();
         let launch = emu::Launch {
             kernel: self.facts.name,
             grid: plan.grid,
@@ -165,7 +164,7 @@ impl Kernel {
             cluster: plan.cluster.unwrap_or_default(),
             dynamic_smem_bytes: plan.dynamic_smem_bytes,
             smem_limit: self.smem_limit,
-            buffers: &buffers,
+            buffers,
         };
         let run = || emu::run(&launch, emulated).map_err(Error::Emulator);
         match stream.recording() {

@@ -72,7 +72,7 @@ pub struct Launch<'a> {
     pub smem_limit: u32,
     /// The device buffers passed to the kernel, as `(address, bytes)`: global accesses must
     /// fall inside one of them.
-    pub buffers: &'a [(usize, usize)],
+    pub buffers: &'a [(u64, usize)],
 }
 
 /// Why an emulated launch failed.

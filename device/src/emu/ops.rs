@@ -296,7 +296,10 @@ pub fn global_access<T, R>(ptr: *const T, size: usize, access: impl FnOnce() -> 
         if !address.is_multiple_of(size) {
             fault(format_args!("misaligned {size}-byte global access at {address:#x}"));
         }
-        let inside = thread.cluster().buffers.iter().any(|&(start, bytes)| address >= start && address + size <= start + bytes);
+        let inside = thread.cluster().buffers.iter().any(|&(start, bytes)| {
+            let (start, end) = (start as usize, start as usize + bytes);
+            address >= start && address + size <= end
+        });
         if !inside {
             fault(format_args!("global access of {size} bytes at {address:#x}, outside every buffer passed to the kernel"));
         }

@@ -11,11 +11,11 @@ use crate::limits::WARP_SIZE;
 use crate::Dim3;
 use core::cell::{Cell, RefCell};
 use core::ptr;
-use core::sync::atomic::{AtomicUsize, Ordering};
 use corosensei::stack::DefaultStack;
 use std::boxed::Box;
 use std::string::String;
-use std::sync::{Arc, Mutex};
+use std::rc::Rc;
+use std::sync::Mutex;
 use std::vec::Vec;
 use std::format;
 
@@ -51,19 +51,19 @@ impl Wait {
 
 /// The static shared arrays of a launch: each call site's offset, the same in every block.
 pub struct Registry {
-    sites: Mutex<Vec<(usize, u32)>>,
-    end: AtomicUsize,
+    sites: RefCell<Vec<(usize, u32)>>,
+    end: Cell<usize>,
     limit: u32,
 }
 
 impl Registry {
     /// The offset of `site`'s array of `bytes`, placing it on first use.
     pub fn place(&self, site: usize, bytes: usize) -> Result<u32, String> {
-        let mut sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());
+        let mut sites = self.sites.borrow_mut();
         if let Some(&(_, offset)) = sites.iter().find(|(s, _)| *s == site) {
             return Ok(offset);
         }
-        let offset = self.end.load(Ordering::Relaxed).next_multiple_of(16);
+        let offset = self.end.get().next_multiple_of(16);
         let end = offset + bytes;
         if end > self.limit as usize {
             return Err(format!(
@@ -72,13 +72,13 @@ impl Registry {
             ));
         }
         sites.push((site, offset as u32));
-        self.end.store(end, Ordering::Relaxed);
+        self.end.set(end);
         Ok(offset as u32)
     }
 
     /// Bytes of static arrays placed so far.
     pub fn static_bytes(&self) -> u32 {
-        self.end.load(Ordering::Relaxed) as u32
+        self.end.get() as u32
     }
 }
 
@@ -125,8 +125,8 @@ pub struct Cluster {
     pub size: u32,
     pub threads_per_block: u32,
     pub block_dim: Dim3,
-    pub buffers: Vec<(usize, usize)>,
-    pub registry: Arc<Registry>,
+    pub buffers: Rc<[(u64, usize)]>,
+    pub registry: Rc<Registry>,
     pub blocks: Vec<Block>,
     pub barrier: Cell<ClusterBarrier>,
     pub mbarriers: RefCell<Vec<super::mbarrier::Mbarrier>>,
@@ -149,14 +149,15 @@ impl Cluster {
 /// The first [`Fault`]: a race, a deadlock, a bad access, a panic.
 pub fn run(launch: &Launch<'_>, body: &(dyn Fn() + Sync)) -> Result<(), Fault> {
     let clusters = Dim3::new(launch.grid.x / launch.cluster.x, launch.grid.y / launch.cluster.y, launch.grid.z / launch.cluster.z);
-    let registry = Arc::new(Registry {
-        sites: Mutex::new(Vec::new()),
-        end: AtomicUsize::new(0),
+    let registry = Rc::new(Registry {
+        sites: RefCell::default(),
+        end: Cell::new(0),
         limit: launch.smem_limit.saturating_sub(launch.dynamic_smem_bytes),
     });
+    let buffers: Rc<[(u64, usize)]> = launch.buffers.into();
     let mut stacks = take_stacks();
     let outcome = (0..clusters.volume() as u32)
-        .try_for_each(|index| run_cluster(launch, &registry, unflatten(index, clusters), clusters, body, &mut stacks));
+        .try_for_each(|index| run_cluster(launch, &registry, &buffers, unflatten(index, clusters), clusters, body, &mut stacks));
     return_stacks(stacks);
     outcome
 }
@@ -183,7 +184,8 @@ fn unflatten(i: u32, dim: Dim3) -> Dim3 {
 
 fn run_cluster(
     launch: &Launch<'_>,
-    registry: &Arc<Registry>,
+    registry: &Rc<Registry>,
+    buffers: &Rc<[(u64, usize)]>,
     clusterid: Dim3,
     nclusterid: Dim3,
     body: &(dyn Fn() + Sync),
@@ -210,7 +212,7 @@ fn run_cluster(
         size,
         threads_per_block,
         block_dim: bdim,
-        buffers: launch.buffers.to_vec(),
+        buffers: buffers.clone(),
         registry: registry.clone(),
         blocks,
         barrier: Cell::default(),
