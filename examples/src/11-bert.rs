@@ -1,5 +1,5 @@
 //! 11 — a BERT-base encoder (post-LN, fp16) out of the earlier examples' kernels, two ways.
-//! **Unfused**, one kernel per op as a framework launches them (17 per layer): the QKV
+//! **Unfused**, one kernel per op as a framework launches them (16 per layer): the QKV
 //! projection, its bias, attention scores (batched Q·Kᵀ / √64), example 04's softmax, the
 //! context P·V, the output projection, its bias, the residual add, LayerNorm, the FFN's up
 //! projection, bias, GELU, down projection, bias, residual add and LayerNorm — projections on
@@ -310,7 +310,7 @@ mod host {
         /// Kernel launches per layer.
         pub fn kernels_per_layer(self) -> usize {
             match self {
-                Self::Unfused => 17,
+                Self::Unfused => 16,
                 Self::Fused => 7,
             }
         }

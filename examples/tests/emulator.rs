@@ -190,3 +190,17 @@ fn bert_rejects_sizes_its_kernels_cannot_run() {
         assert!(err.contains(what), "{dims:?}: {err}");
     }
 }
+
+#[test]
+fn bert_launches_as_many_kernels_per_layer_as_its_mode_says() {
+    use clusterfuse_examples::bert::{Batch, Kernels, Mode, Model, TINY};
+    let gpu = Gpu::emulator();
+    let (kernels, model) = (Kernels::load(&gpu).unwrap(), Model::random(&gpu, TINY).unwrap());
+    let x = vec![clusterfuse::f16::from_f32(0.5); TINY.seq * TINY.hidden];
+    for mode in Mode::ALL {
+        let mut batch = Batch::new(&gpu, &TINY, 1, &x).unwrap();
+        let ((), trace) = gpu.record(mode.name(), Some(1), || batch.forward(gpu.stream(), &kernels, &model, mode)).unwrap();
+        let launches = clusterfuse::host::trace::Summary::of(&trace).kernels;
+        assert_eq!(launches, TINY.layers * mode.kernels_per_layer(), "{}", mode.name());
+    }
+}

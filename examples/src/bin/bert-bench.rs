@@ -1,5 +1,5 @@
 //! Issue 7's case study: example 11's BERT-base encoder (12 layers, hidden 768, 12 heads,
-//! ffn 3072, sequence 128, fp16, random weights) at batch 1-64, unfused (17 kernels a layer, as
+//! ffn 3072, sequence 128, fp16, random weights) at batch 1-64, unfused (16 kernels a layer, as
 //! a framework launches them), fused (7) and both replayed from a CUDA graph.
 //!
 //! First the checks, failing loudly: one layer at batch 1 in both modes against the f64
