@@ -757,6 +757,35 @@ pub fn cvt_f32_bf16(x: u16) -> f32 {
     }
 }
 
+/// `cvt.rn.f16x2.f32`: rounds `lo` and `hi` to f16 and packs them, `lo` in the low half
+/// (the order `mma` fragments hold consecutive columns in).
+#[inline(always)]
+pub fn cvt_rn_f16x2_f32(lo: f32, hi: f32) -> u32 {
+    gpu_or_emulator! {
+        gpu: {
+            let y: u32;
+            // SAFETY: arithmetic only.
+            unsafe { ptx!("cvt.rn.f16x2.f32 {y}, {hi}, {lo};", y = out(reg32) y, hi = in(reg32) hi, lo = in(reg32) lo, options(pure, nomem, nostack)) };
+            y
+        },
+        emulator: u32::from(crate::f16::from_f32(lo).to_bits()) | u32::from(crate::f16::from_f32(hi).to_bits()) << 16,
+    }
+}
+
+/// `cvt.rn.bf16x2.f32`: [`cvt_rn_f16x2_f32`] for bf16.
+#[inline(always)]
+pub fn cvt_rn_bf16x2_f32(lo: f32, hi: f32) -> u32 {
+    gpu_or_emulator! {
+        gpu: {
+            let y: u32;
+            // SAFETY: arithmetic only.
+            unsafe { ptx!("cvt.rn.bf16x2.f32 {y}, {hi}, {lo};", y = out(reg32) y, hi = in(reg32) hi, lo = in(reg32) lo, options(pure, nomem, nostack)) };
+            y
+        },
+        emulator: u32::from(crate::bf16::from_f32(lo).to_bits()) | u32::from(crate::bf16::from_f32(hi).to_bits()) << 16,
+    }
+}
+
 /// `trap`: aborts the kernel; the launch fails with `CUDA_ERROR_ILLEGAL_INSTRUCTION` (on the
 /// emulator, with the kernel, block and thread that trapped).
 #[inline(always)]

@@ -184,7 +184,58 @@ impl<T: SharedWord> RemoteSlice<T> {
 /// Safe to call repeatedly.
 #[inline(always)]
 pub fn reduce<T: Element + SharedWord, Op: ReduceOp<T>>(data: SharedSlice<T>, _op: Op) {
-    const { assert!(16 % size_of::<T>() == 0, "cluster::reduce needs an element size that divides 16 bytes") };
+    let blocks = size();
+    reduce_owned::<T, Op>(
+        data,
+        |words, v, result| {
+            for peer in 0..blocks {
+                words.in_block(peer).store(v, result);
+            }
+        },
+        |tail, i, result| {
+            for peer in 0..blocks {
+                tail.in_block(peer).store(i, result);
+            }
+        },
+    );
+    sync();
+}
+
+/// Reduce-scatter of a shared vector across the cluster: `op` over all blocks' `data[i]`,
+/// computed once for each `i` by the block that owns it (block `r` the `r`-th contiguous
+/// chunk), which calls `emit(i, result)` from one of its threads. The reduction is [`reduce`]'s
+/// (16-byte DSMEM loads, rank order, deterministic); nothing is written back, so the results
+/// go where `emit` puts them, e.g. straight to global memory: a split-K GEMM's partial tiles,
+/// one per block, summed into the output tile with each block writing `1/size()` of it.
+/// Between two cluster barriers, like [`reduce`]; `data` must not be written until the
+/// trailing one has passed.
+#[inline(always)]
+pub fn reduce_scatter<T: Element + SharedWord, Op: ReduceOp<T>>(data: SharedSlice<T>, _op: Op, emit: impl Fn(usize, T)) {
+    let lanes = 16 / size_of::<T>();
+    reduce_owned::<T, Op>(
+        data,
+        |_, v, result| {
+            for k in 0..lanes {
+                // SAFETY: lane `k` lies inside the 16-byte vector, which holds bits of `T`s.
+                emit(v * lanes + k, unsafe { (result.as_ptr() as *const T).add(k).read_unaligned() });
+            }
+        },
+        |tail, i, result| emit(data.len() - tail.len() + i, result),
+    );
+    sync();
+}
+
+/// The pass [`reduce`] and [`reduce_scatter`] share, after a cluster barrier: this block's
+/// threads reduce each owned 16-byte vector of `data` (`vector(words, v, result)`) and each
+/// owned element of its unaligned tail (`element(tail, i, result)`) over the blocks in rank
+/// order.
+#[inline(always)]
+fn reduce_owned<T: Element + SharedWord, Op: ReduceOp<T>>(
+    data: SharedSlice<T>,
+    mut vector: impl FnMut(SharedSlice<[u32; 4]>, usize, [u32; 4]),
+    mut element: impl FnMut(SharedSlice<T>, usize, T),
+) {
+    const { assert!(16 % size_of::<T>() == 0, "cluster collectives need an element size that divides 16 bytes") };
     let blocks = size();
     let lanes = 16 / size_of::<T>();
     let vectors = if data.addr().is_multiple_of(16) { data.len() / lanes } else { 0 };
@@ -194,18 +245,11 @@ pub fn reduce<T: Element + SharedWord, Op: ReduceOp<T>>(data: SharedSlice<T>, _o
     let tail = data.slice(vectors * lanes, data.len() - vectors * lanes);
     sync();
     for v in owned_by_this_thread(vectors) {
-        let result = combine_peers(blocks, splat16(Op::identity()), |peer| words.in_block(peer).load(v), combine16::<T, Op>);
-        for peer in 0..blocks {
-            words.in_block(peer).store(v, result);
-        }
+        vector(words, v, combine_peers(blocks, splat16(Op::identity()), |peer| words.in_block(peer).load(v), combine16::<T, Op>));
     }
     for i in owned_by_this_thread(tail.len()) {
-        let result = (0..blocks).fold(Op::identity(), |acc, peer| Op::combine(acc, tail.in_block(peer).load(i)));
-        for peer in 0..blocks {
-            tail.in_block(peer).store(i, result);
-        }
+        element(tail, i, (0..blocks).fold(Op::identity(), |acc, peer| Op::combine(acc, tail.in_block(peer).load(i))));
     }
-    sync();
 }
 
 /// This thread's indices of this block's contiguous share of `0 .. len`.

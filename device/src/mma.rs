@@ -33,6 +33,8 @@ mod sealed {
 pub trait MmaInput: sealed::Sealed + SharedWord + HalfFloat {
     /// `mma.sync.aligned.m16n8k16.row.col.f32.{T}.{T}.f32` on raw registers.
     fn mma_m16n8k16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4];
+    /// `lo` and `hi` rounded to `T` and packed in one register, `lo` in the low half.
+    fn pack(lo: f32, hi: f32) -> u32;
 }
 
 impl MmaInput for f16 {
@@ -40,12 +42,20 @@ impl MmaInput for f16 {
     fn mma_m16n8k16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
         arch::mma_sync_m16n8k16_row_col_f32_f16_f16_f32(a, b, c)
     }
+    #[inline(always)]
+    fn pack(lo: f32, hi: f32) -> u32 {
+        arch::cvt_rn_f16x2_f32(lo, hi)
+    }
 }
 
 impl MmaInput for bf16 {
     #[inline(always)]
     fn mma_m16n8k16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
         arch::mma_sync_m16n8k16_row_col_f32_bf16_bf16_f32(a, b, c)
+    }
+    #[inline(always)]
+    fn pack(lo: f32, hi: f32) -> u32 {
+        arch::cvt_rn_bf16x2_f32(lo, hi)
     }
 }
 
@@ -97,6 +107,15 @@ impl<T: MmaInput> FragA<T> {
     #[inline(always)]
     pub fn from_regs(regs: [u32; 4]) -> Self {
         Self { regs, _input: PhantomData }
+    }
+
+    /// The 16 × 16 tile whose columns 0-7 are the accumulator `left` and 8-15 `right`,
+    /// rounded to `T`: a product fed to the next `mma` without leaving registers (as
+    /// attention's probabilities, `P = softmax(Q·Kᵀ)`, feed `P·V`).
+    #[inline(always)]
+    pub fn from_accumulators(left: FragC, right: FragC) -> Self {
+        let ([l0, l1, l2, l3], [r0, r1, r2, r3]) = (left.values, right.values);
+        Self::from_regs([T::pack(l0, l1), T::pack(l2, l3), T::pack(r0, r1), T::pack(r2, r3)])
     }
 
     /// Rows `row .. row + 16`, columns `col .. col + 16` of a row-major tile with row stride

@@ -10,6 +10,13 @@
 //! residual add, scaling — is a type parameter of the device code, so each kind is its own
 //! kernel with nothing of the others in it.
 //!
+//! Small-M GEMMs split K over a cluster of up to 8 blocks along z ([`split_k`] picks how
+//! many, at launch): each block multiplies its share of the k-steps, parks its partial tile
+//! in its drained pipeline, and `cluster::reduce_scatter` sums the tiles in rank order over
+//! DSMEM, each block applying the epilogue to and storing 1/8-1/2 of the output tile. The
+//! sum is deterministic, with no second kernel and no atomics (M = 128, a BERT layer at
+//! batch 1, would otherwise run 6-24 blocks on 132 SMs).
+//!
 //! Shapes: any M; N and K multiples of 8 (16-byte rows for the copies). The host rejects
 //! others before launching, with [`GemmError::Shape`].
 
@@ -188,6 +195,7 @@ pub fn gemm<T: MmaInput, E: Epilogue>(a: &[T], b: &[T], out: &Out<T>, m: u32, n:
     }
     let smem = shared::dynamic().take::<T>(SMEM_ELEMENTS).addr();
     let (bm, bn) = (block::index().y as usize * BM, block::index_x() as usize * BN);
+    const { assert!(BM * BN * 4 <= SMEM_ELEMENTS * 2, "the split-K partial tile fits in the pipeline's shared memory") };
     let warp = warp::index_in_block() as usize;
     let (wm, wn) = (warp / WARPS_N * WM, warp % WARPS_N * WN);
     // This lane's ldmatrix row addresses in stage 0, k-slice 0, first fragment.
@@ -196,10 +204,13 @@ pub fn gemm<T: MmaInput, E: Epilogue>(a: &[T], b: &[T], out: &Out<T>, m: u32, n:
 
     let copier = Copier::new(a, b, smem, bm, bn, (n, k));
     let mut acc = [[FragC::ZERO; NI]; MI];
-    let steps = k.div_ceil(BK);
+    // Split-K: the cluster's blocks (along z) take consecutive shares of the k-steps.
+    let (splits, split) = (cluster::size() as usize, cluster::block_rank() as usize);
+    let all_steps = k.div_ceil(BK);
+    let (first, steps) = (all_steps * split / splits, all_steps * (split + 1) / splits - all_steps * split / splits);
     for s in 0..STAGES - 1 {
         if s < steps {
-            copier.copy(s, s, (m, n, k));
+            copier.copy(s, first + s, (m, n, k));
         }
         arch::cp_async_commit_group();
     }
@@ -210,7 +221,7 @@ pub fn gemm<T: MmaInput, E: Epilogue>(a: &[T], b: &[T], out: &Out<T>, m: u32, n:
         block::sync();
         let next = kt + STAGES - 1;
         if next < steps {
-            copier.copy(next % STAGES, next, (m, n, k));
+            copier.copy(next % STAGES, first + next, (m, n, k));
         }
         arch::cp_async_commit_group();
         let stage = kt % STAGES;
@@ -234,14 +245,31 @@ pub fn gemm<T: MmaInput, E: Epilogue>(a: &[T], b: &[T], out: &Out<T>, m: u32, n:
             }
         }
     }
-    // Unrolled, so that `acc` is only indexed by constants and stays in registers.
+    let store = |row: usize, col: usize, value: f32| {
+        if row < m && col < n {
+            out.set(row * n + col, T::from_f32(epilogue.apply(value, row, col, n)));
+        }
+    };
+    if splits == 1 {
+        // Unrolled, so that `acc` is only indexed by constants and stays in registers.
+        unroll4!(|i| unroll4!(|j| unroll4!(|v| {
+            let (r, c) = FragC::position(v);
+            store(bm + wm + i * 16 + r, bn + wn + j * 8 + c, acc[i][j].values[v]);
+        })));
+        return;
+    }
+    // The partial tiles meet in shared memory (over the drained pipeline) and are summed
+    // across the cluster in rank order, each block finishing 1/splits of the tile.
+    arch::cp_async_wait_group::<0>();
+    block::sync();
+    // SAFETY: the first BM × BN f32 of the block's dynamic shared memory, which holds
+    // SMEM_ELEMENTS halves (more bytes); no thread reads the pipeline any more (barrier above).
+    let partial = unsafe { SharedSlice::<f32>::from_raw_parts(smem, BM * BN) };
     unroll4!(|i| unroll4!(|j| unroll4!(|v| {
         let (r, c) = FragC::position(v);
-        let (row, col) = (bm + wm + i * 16 + r, bn + wn + j * 8 + c);
-        if row < m && col < n {
-            out.set(row * n + col, T::from_f32(epilogue.apply(acc[i][j].values[v], row, col, n)));
-        }
+        partial.store((wm + i * 16 + r) * BN + wn + j * 8 + c, acc[i][j].values[v]);
     })));
+    cluster::reduce_scatter(partial, Sum, |e, value| store(bm + e / BN, bn + e % BN, value));
 }
 
 /// `body` with `$i` bound to 0, 1, 2, 3 in turn, as constants (LLVM leaves loops this large
@@ -337,6 +365,7 @@ mod host {
     use crate::check::{shape, with_rng, Report};
     use clusterfuse::host::cudarc::driver::DeviceRepr;
     use clusterfuse::host::{Buffer, Error, Result};
+    use clusterfuse::Dim3;
     use rand::Rng;
     use std::fmt;
 
@@ -419,12 +448,25 @@ mod host {
         if m.div_ceil(BM) > 65535 || m * k > u32::MAX as usize || k * n > u32::MAX as usize || m * n > u32::MAX as usize {
             return reject("too large: at most 65535 row tiles of 128 and 2^32 elements per matrix".into());
         }
+        let splits = split_k(n.div_ceil(BN) * m.div_ceil(BM), k.div_ceil(BK));
         Ok(LaunchConfig {
-            grid: (n.div_ceil(BN) as u32, m.div_ceil(BM) as u32, 1).into(),
+            grid: (n.div_ceil(BN) as u32, m.div_ceil(BM) as u32, splits).into(),
             block: (THREADS as u32).into(),
+            cluster: (splits > 1).then(|| Dim3::new(1, 1, splits)),
             dynamic_smem_bytes: SMEM_BYTES,
-            ..LaunchConfig::default()
         })
+    }
+
+    /// Blocks per output tile (a cluster along z, splitting K): doubled from 1 while the grid
+    /// stays within one wave of two blocks per SM of an H200 (132 SMs) and every block keeps
+    /// at least two k-steps, up to the portable cluster of 8. Small-M GEMMs (a BERT layer at
+    /// batch 1: M = 128, 6-24 tiles) would otherwise leave most SMs idle.
+    pub fn split_k(tiles: usize, steps: usize) -> u32 {
+        let mut splits = 1;
+        while splits < 8 && tiles * splits * 2 <= 2 * 132 && steps >= 2 * (splits * 2) {
+            splits *= 2;
+        }
+        splits as u32
     }
 
     /// The GEMM's inputs on the host.
@@ -557,23 +599,28 @@ mod host {
         bf16, Bf16Kernels, "bf16": gemm_bf16, gemm_bf16_bias, gemm_bf16_bias_gelu, gemm_bf16_residual, gemm_bf16_scale;
     }
 
-    /// Checks one kind against its f64 reference, on every output: M, N, K off the tile
-    /// sizes (on the emulator: two row tiles, the second 22 rows; two column tiles, the second
-    /// 8 columns; four k-steps, the last 8 deep, so that the pipeline reuses a stage).
+    /// Checks one kind against its f64 reference, on every output of two GEMMs: M, N, K off
+    /// the tile sizes (on the emulator: two row tiles, the second 22 rows; two column tiles,
+    /// the second 8 columns; four k-steps, the last 8 deep), split over a cluster of two
+    /// along K ([`split_k`]), and the same M, N with K = 40 (one k-step, no split).
     pub fn run<T: GemmType>(gpu: &Gpu, epilogue: EpilogueKind, tolerance: f64) -> Result<Report> {
         let (m, n, k) = shape(gpu, (1000, 1032, 1048), (150, 136, 200));
-        let host = HostOperands::<T>::random(m, n, k);
-        let x = Operands::upload(gpu, &host)?;
-        let mut out = gpu.upload(&vec![T::from_f32(f32::NAN); m * n])?;
-        let kernels = T::load(gpu)?;
-        T::launch(&kernels, gpu, epilogue, &x, &mut out, m, n, k).map_err(|err| match err {
-            GemmError::Launch(err) => err,
-            GemmError::Shape(what) => unreachable!("the example's shapes are supported: {what}"),
-        })?;
-        let out: Vec<f32> = gpu.download(&out)?.into_iter().map(HalfFloat::to_f32).collect();
-        let reference: Vec<f64> =
-            (0..m * n).map(|i| epilogue.reference(host.dot(i / n, i % n, n, k), i / n, i % n, n, &host)).collect();
-        Ok(Report::new(format!("{m} × {n} × {k}, {}, {}", T::NAME, epilogue.name()), &out, &reference, tolerance))
+        let (mut outs, mut references, mut shapes) = (Vec::new(), Vec::new(), Vec::new());
+        for k in [k, 40] {
+            let host = HostOperands::<T>::random(m, n, k);
+            let x = Operands::upload(gpu, &host)?;
+            let mut out = gpu.upload(&vec![T::from_f32(f32::NAN); m * n])?;
+            let kernels = T::load(gpu)?;
+            let splits = config(m, n, k).map_err(|err| err.to_string()).expect("the example's shapes are supported").grid.z;
+            T::launch(&kernels, gpu, epilogue, &x, &mut out, m, n, k).map_err(|err| match err {
+                GemmError::Launch(err) => err,
+                GemmError::Shape(what) => unreachable!("the example's shapes are supported: {what}"),
+            })?;
+            outs.extend(gpu.download(&out)?.into_iter().map(HalfFloat::to_f32));
+            references.extend((0..m * n).map(|i| epilogue.reference(host.dot(i / n, i % n, n, k), i / n, i % n, n, &host)));
+            shapes.push(format!("{m} × {n} × {k} (split {splits})"));
+        }
+        Ok(Report::new(format!("{}, {}, {}", shapes.join(" and "), T::NAME, epilogue.name()), &outs, &references, tolerance))
     }
 
     /// Relative error allowed: the output's rounding (2^-11 for f16, 2^-8 for bf16) with

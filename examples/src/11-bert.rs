@@ -5,8 +5,9 @@
 //! projection, bias, GELU, down projection, bias, residual add and LayerNorm — projections on
 //! example 10's tensor-core GEMM, element-wise ops and norms from example 08. **Fused**, the
 //! chains the proximity advice finds (7 per layer): GEMMs with bias, bias + GELU and residual
-//! epilogues, one attention kernel (scores, softmax and context of a row in registers), and
-//! bias + LayerNorm in one kernel.
+//! epilogues, one attention kernel (FlashAttention-2 style on the tensor cores: scores,
+//! online softmax and context of 16 queries per warp in registers), and bias + LayerNorm in
+//! one kernel.
 //!
 //! Attention runs one warp per (batch element, head, query) row, reading Q, K and V from the
 //! QKV projection's output (`tokens × 3·hidden`: Q, K, V side by side, head `h` at columns
@@ -16,6 +17,7 @@
 
 use crate::fused_norms::{layernorm_gelu, store_row};
 use clusterfuse::arch;
+use clusterfuse::mma::{mma_m16n8k16, FragA, FragB, FragC};
 use clusterfuse::prelude::*;
 
 /// Elements per head.
@@ -87,19 +89,6 @@ fn scores(qkv: &[f16], r: &AttentionRow, scale: f32) -> [f32; SLOTS] {
     })
 }
 
-/// The row's softmax, in place across the warp's lanes.
-#[inline(always)]
-fn softmax_in_warp(mut p: [f32; SLOTS]) -> [f32; SLOTS] {
-    let max = warp::reduce_max(p.iter().fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m }));
-    let mut sum = 0.0;
-    for v in &mut p {
-        *v = math::exp2((*v - max) * core::f32::consts::LOG2_E);
-        sum += *v;
-    }
-    let inv = 1.0 / warp::reduce_sum(sum);
-    p.map(|e| e * inv)
-}
-
 /// Writes the row's context `Σ_j p(j) v_j` (lane `l` owns elements `2l`, `2l + 1`).
 #[inline(always)]
 fn context(qkv: &[f16], r: &AttentionRow, p: impl Fn(usize) -> f32, out: &Out<f16>) {
@@ -136,20 +125,106 @@ pub fn attention_context(probs: &[f32], qkv: &[f16], out: Out<f16>, seq: u32, he
     context(qkv, &r, |j| probs[r.row * r.seq + j], &out);
 }
 
-/// Fused attention: scores and softmax of each row in registers, the probabilities passed
-/// to the context through the warp's slice of shared memory; launched as [`attention_scores`].
-#[kernel(launch_bounds(max_threads = 256))]
+/// Queries per block of [`attention`]: 16 per warp (one `mma` tile of rows).
+pub const QUERIES_PER_BLOCK: usize = 16 * ATTENTION_WARPS as usize;
+/// Warps per block of [`attention`].
+pub const ATTENTION_WARPS: u32 = 4;
+/// Row stride of the staged Q, K and V tiles, in halves: a row of 64 plus 16 bytes, so the
+/// eight rows an `ldmatrix` reads fall in distinct banks.
+const TILE_STRIDE: usize = HEAD_DIM + 8;
+
+/// Fused attention on the tensor cores, after FlashAttention-2: block (x, h, b) takes
+/// queries `64 x ..+ 64` of head `h` of batch element `b`. It stages the sequence's K and V
+/// and its queries in shared memory (16-byte loads); each warp then multiplies its 16 queries
+/// with 16 keys at a time (`mma`), keeps the online softmax's running max and sum per row,
+/// and feeds the probabilities from registers into `P·V`. Grid (⌈seq / 64⌉, heads, batch),
+/// 128 threads; `seq` a multiple of 16 up to [`MAX_SEQ`] (traps otherwise).
+#[kernel(launch_bounds(max_threads = 128))]
 pub fn attention(qkv: &[f16], out: Out<f16>, seq: u32, heads: u32, scale: f32) {
-    let probs = shared!([f32; ROWS_PER_BLOCK as usize * MAX_SEQ]);
-    let Some(r) = attention_row(qkv, seq, heads) else { return };
-    let (lane, mine) = (warp::lane() as usize, warp::index_in_block() as usize * MAX_SEQ);
-    for (s, &p) in softmax_in_warp(scores(qkv, &r, scale)).iter().enumerate() {
-        if lane + 32 * s < r.seq {
-            probs.store(mine + lane + 32 * s, p);
+    let keys = shared!([f16; MAX_SEQ * TILE_STRIDE]);
+    let values = shared!([f16; MAX_SEQ * TILE_STRIDE]);
+    let queries = shared!([f16; QUERIES_PER_BLOCK * TILE_STRIDE]);
+    let (seq, hidden) = (seq as usize, heads as usize * HEAD_DIM);
+    if seq == 0 || seq > MAX_SEQ || !seq.is_multiple_of(16) {
+        arch::trap()
+    }
+    let (first, head, b) = (block::index_x() as usize * QUERIES_PER_BLOCK, block::index().y as usize, block::index().z as usize);
+    let rows = QUERIES_PER_BLOCK.min(seq - first);
+    // 16-byte vectors: of a token's QKV row, of a head's 64 elements, of a staged row.
+    let (token_vectors, head_vectors, tile_vectors) = (3 * hidden / 8, HEAD_DIM / 8, TILE_STRIDE / 8);
+    let q_vector = |token: usize| (b * seq + token) * token_vectors + head * head_vectors;
+    let t = thread::rank_in_block() as usize;
+    for i in (t..seq * head_vectors).step_by(block::size() as usize) {
+        let (j, v) = (i / head_vectors, i % head_vectors);
+        let src = q_vector(j) + v;
+        keys.store16(j * tile_vectors + v, global::load16::<f16, 8>(qkv, src + hidden / 8));
+        values.store16(j * tile_vectors + v, global::load16::<f16, 8>(qkv, src + 2 * hidden / 8));
+        if j < rows {
+            queries.store16(j * tile_vectors + v, global::load16::<f16, 8>(qkv, q_vector(first + j) + v));
         }
     }
-    warp::sync();
-    context(qkv, &r, |j| probs.load(mine + j), &out);
+    block::sync();
+
+    let row0 = 16 * warp::index_in_block() as usize;
+    if row0 >= rows {
+        return;
+    }
+    let q: [FragA<f16>; HEAD_DIM / 16] = core::array::from_fn(|s| FragA::load(queries, TILE_STRIDE, row0, 16 * s));
+    let scale = scale * core::f32::consts::LOG2_E; // scores in exp2 units
+    // This lane's rows g and g + 8 (FragC values 0-1 and 2-3): running max and partial sum.
+    let (mut max, mut sum) = ([f32::NEG_INFINITY; 2], [0.0f32; 2]);
+    let mut o = [FragC::ZERO; HEAD_DIM / 8];
+    for kc in (0..seq).step_by(16) {
+        // Scores of keys kc ..+ 8 and kc + 8 ..+ 8.
+        let mut s = [FragC::ZERO; 2];
+        for (half, acc) in s.iter_mut().enumerate() {
+            for (slice, &qa) in q.iter().enumerate() {
+                *acc = mma_m16n8k16(qa, FragB::load_n_major(keys, TILE_STRIDE, kc + 8 * half, 16 * slice), *acc);
+            }
+        }
+        online_softmax_row(&mut s, &mut o, &mut max[0], &mut sum[0], 0, scale);
+        online_softmax_row(&mut s, &mut o, &mut max[1], &mut sum[1], 2, scale);
+        let p = FragA::<f16>::from_accumulators(s[0], s[1]);
+        for (j, acc) in o.iter_mut().enumerate() {
+            *acc = mma_m16n8k16(p, FragB::load_k_major(values, TILE_STRIDE, kc, 8 * j), *acc);
+        }
+    }
+    for total in &mut sum {
+        *total += warp::shuffle_xor(*total, 1);
+        *total += warp::shuffle_xor(*total, 2);
+    }
+    let inverse = [1.0 / sum[0], 1.0 / sum[1]];
+    for (j, acc) in o.iter().enumerate() {
+        for (i, &value) in acc.values.iter().enumerate() {
+            let (r, c) = FragC::position(i);
+            let token = b * seq + first + row0 + r;
+            out.set(token * hidden + head * HEAD_DIM + 8 * j + c, f16::from_f32(value * inverse[i / 2]));
+        }
+    }
+}
+
+/// One step of the online softmax for the accumulator row whose values are `v`, `v + 1`
+/// (0: row g, 2: row g + 8; a constant, so that every index is one): the row's max over the
+/// new scores `s` (across its 4 lanes), the rescaling of the running `sum` and output `o`,
+/// and `s` replaced by the probabilities `exp2(scale · s − max)`.
+#[inline(always)]
+fn online_softmax_row(s: &mut [FragC; 2], o: &mut [FragC; HEAD_DIM / 8], max: &mut f32, sum: &mut f32, v: usize, scale: f32) {
+    let chunk = s[0].values[v].max(s[0].values[v + 1]).max(s[1].values[v].max(s[1].values[v + 1])) * scale;
+    let chunk = chunk.max(warp::shuffle_xor(chunk, 1));
+    let chunk = chunk.max(warp::shuffle_xor(chunk, 2)); // over the row's 4 lanes
+    let new_max = max.max(chunk);
+    let correction = math::exp2(*max - new_max);
+    *max = new_max;
+    *sum *= correction;
+    for acc in o.iter_mut() {
+        acc.values[v] *= correction;
+        acc.values[v + 1] *= correction;
+    }
+    for tile in s.iter_mut() {
+        tile.values[v] = math::exp2(tile.values[v].fma(scale, -new_max));
+        tile.values[v + 1] = math::exp2(tile.values[v + 1].fma(scale, -new_max));
+        *sum += tile.values[v] + tile.values[v + 1];
+    }
 }
 
 /// Fused `out = LayerNorm(x + b) · γ + β`, example 08's stages in one kernel; launched as
@@ -170,6 +245,7 @@ mod host {
     use crate::gemm::{self, gemm_f16, gemm_f16_bias, gemm_f16_bias_gelu, gemm_f16_residual, GemmError};
     use crate::softmax::softmax;
     use clusterfuse::host::{Buffer, Gpu, Result, Stream};
+    use clusterfuse::Dim3;
     use rand::Rng;
 
     /// An encoder's sizes.
@@ -187,7 +263,7 @@ mod host {
     pub const BERT_BASE: Dims = Dims { layers: 12, hidden: 768, heads: 12, ffn: 3072, seq: 128 };
 
     /// The emulator's encoder: the norms' smallest hidden size, 4 heads of 64, 16 tokens.
-    pub const TINY: Dims = Dims { layers: 2, hidden: 256, heads: 4, ffn: 512, seq: 16 };
+    pub const TINY: Dims = Dims { layers: 2, hidden: 256, heads: 4, ffn: 512, seq: 80 };
 
     impl Dims {
         /// Why the kernels cannot run an encoder of these sizes, if they cannot.
@@ -202,8 +278,8 @@ mod host {
             if !self.ffn.is_multiple_of(256) || self.ffn > fused_norms::MAX_HIDDEN as usize {
                 why.push(format!("ffn {} must be a multiple of 256 and at most {}", self.ffn, fused_norms::MAX_HIDDEN));
             }
-            if self.seq == 0 || self.seq > MAX_SEQ || !self.seq.is_multiple_of(4) {
-                why.push(format!("seq {} must be a multiple of 4 in 4..={MAX_SEQ}", self.seq));
+            if self.seq == 0 || self.seq > MAX_SEQ || !self.seq.is_multiple_of(16) {
+                why.push(format!("seq {} must be a multiple of 16 in 16..={MAX_SEQ}", self.seq));
             }
             if why.is_empty() { Ok(()) } else { Err(why.join("; ")) }
         }
@@ -401,7 +477,9 @@ mod host {
         rows: LaunchConfig,
         rows_qkv: LaunchConfig,
         rows_up: LaunchConfig,
+        /// The fused attention's launch, and the unfused attention's (a warp per row).
         attention: LaunchConfig,
+        per_row: LaunchConfig,
         softmax: LaunchConfig,
     }
 
@@ -436,7 +514,12 @@ mod host {
                 rows: row_config(h as u32, tokens as u32),
                 rows_qkv: row_config(3 * h as u32, tokens as u32),
                 rows_up: row_config(f as u32, tokens as u32),
-                attention: per_row,
+                attention: LaunchConfig {
+                    grid: Dim3::new(dims.seq.div_ceil(QUERIES_PER_BLOCK) as u32, dims.heads as u32, batch as u32),
+                    block: (32 * ATTENTION_WARPS).into(),
+                    ..LaunchConfig::default()
+                },
+                per_row,
                 softmax: per_row,
             })
         }
@@ -451,9 +534,9 @@ mod host {
                     Mode::Unfused => {
                         k.gemm.launch(s, &self.qkv_config, &self.x, &l.wqkv, &mut self.qkv_raw, t, 3 * h, h)?;
                         k.add_bias.launch(s, &self.rows_qkv, &self.qkv_raw, &l.bqkv, &mut self.qkv)?;
-                        k.scores.launch(s, &self.attention, &self.qkv, &mut self.scores, seq, heads, scale)?;
+                        k.scores.launch(s, &self.per_row, &self.qkv, &mut self.scores, seq, heads, scale)?;
                         k.softmax.launch(s, &self.softmax, &self.scores, &mut self.probs, seq)?;
-                        k.context.launch(s, &self.attention, &self.probs, &self.qkv, &mut self.ctx, seq, heads)?;
+                        k.context.launch(s, &self.per_row, &self.probs, &self.qkv, &mut self.ctx, seq, heads)?;
                         k.gemm.launch(s, &self.o_config, &self.ctx, &l.wo, &mut self.proj, t, h, h)?;
                         k.add_bias.launch(s, &self.rows, &self.proj, &l.bo, &mut self.biased)?;
                         k.add_residual.launch(s, &self.rows, &self.biased, &self.x, &mut self.summed)?;
