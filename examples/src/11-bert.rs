@@ -9,9 +9,10 @@
 //! online softmax and context of 16 queries per warp in registers), and bias + LayerNorm in
 //! one kernel.
 //!
-//! Attention runs one warp per (batch element, head, query) row, reading Q, K and V from the
-//! QKV projection's output (`tokens × 3·hidden`: Q, K, V side by side, head `h` at columns
-//! `64 h ..+ 64` of each) and writing the context merged back to `tokens × hidden`. The two
+//! Every attention kernel runs on the tensor cores, a block per 64 queries of a (batch
+//! element, head), reading Q, K and V from the QKV projection's output and writing the
+//! context merged back to `tokens × hidden`; the unfused scores and probabilities go through
+//! global memory in f32, as `torch.bmm` → `softmax` → `torch.bmm` would. The two
 //! modes differ in GELU: the unfused kernel uses erf (BERT's definition), the GEMM epilogue
 //! the tanh form; each is checked against an f64 reference of its own.
 
@@ -22,185 +23,188 @@ use clusterfuse::prelude::*;
 
 /// Elements per head.
 pub const HEAD_DIM: usize = 64;
-/// The longest sequence: 4 keys per lane of the row's warp.
+/// The longest sequence.
 pub const MAX_SEQ: usize = 128;
-const SLOTS: usize = MAX_SEQ / 32;
-/// Attention rows (warps) per block of the attention kernels.
-pub const ROWS_PER_BLOCK: u32 = 8;
-
-/// One attention row: the warp's (batch element `b`, head `h`, query `i`).
-struct AttentionRow {
-    /// `(b · heads + h) · seq + i`: the row of the scores.
-    row: usize,
-    seq: usize,
-    /// Element offsets in the QKV output of the query, and of the key of token 0 of `b`.
-    query: usize,
-    key0: usize,
-    /// Elements between consecutive tokens of the QKV output (3 · hidden), and from a key to its value.
-    stride: usize,
-    hidden: usize,
-    /// Element offset of the row's context in the `tokens × hidden` output.
-    out: usize,
-}
-
-/// This warp's row, or `None` past the last one. Traps on a sequence longer than [`MAX_SEQ`].
-#[inline(always)]
-fn attention_row(qkv: &[f16], seq: u32, heads: u32) -> Option<AttentionRow> {
-    let (seq, heads) = (seq as usize, heads as usize);
-    if seq > MAX_SEQ || seq == 0 {
-        arch::trap()
-    }
-    let (hidden, row) = (heads * HEAD_DIM, (block::index_x() * ROWS_PER_BLOCK + warp::index_in_block()) as usize);
-    let stride = 3 * hidden;
-    if row >= qkv.len() / stride * heads {
-        return None;
-    }
-    let (i, b, h) = (row % seq, row / seq / heads, row / seq % heads);
-    let token = b * seq + i;
-    Some(AttentionRow {
-        row,
-        seq,
-        query: token * stride + h * HEAD_DIM,
-        key0: b * seq * stride + hidden + h * HEAD_DIM,
-        stride,
-        hidden,
-        out: token * hidden + h * HEAD_DIM,
-    })
-}
-
-/// This lane's scores `scale · q·k_j` for keys `j = lane + 32 s` (−∞ past the sequence).
-#[inline(always)]
-fn scores(qkv: &[f16], r: &AttentionRow, scale: f32) -> [f32; SLOTS] {
-    let lane = warp::lane() as usize;
-    core::array::from_fn(|s| {
-        let j = lane + 32 * s;
-        if j >= r.seq {
-            return f32::NEG_INFINITY;
-        }
-        let (q, k) = (r.query / 8, (r.key0 + j * r.stride) / 8);
-        let mut dot = 0.0f32;
-        for v in 0..HEAD_DIM / 8 {
-            let (qv, kv) = (global::load16::<f16, 8>(qkv, q + v), global::load16::<f16, 8>(qkv, k + v));
-            for e in 0..8 {
-                dot = qv[e].to_f32().fma(kv[e].to_f32(), dot);
-            }
-        }
-        scale * dot
-    })
-}
-
-/// Writes the row's context `Σ_j p(j) v_j` (lane `l` owns elements `2l`, `2l + 1`).
-#[inline(always)]
-fn context(qkv: &[f16], r: &AttentionRow, p: impl Fn(usize) -> f32, out: &Out<f16>) {
-    let lane = warp::lane() as usize;
-    let value0 = r.key0 + r.hidden + 2 * lane;
-    let (mut c0, mut c1) = (0.0f32, 0.0f32);
-    for j in 0..r.seq {
-        let (pj, v) = (p(j), value0 + j * r.stride);
-        c0 = pj.fma(qkv[v].to_f32(), c0);
-        c1 = pj.fma(qkv[v + 1].to_f32(), c1);
-    }
-    out.set(r.out + 2 * lane, f16::from_f32(c0));
-    out.set(r.out + 2 * lane + 1, f16::from_f32(c1));
-}
-
-/// Unfused attention 1/2: `scores[row, j] = scale · q·k_j` (f32), one warp per row of
-/// `batch · heads · seq`; grid ⌈rows / 8⌉, 256 threads. Then example 04's softmax.
-#[kernel(launch_bounds(max_threads = 256))]
-pub fn attention_scores(qkv: &[f16], scores: Out<f32>, seq: u32, heads: u32, scale: f32) {
-    let Some(r) = attention_row(qkv, seq, heads) else { return };
-    let lane = warp::lane() as usize;
-    for (s, &value) in self::scores(qkv, &r, scale).iter().enumerate() {
-        if lane + 32 * s < r.seq {
-            scores.set(r.row * r.seq + lane + 32 * s, value);
-        }
-    }
-}
-
-/// Unfused attention 2/2: the context `Σ_j probs[row, j] · v_j`, merged into `tokens × hidden`;
-/// launched as [`attention_scores`].
-#[kernel(launch_bounds(max_threads = 256))]
-pub fn attention_context(probs: &[f32], qkv: &[f16], out: Out<f16>, seq: u32, heads: u32) {
-    let Some(r) = attention_row(qkv, seq, heads) else { return };
-    context(qkv, &r, |j| probs[r.row * r.seq + j], &out);
-}
-
-/// Queries per block of [`attention`]: 16 per warp (one `mma` tile of rows).
-pub const QUERIES_PER_BLOCK: usize = 16 * ATTENTION_WARPS as usize;
-/// Warps per block of [`attention`].
+/// Warps per block of the attention kernels, each taking 16 queries (one `mma` tile of rows).
 pub const ATTENTION_WARPS: u32 = 4;
+/// Queries per block of the attention kernels.
+pub const QUERIES_PER_BLOCK: usize = 16 * ATTENTION_WARPS as usize;
 /// Row stride of the staged Q, K and V tiles, in halves: a row of 64 plus 16 bytes, so the
 /// eight rows an `ldmatrix` reads fall in distinct banks.
 const TILE_STRIDE: usize = HEAD_DIM + 8;
+/// The 16-dimension slices of a head, and its 8-dimension column tiles.
+const SLICES: usize = HEAD_DIM / 16;
+const COLUMN_TILES: usize = HEAD_DIM / 8;
 
-/// Fused attention on the tensor cores, after FlashAttention-2: block (x, h, b) takes
-/// queries `64 x ..+ 64` of head `h` of batch element `b`. It stages the sequence's K and V
-/// and its queries in shared memory (16-byte loads); each warp then multiplies its 16 queries
-/// with 16 keys at a time (`mma`), keeps the online softmax's running max and sum per row,
-/// and feeds the probabilities from registers into `P·V`. Grid (⌈seq / 64⌉, heads, batch),
-/// 128 threads; `seq` a multiple of 16 up to [`MAX_SEQ`] (traps otherwise).
-#[kernel(launch_bounds(max_threads = 128))]
-pub fn attention(qkv: &[f16], out: Out<f16>, seq: u32, heads: u32, scale: f32) {
-    let keys = shared!([f16; MAX_SEQ * TILE_STRIDE]);
-    let values = shared!([f16; MAX_SEQ * TILE_STRIDE]);
-    let queries = shared!([f16; QUERIES_PER_BLOCK * TILE_STRIDE]);
-    let (seq, hidden) = (seq as usize, heads as usize * HEAD_DIM);
-    if seq == 0 || seq > MAX_SEQ || !seq.is_multiple_of(16) {
-        arch::trap()
+// The attention kernels all run on the tensor cores with one launch shape: block (x, h, b)
+// takes queries `64 x ..+ 64` of head `h` of batch element `b`, grid (⌈seq / 64⌉, heads,
+// batch), 128 threads; `seq` a multiple of 16 up to `MAX_SEQ` (they trap otherwise). A block
+// stages what it reads of the QKV projection's output (`tokens × 3·hidden`: Q, K, V side by
+// side, head `h` at columns `64 h ..+ 64` of each) in shared memory, 16 bytes at a time, and
+// each warp then works on 16 queries and 16 keys at a time.
+
+/// Where this block of an attention kernel works.
+struct AttentionBlock {
+    seq: usize,
+    heads: usize,
+    hidden: usize,
+    head: usize,
+    /// The batch element.
+    b: usize,
+    /// The block's first query, and its number of queries.
+    first: usize,
+    rows: usize,
+}
+
+impl AttentionBlock {
+    #[inline(always)]
+    fn new(seq: u32, heads: u32) -> Self {
+        let (seq, heads) = (seq as usize, heads as usize);
+        if seq == 0 || seq > MAX_SEQ || !seq.is_multiple_of(16) {
+            arch::trap()
+        }
+        let first = block::index_x() as usize * QUERIES_PER_BLOCK;
+        let (head, b) = (block::index().y as usize, block::index().z as usize);
+        Self { seq, heads, hidden: heads * HEAD_DIM, head, b, first, rows: QUERIES_PER_BLOCK.min(seq - first) }
     }
-    let (first, head, b) = (block::index_x() as usize * QUERIES_PER_BLOCK, block::index().y as usize, block::index().z as usize);
-    let rows = QUERIES_PER_BLOCK.min(seq - first);
-    // 16-byte vectors: of a token's QKV row, of a head's 64 elements, of a staged row.
-    let (token_vectors, head_vectors, tile_vectors) = (3 * hidden / 8, HEAD_DIM / 8, TILE_STRIDE / 8);
-    let q_vector = |token: usize| (b * seq + token) * token_vectors + head * head_vectors;
-    let t = thread::rank_in_block() as usize;
-    for i in (t..seq * head_vectors).step_by(block::size() as usize) {
-        let (j, v) = (i / head_vectors, i % head_vectors);
-        let src = q_vector(j) + v;
-        keys.store16(j * tile_vectors + v, global::load16::<f16, 8>(qkv, src + hidden / 8));
-        values.store16(j * tile_vectors + v, global::load16::<f16, 8>(qkv, src + 2 * hidden / 8));
-        if j < rows {
-            queries.store16(j * tile_vectors + v, global::load16::<f16, 8>(qkv, q_vector(first + j) + v));
+
+    /// Copies rows `0 .. count` of `part` (0: Q, 1: K, 2: V) of this head, from token `from`
+    /// of the batch element on, into `tile`.
+    #[inline(always)]
+    fn stage(&self, qkv: &[f16], tile: SharedSlice<f16>, part: usize, from: usize, count: usize) {
+        let (token_vectors, head_vectors, tile_vectors) = (3 * self.hidden / 8, HEAD_DIM / 8, TILE_STRIDE / 8);
+        let base = (self.b * self.seq + from) * token_vectors + (part * self.hidden + self.head * HEAD_DIM) / 8;
+        for i in (thread::rank_in_block() as usize..count * head_vectors).step_by(block::size() as usize) {
+            let (row, v) = (i / head_vectors, i % head_vectors);
+            tile.store16(row * tile_vectors + v, global::load16::<f16, 8>(qkv, base + row * token_vectors + v));
         }
     }
-    block::sync();
 
-    let row0 = 16 * warp::index_in_block() as usize;
-    if row0 >= rows {
-        return;
+    /// This warp's first row among the block's queries, or `None` past them.
+    #[inline(always)]
+    fn warp_rows(&self) -> Option<usize> {
+        let row0 = 16 * warp::index_in_block() as usize;
+        (row0 < self.rows).then_some(row0)
     }
-    let q: [FragA<f16>; HEAD_DIM / 16] = core::array::from_fn(|s| FragA::load(queries, TILE_STRIDE, row0, 16 * s));
+
+    /// Row of the `(batch · heads · seq) × seq` scores of the block's query `row`.
+    #[inline(always)]
+    fn score_row(&self, row: usize) -> usize {
+        (self.b * self.heads + self.head) * self.seq + self.first + row
+    }
+
+    /// Writes the warp's 16 × 64 context `o · inverse` (per accumulator row: values 0-1 and
+    /// 2-3) into the `tokens × hidden` output, its rows from the block's query `row0`.
+    #[inline(always)]
+    fn store_context(&self, o: &[FragC; COLUMN_TILES], inverse: [f32; 2], row0: usize, out: &Out<f16>) {
+        for (j, acc) in o.iter().enumerate() {
+            for (i, &value) in acc.values.iter().enumerate() {
+                let (r, c) = FragC::position(i);
+                let token = self.b * self.seq + self.first + row0 + r;
+                out.set(token * self.hidden + self.head * HEAD_DIM + 8 * j + c, f16::from_f32(value * inverse[i / 2]));
+            }
+        }
+    }
+}
+
+/// The warp's queries (rows `row0 ..+ 16` of the staged `queries`) as A fragments.
+#[inline(always)]
+fn query_fragments(queries: SharedSlice<f16>, row0: usize) -> [FragA<f16>; SLICES] {
+    core::array::from_fn(|s| FragA::load(queries, TILE_STRIDE, row0, 16 * s))
+}
+
+/// `q·kᵀ` of the warp's 16 queries with staged keys `kc ..+ 8` and `kc + 8 ..+ 8`.
+#[inline(always)]
+fn score_chunk(q: &[FragA<f16>; SLICES], keys: SharedSlice<f16>, kc: usize) -> [FragC; 2] {
+    let mut s = [FragC::ZERO; 2];
+    for (half, acc) in s.iter_mut().enumerate() {
+        for (slice, &qa) in q.iter().enumerate() {
+            *acc = mma_m16n8k16(qa, FragB::load_n_major(keys, TILE_STRIDE, kc + 8 * half, 16 * slice), *acc);
+        }
+    }
+    s
+}
+
+/// `o += p · v` for the probabilities `p` of keys `kc ..+ 16` and the staged values.
+#[inline(always)]
+fn accumulate_context(o: &mut [FragC; COLUMN_TILES], p: FragA<f16>, values: SharedSlice<f16>, kc: usize) {
+    for (j, acc) in o.iter_mut().enumerate() {
+        *acc = mma_m16n8k16(p, FragB::load_k_major(values, TILE_STRIDE, kc, 8 * j), *acc);
+    }
+}
+
+/// Unfused attention 1/2: `scores[row, j] = scale · q·k_j` (f32), rows `(b · heads + h) · seq
+/// + i`. Then example 04's softmax.
+#[kernel(launch_bounds(max_threads = 128))]
+pub fn attention_scores(qkv: &[f16], scores: Out<f32>, seq: u32, heads: u32, scale: f32) {
+    let (keys, queries) = (shared!([f16; MAX_SEQ * TILE_STRIDE]), shared!([f16; QUERIES_PER_BLOCK * TILE_STRIDE]));
+    let blk = AttentionBlock::new(seq, heads);
+    blk.stage(qkv, keys, 1, 0, blk.seq);
+    blk.stage(qkv, queries, 0, blk.first, blk.rows);
+    block::sync();
+    let Some(row0) = blk.warp_rows() else { return };
+    let q = query_fragments(queries, row0);
+    for kc in (0..blk.seq).step_by(16) {
+        for (half, tile) in score_chunk(&q, keys, kc).iter().enumerate() {
+            for (i, &value) in tile.values.iter().enumerate() {
+                let (r, c) = FragC::position(i);
+                scores.set(blk.score_row(row0 + r) * blk.seq + kc + 8 * half + c, scale * value);
+            }
+        }
+    }
+}
+
+/// Unfused attention 2/2: the context `Σ_j probs[row, j] · v_j`, merged into `tokens × hidden`.
+#[kernel(launch_bounds(max_threads = 128))]
+pub fn attention_context(probs: &[f32], qkv: &[f16], out: Out<f16>, seq: u32, heads: u32) {
+    let values = shared!([f16; MAX_SEQ * TILE_STRIDE]);
+    let blk = AttentionBlock::new(seq, heads);
+    blk.stage(qkv, values, 2, 0, blk.seq);
+    block::sync();
+    let Some(row0) = blk.warp_rows() else { return };
+    let mut o = [FragC::ZERO; COLUMN_TILES];
+    for kc in (0..blk.seq).step_by(16) {
+        // The probabilities of keys kc ..+ 16 in the accumulator layout, then as an A fragment.
+        let p: [FragC; 2] = core::array::from_fn(|half| FragC {
+            values: core::array::from_fn(|i| {
+                let (r, c) = FragC::position(i);
+                probs[blk.score_row(row0 + r) * blk.seq + kc + 8 * half + c]
+            }),
+        });
+        accumulate_context(&mut o, FragA::from_accumulators(p[0], p[1]), values, kc);
+    }
+    blk.store_context(&o, [1.0, 1.0], row0, &out);
+}
+
+/// Fused attention, after FlashAttention-2: scores of 16 keys at a time, the online
+/// softmax's running max and sum per row, and the probabilities fed from registers into
+/// `P·V` — nothing of the `seq × seq` scores leaves the SM.
+#[kernel(launch_bounds(max_threads = 128))]
+pub fn attention(qkv: &[f16], out: Out<f16>, seq: u32, heads: u32, scale: f32) {
+    let (keys, values) = (shared!([f16; MAX_SEQ * TILE_STRIDE]), shared!([f16; MAX_SEQ * TILE_STRIDE]));
+    let queries = shared!([f16; QUERIES_PER_BLOCK * TILE_STRIDE]);
+    let blk = AttentionBlock::new(seq, heads);
+    blk.stage(qkv, queries, 0, blk.first, blk.rows);
+    blk.stage(qkv, keys, 1, 0, blk.seq);
+    blk.stage(qkv, values, 2, 0, blk.seq);
+    block::sync();
+    let Some(row0) = blk.warp_rows() else { return };
+    let q = query_fragments(queries, row0);
     let scale = scale * core::f32::consts::LOG2_E; // scores in exp2 units
     // This lane's rows g and g + 8 (FragC values 0-1 and 2-3): running max and partial sum.
     let (mut max, mut sum) = ([f32::NEG_INFINITY; 2], [0.0f32; 2]);
-    let mut o = [FragC::ZERO; HEAD_DIM / 8];
-    for kc in (0..seq).step_by(16) {
-        // Scores of keys kc ..+ 8 and kc + 8 ..+ 8.
-        let mut s = [FragC::ZERO; 2];
-        for (half, acc) in s.iter_mut().enumerate() {
-            for (slice, &qa) in q.iter().enumerate() {
-                *acc = mma_m16n8k16(qa, FragB::load_n_major(keys, TILE_STRIDE, kc + 8 * half, 16 * slice), *acc);
-            }
-        }
+    let mut o = [FragC::ZERO; COLUMN_TILES];
+    for kc in (0..blk.seq).step_by(16) {
+        let mut s = score_chunk(&q, keys, kc);
         online_softmax_row(&mut s, &mut o, &mut max[0], &mut sum[0], 0, scale);
         online_softmax_row(&mut s, &mut o, &mut max[1], &mut sum[1], 2, scale);
-        let p = FragA::<f16>::from_accumulators(s[0], s[1]);
-        for (j, acc) in o.iter_mut().enumerate() {
-            *acc = mma_m16n8k16(p, FragB::load_k_major(values, TILE_STRIDE, kc, 8 * j), *acc);
-        }
+        accumulate_context(&mut o, FragA::from_accumulators(s[0], s[1]), values, kc);
     }
     for total in &mut sum {
         *total += warp::shuffle_xor(*total, 1);
         *total += warp::shuffle_xor(*total, 2);
     }
-    let inverse = [1.0 / sum[0], 1.0 / sum[1]];
-    for (j, acc) in o.iter().enumerate() {
-        for (i, &value) in acc.values.iter().enumerate() {
-            let (r, c) = FragC::position(i);
-            let token = b * seq + first + row0 + r;
-            out.set(token * hidden + head * HEAD_DIM + 8 * j + c, f16::from_f32(value * inverse[i / 2]));
-        }
-    }
+    blk.store_context(&o, [1.0 / sum[0], 1.0 / sum[1]], row0, &out);
 }
 
 /// One step of the online softmax for the accumulator row whose values are `v`, `v + 1`
@@ -208,7 +212,7 @@ pub fn attention(qkv: &[f16], out: Out<f16>, seq: u32, heads: u32, scale: f32) {
 /// new scores `s` (across its 4 lanes), the rescaling of the running `sum` and output `o`,
 /// and `s` replaced by the probabilities `exp2(scale · s − max)`.
 #[inline(always)]
-fn online_softmax_row(s: &mut [FragC; 2], o: &mut [FragC; HEAD_DIM / 8], max: &mut f32, sum: &mut f32, v: usize, scale: f32) {
+fn online_softmax_row(s: &mut [FragC; 2], o: &mut [FragC; COLUMN_TILES], max: &mut f32, sum: &mut f32, v: usize, scale: f32) {
     let chunk = s[0].values[v].max(s[0].values[v + 1]).max(s[1].values[v].max(s[1].values[v + 1])) * scale;
     let chunk = chunk.max(warp::shuffle_xor(chunk, 1));
     let chunk = chunk.max(warp::shuffle_xor(chunk, 2)); // over the row's 4 lanes
@@ -477,9 +481,7 @@ mod host {
         rows: LaunchConfig,
         rows_qkv: LaunchConfig,
         rows_up: LaunchConfig,
-        /// The fused attention's launch, and the unfused attention's (a warp per row).
         attention: LaunchConfig,
-        per_row: LaunchConfig,
         softmax: LaunchConfig,
     }
 
@@ -491,7 +493,6 @@ mod host {
             assert_eq!(x.len(), tokens * h, "the input is tokens × hidden");
             let poisoned = |len: usize| gpu.upload(&vec![f16::NAN; len]);
             let rows = (tokens * dims.heads) as u32;
-            let per_row = LaunchConfig { grid: rows.div_ceil(ROWS_PER_BLOCK).into(), block: (32 * ROWS_PER_BLOCK).into(), ..LaunchConfig::default() };
             Ok(Self {
                 tokens,
                 x: gpu.upload(x)?,
@@ -519,8 +520,8 @@ mod host {
                     block: (32 * ATTENTION_WARPS).into(),
                     ..LaunchConfig::default()
                 },
-                per_row,
-                softmax: per_row,
+                // Example 04's softmax: a warp per row, 8 rows a block.
+                softmax: LaunchConfig { grid: rows.div_ceil(8).into(), block: 256.into(), ..LaunchConfig::default() },
             })
         }
 
@@ -534,9 +535,9 @@ mod host {
                     Mode::Unfused => {
                         k.gemm.launch(s, &self.qkv_config, &self.x, &l.wqkv, &mut self.qkv_raw, t, 3 * h, h)?;
                         k.add_bias.launch(s, &self.rows_qkv, &self.qkv_raw, &l.bqkv, &mut self.qkv)?;
-                        k.scores.launch(s, &self.per_row, &self.qkv, &mut self.scores, seq, heads, scale)?;
+                        k.scores.launch(s, &self.attention, &self.qkv, &mut self.scores, seq, heads, scale)?;
                         k.softmax.launch(s, &self.softmax, &self.scores, &mut self.probs, seq)?;
-                        k.context.launch(s, &self.per_row, &self.probs, &self.qkv, &mut self.ctx, seq, heads)?;
+                        k.context.launch(s, &self.attention, &self.probs, &self.qkv, &mut self.ctx, seq, heads)?;
                         k.gemm.launch(s, &self.o_config, &self.ctx, &l.wo, &mut self.proj, t, h, h)?;
                         k.add_bias.launch(s, &self.rows, &self.proj, &l.bo, &mut self.biased)?;
                         k.add_residual.launch(s, &self.rows, &self.biased, &self.x, &mut self.summed)?;
