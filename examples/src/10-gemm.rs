@@ -459,11 +459,11 @@ mod host {
 
     /// Blocks per output tile (a cluster along z, splitting K): doubled from 1 while the grid
     /// stays within one wave of two blocks per SM of an H200 (132 SMs) and every block keeps
-    /// at least two k-steps, up to the portable cluster of 8. Small-M GEMMs (a BERT layer at
-    /// batch 1: M = 128, 6-24 tiles) would otherwise leave most SMs idle.
+    /// a k-step, up to the portable cluster of 8. Small-M GEMMs (a BERT layer at batch 1:
+    /// M = 128, 6-24 tiles) would otherwise leave most SMs idle.
     pub fn split_k(tiles: usize, steps: usize) -> u32 {
         let mut splits = 1;
-        while splits < 8 && tiles * splits * 2 <= 2 * 132 && steps >= 2 * (splits * 2) {
+        while splits < 8 && tiles * splits * 2 <= 2 * 132 && steps >= splits * 2 {
             splits *= 2;
         }
         splits as u32
@@ -601,8 +601,8 @@ mod host {
 
     /// Checks one kind against its f64 reference, on every output of two GEMMs: M, N, K off
     /// the tile sizes (on the emulator: two row tiles, the second 22 rows; two column tiles,
-    /// the second 8 columns; four k-steps, the last 8 deep), split over a cluster of two
-    /// along K ([`split_k`]), and the same M, N with K = 40 (one k-step, no split).
+    /// the second 8 columns; four k-steps, the last 8 deep), split along K over a cluster
+    /// ([`split_k`]), and the same M, N with K = 40 (one k-step, no split).
     pub fn run<T: GemmType>(gpu: &Gpu, epilogue: EpilogueKind, tolerance: f64) -> Result<Report> {
         let (m, n, k) = shape(gpu, (1000, 1032, 1048), (150, 136, 200));
         let (mut outs, mut references, mut shapes) = (Vec::new(), Vec::new(), Vec::new());

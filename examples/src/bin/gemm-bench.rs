@@ -21,8 +21,8 @@ use std::process::ExitCode;
 const WARMUP: usize = 3;
 const REPS: usize = 20;
 const SAMPLES: usize = 256;
-/// Relative error allowed per sampled entry, against the f64 reference's scale (the output's
-/// bf16 rounding, 2^-8, with room for the f32 accumulation and `tanh.approx`).
+/// Relative error allowed per sampled entry (the output's bf16 rounding, at most 2^-8 of
+/// itself, with room for the f32 accumulation and `tanh.approx`).
 const TOLERANCE: f64 = 1e-2;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
@@ -44,8 +44,9 @@ fn shapes() -> Vec<(&'static str, usize, usize, usize)> {
 }
 
 
-/// Worst relative error of `SAMPLES` random entries of `out`, scaled by the typical
-/// magnitude of the reference (so that entries near zero do not dominate).
+/// Worst relative error of `SAMPLES` random entries of `out`, each against its own
+/// magnitude plus the reference's typical one (so that entries near zero do not dominate,
+/// and large ones are held to their own rounding: a bf16 output is within 2^-8 of itself).
 fn sampled_error(host: &HostOperands<bf16>, out: &[bf16], epilogue: EpilogueKind, (m, n, k): (usize, usize, usize)) -> f64 {
     let mut rng = rand::rng();
     let picks: Vec<(usize, usize)> = (0..SAMPLES).map(|_| (rng.random_range(0..m), rng.random_range(0..n))).collect();
@@ -56,7 +57,7 @@ fn sampled_error(host: &HostOperands<bf16>, out: &[bf16], epilogue: EpilogueKind
         .zip(&reference)
         .map(|(&(i, j), r)| {
             let o = out[i * n + j].to_f64();
-            if o.is_nan() { f64::INFINITY } else { (o - r).abs() / scale }
+            if o.is_nan() { f64::INFINITY } else { (o - r).abs() / (r.abs() + scale) }
         })
         .fold(0.0, f64::max)
 }
