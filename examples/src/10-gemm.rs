@@ -195,7 +195,7 @@ pub fn gemm<T: MmaInput, E: Epilogue>(a: &[T], b: &[T], out: &Out<T>, m: u32, n:
     }
     let smem = shared::dynamic().take::<T>(SMEM_ELEMENTS).addr();
     let (bm, bn) = (block::index().y as usize * BM, block::index_x() as usize * BN);
-    const { assert!(BM * BN * 4 <= SMEM_ELEMENTS * 2, "the split-K partial tile fits in the pipeline's shared memory") };
+    const { assert!(BM * PARTIAL_STRIDE * 4 <= SMEM_ELEMENTS * 2, "the split-K partial tile fits in the pipeline's shared memory") };
     let warp = warp::index_in_block() as usize;
     let (wm, wn) = (warp / WARPS_N * WM, warp % WARPS_N * WN);
     // This lane's ldmatrix row addresses in stage 0, k-slice 0, first fragment.
@@ -262,15 +262,23 @@ pub fn gemm<T: MmaInput, E: Epilogue>(a: &[T], b: &[T], out: &Out<T>, m: u32, n:
     // across the cluster in rank order, each block finishing 1/splits of the tile.
     arch::cp_async_wait_group::<0>();
     block::sync();
-    // SAFETY: the first BM × BN f32 of the block's dynamic shared memory, which holds
-    // SMEM_ELEMENTS halves (more bytes); no thread reads the pipeline any more (barrier above).
-    let partial = unsafe { SharedSlice::<f32>::from_raw_parts(smem, BM * BN) };
+    // SAFETY: the first BM × PARTIAL_STRIDE f32 of the block's dynamic shared memory, which
+    // holds SMEM_ELEMENTS halves (more bytes); no thread reads the pipeline any more.
+    let partial = unsafe { SharedSlice::<f32>::from_raw_parts(smem, BM * PARTIAL_STRIDE) };
     unroll4!(|i| unroll4!(|j| unroll4!(|v| {
         let (r, c) = FragC::position(v);
-        partial.store((wm + i * 16 + r) * BN + wn + j * 8 + c, acc[i][j].values[v]);
+        partial.store((wm + i * 16 + r) * PARTIAL_STRIDE + wn + j * 8 + c, acc[i][j].values[v]);
     })));
-    cluster::reduce_scatter(partial, Sum, |e, value| store(bm + e / BN, bn + e % BN, value));
+    cluster::reduce_scatter(partial, Sum, |e, value| {
+        if e % PARTIAL_STRIDE < BN {
+            store(bm + e / PARTIAL_STRIDE, bn + e % PARTIAL_STRIDE, value);
+        }
+    });
 }
+
+/// Row stride, in f32, of a split-K block's partial tile: 8 words of padding, so that a
+/// warp's accumulator stores (8 rows × 4 column pairs) hit each bank at most twice.
+const PARTIAL_STRIDE: usize = BN + 8;
 
 /// `body` with `$i` bound to 0, 1, 2, 3 in turn, as constants (LLVM leaves loops this large
 /// rolled, and a register array indexed at run time moves to local memory).
