@@ -757,32 +757,31 @@ pub fn cvt_f32_bf16(x: u16) -> f32 {
     }
 }
 
-/// `cvt.rn.f16x2.f32`: rounds `lo` and `hi` to f16 and packs them, `lo` in the low half
-/// (the order `mma` fragments hold consecutive columns in).
+/// `cvt.rn.f16x2.f32` (sm_80+): `a` and `b` rounded to f16 and packed, `a` in the upper half.
 #[inline(always)]
-pub fn cvt_rn_f16x2_f32(lo: f32, hi: f32) -> u32 {
+pub fn cvt_rn_f16x2_f32(a: f32, b: f32) -> u32 {
     gpu_or_emulator! {
         gpu: {
-            let y: u32;
+            let d: u32;
             // SAFETY: arithmetic only.
-            unsafe { ptx!("cvt.rn.f16x2.f32 {y}, {hi}, {lo};", y = out(reg32) y, hi = in(reg32) hi, lo = in(reg32) lo, options(pure, nomem, nostack)) };
-            y
+            unsafe { ptx!("cvt.rn.f16x2.f32 {d}, {a}, {b};", d = out(reg32) d, a = in(reg32) a, b = in(reg32) b, options(pure, nomem, nostack)) };
+            d
         },
-        emulator: u32::from(crate::f16::from_f32(lo).to_bits()) | u32::from(crate::f16::from_f32(hi).to_bits()) << 16,
+        emulator: (crate::f16::from_f32(a).to_bits() as u32) << 16 | crate::f16::from_f32(b).to_bits() as u32,
     }
 }
 
-/// `cvt.rn.bf16x2.f32`: [`cvt_rn_f16x2_f32`] for bf16.
+/// `cvt.rn.bf16x2.f32` (sm_80+): `a` and `b` rounded to bf16 and packed, `a` in the upper half.
 #[inline(always)]
-pub fn cvt_rn_bf16x2_f32(lo: f32, hi: f32) -> u32 {
+pub fn cvt_rn_bf16x2_f32(a: f32, b: f32) -> u32 {
     gpu_or_emulator! {
         gpu: {
-            let y: u32;
+            let d: u32;
             // SAFETY: arithmetic only.
-            unsafe { ptx!("cvt.rn.bf16x2.f32 {y}, {hi}, {lo};", y = out(reg32) y, hi = in(reg32) hi, lo = in(reg32) lo, options(pure, nomem, nostack)) };
-            y
+            unsafe { ptx!("cvt.rn.bf16x2.f32 {d}, {a}, {b};", d = out(reg32) d, a = in(reg32) a, b = in(reg32) b, options(pure, nomem, nostack)) };
+            d
         },
-        emulator: u32::from(crate::bf16::from_f32(lo).to_bits()) | u32::from(crate::bf16::from_f32(hi).to_bits()) << 16,
+        emulator: (crate::bf16::from_f32(a).to_bits() as u32) << 16 | crate::bf16::from_f32(b).to_bits() as u32,
     }
 }
 

@@ -44,7 +44,7 @@ impl MmaInput for f16 {
     }
     #[inline(always)]
     fn pack(lo: f32, hi: f32) -> u32 {
-        arch::cvt_rn_f16x2_f32(lo, hi)
+        arch::cvt_rn_f16x2_f32(hi, lo)
     }
 }
 
@@ -55,7 +55,7 @@ impl MmaInput for bf16 {
     }
     #[inline(always)]
     fn pack(lo: f32, hi: f32) -> u32 {
-        arch::cvt_rn_bf16x2_f32(lo, hi)
+        arch::cvt_rn_bf16x2_f32(hi, lo)
     }
 }
 
