@@ -1,6 +1,6 @@
 //! The examples' PTX, checked without a GPU: launch directives in place, shared memory through
 //! `ld.shared`/`st.shared`, DSMEM through 16-byte `ld/st.shared::cluster.v4`, and every kernel
-//! assembled by `ptxas -arch=sm_90` with no spills and the shared memory it should use (a
+//! assembled by `ptxas -arch=sm_90a` with no spills and the shared memory it should use (a
 //! `#[cluster_primitive]`'s scratch included); the GEMM on the tensor cores (`mma.sync`,
 //! `ldmatrix`, `cp.async` in the PTX; `HMMA`, `LDSM`, `LDGSTS` in the SASS).
 
@@ -216,7 +216,7 @@ fn gemm_sass_has_hmma_ldsm_and_ldgsts() {
     std::fs::create_dir_all(&dir).unwrap();
     let (ptx, cubin) = (dir.join("examples.ptx"), dir.join("examples.cubin"));
     std::fs::write(&ptx, PTX.text).unwrap();
-    let status = std::process::Command::new(&ptxas).args(["-arch=sm_90", "-o"]).arg(&cubin).arg(&ptx).status().unwrap();
+    let status = std::process::Command::new(&ptxas).args(["-arch=sm_90a", "-o"]).arg(&cubin).arg(&ptx).status().unwrap();
     assert!(status.success(), "ptxas failed");
     let path = std::env::join_paths(std::iter::once(bin.clone()).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()))).unwrap();
     for (kernel, t) in gemm_kernels() {

@@ -1,0 +1,319 @@
+//! 12 — a GEMM on Hopper's warpgroup tensor cores: `C = epilogue(A·Bᵀ)` for row-major A (M × K)
+//! and Bᵀ (N × K, as `nn.Linear` stores its weight), bf16 in, f32 accumulate, bf16 out.
+//!
+//! Each block of 384 threads (three warpgroups) computes a 128 × 256 tile of C, stepping
+//! through K 64 at a time through a four-stage shared-memory [`Pipeline`]. Warpgroup 0 is
+//! the producer: it gives up registers (`setmaxnreg.dec` to 40) and one of its threads issues,
+//! per k-step, two TMA tile loads (A 128 × 64, Bᵀ 256 × 64, 128-byte swizzle, zero-filled past
+//! the matrices' edges) that complete on the stage's *full* mbarrier. Warpgroups 1 and 2 are
+//! the consumers (`setmaxnreg.inc` to 232): each waits for the stage, runs four
+//! `wgmma.mma_async.m64n256k16` on its 64 rows straight from shared memory (descriptors, no
+//! `ldmatrix`), waits for them, and frees the stage on its *empty* mbarrier. The epilogue is
+//! example 10's — none, bias, bias + GELU, residual, scaling — a type parameter, so each kind
+//! is its own kernel; the stores are masked to M × N.
+//!
+//! Shapes: any M and N; K a multiple of 8 (TMA needs rows of A and Bᵀ in multiples of 16
+//! bytes). The host rejects others before launching, with [`GemmError::Shape`].
+
+use crate::gemm::{Bias, BiasGelu, Epilogue, Plain, Residual, Scale};
+use clusterfuse::arch;
+use clusterfuse::prelude::*;
+use clusterfuse::tma::{Pipeline, PipelineState, TensorMap};
+use clusterfuse::warpgroup::{AccM64N256, Operand, Warpgroup, WgmmaInput};
+
+/// Rows of C per block.
+pub const BM: usize = 128;
+/// Columns of C per block.
+pub const BN: usize = 256;
+/// K per pipeline stage: one 128-byte swizzled row of bf16.
+pub const BK: usize = 64;
+/// Pipeline stages in shared memory.
+pub const STAGES: usize = 4;
+/// Threads per block: a producer warpgroup and two consumers.
+pub const THREADS: usize = 384;
+/// Consumer warpgroups, each 64 rows of the tile.
+const CONSUMERS: u32 = 2;
+/// Bytes of one stage of A and of Bᵀ.
+const A_STAGE_BYTES: u32 = (BM * BK * 2) as u32;
+const B_STAGE_BYTES: u32 = (BN * BK * 2) as u32;
+/// Dynamic shared memory per block: the stages, their mbarriers, and 1024 bytes to align the
+/// tiles for the swizzle (198 720 bytes: one block per SM).
+pub const SMEM_BYTES: u32 = 1024 + STAGES as u32 * (A_STAGE_BYTES + B_STAGE_BYTES) + 16 * STAGES as u32;
+/// Registers per thread of the producer and of the consumers (40 · 128 + 232 · 256 = 64 512
+/// of the SM's 65 536).
+const PRODUCER_REGISTERS: u32 = 40;
+const CONSUMER_REGISTERS: u32 = 232;
+
+/// The block's 128 × 256 tile of `out = epilogue(a · bᵀ)` from the tensor maps of A and Bᵀ:
+/// the body of every kernel. Traps unless K is a multiple of 8 and `out` holds M × N.
+#[inline(always)]
+pub fn gemm<T: WgmmaInput + HalfFloat, E: Epilogue>(a_map: &[u64], b_map: &[u64], out: &Out<T>, m: u32, n: u32, k: u32, epilogue: E) {
+    const { assert!(THREADS as u32 == (1 + CONSUMERS) * 128 && BM == 64 * CONSUMERS as usize && BK * 2 == 128) };
+    let (m, n, k) = (m as usize, n as usize, k as usize);
+    if out.len() < m * n || !k.is_multiple_of(8) {
+        arch::trap()
+    }
+    let (a_map, b_map) = (TensorMap::new(a_map), TensorMap::new(b_map));
+    let mut smem = shared::dynamic();
+    smem.align_to(1024);
+    let a_tiles = smem.take::<T>(STAGES * BM * BK).addr();
+    let b_tiles = smem.take::<T>(STAGES * BN * BK).addr();
+    let pipeline = Pipeline::<STAGES>::new(smem.take::<u64>(2 * STAGES), CONSUMERS);
+    block::sync();
+
+    let wg = Warpgroup::current();
+    let (bm, bn) = (block::index().y as usize * BM, block::index_x() as usize * BN);
+    let k_steps = k.div_ceil(BK);
+    if wg.index() == 0 {
+        wg.lower_registers::<PRODUCER_REGISTERS>();
+        if wg.thread_rank() == 0 {
+            let mut state = PipelineState::START;
+            for kt in 0..k_steps {
+                let full = pipeline.producer_acquire(state, A_STAGE_BYTES + B_STAGE_BYTES);
+                let s = state.stage() as u32;
+                // SAFETY: the stage's tiles are 1024-aligned and sized for the boxes, and free
+                // (its empty barrier passed); the full barrier expects both boxes' bytes.
+                unsafe {
+                    a_map.load_2d(a_tiles + s * A_STAGE_BYTES, (kt * BK) as i32, bm as i32, full);
+                    b_map.load_2d(b_tiles + s * B_STAGE_BYTES, (kt * BK) as i32, bn as i32, full);
+                }
+                state = state.next();
+            }
+        }
+        return;
+    }
+    wg.raise_registers::<CONSUMER_REGISTERS>();
+    // This warpgroup's 64 rows of the tile: 64 rows of 128 bytes further into A's stage.
+    let rows = 64 * (wg.index() as usize - 1);
+    let mut acc = AccM64N256::ZERO;
+    let mut state = PipelineState::<STAGES>::START;
+    for _ in 0..k_steps {
+        pipeline.consumer_wait(state);
+        let s = state.stage() as u32;
+        let (a_tile, b_tile) = (a_tiles + s * A_STAGE_BYTES + (rows * 128) as u32, b_tiles + s * B_STAGE_BYTES);
+        wg.fence();
+        for kk in 0..(BK / 16) as u32 {
+            let (a, b) = (Operand::<T>::k_major_swizzle_128b(a_tile, 16 * kk), Operand::<T>::k_major_swizzle_128b(b_tile, 16 * kk));
+            // SAFETY: the stage is loaded (its full barrier passed) and is not refilled
+            // until both consumers release it, after the wait below; the whole warpgroup
+            // runs this, after the fence.
+            unsafe { wg.mma_m64n256k16(a, b, &mut acc, true) };
+        }
+        wg.commit();
+        wg.wait::<0>();
+        if wg.thread_rank() == 0 {
+            pipeline.consumer_release(state);
+        }
+        state = state.next();
+    }
+    let t = wg.thread_rank();
+    // Unrolled, so that `acc` is only indexed by constants and stays in registers.
+    unroll!(i in [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92 93 94 95 96 97 98 99 100 101 102 103 104 105 106 107 108 109 110 111 112 113 114 115 116 117 118 119 120 121 122 123 124 125 126 127] {
+        let (r, c) = AccM64N256::position(t, i);
+        let (row, col) = (bm + rows + r, bn + c);
+        if row < m && col < n {
+            out.set(row * n + col, T::from_f32(epilogue.apply(acc.values[i], row, col, n)));
+        }
+    });
+}
+
+/// `body` once per listed constant, bound to `$i`.
+macro_rules! unroll {
+    ($i:ident in [$($n:literal)*] $body:block) => {{ $({ let $i: usize = $n; $body })* }};
+}
+use unroll;
+
+macro_rules! wgmma_kernels {
+    ($($t:ident: $plain:ident, $bias:ident, $bias_gelu:ident, $residual:ident, $scale:ident;)*) => {$(
+        #[doc = concat!("`out = a · bᵀ`, ", stringify!($t), ", from the tensor maps of A and Bᵀ; grid (⌈N/256⌉, ⌈M/128⌉), 384 threads, [`SMEM_BYTES`] of dynamic shared memory.")]
+        #[kernel(launch_bounds(max_threads = 384, min_blocks = 1))]
+        pub fn $plain(a_map: &[u64], b_map: &[u64], out: Out<$t>, m: u32, n: u32, k: u32) {
+            gemm(a_map, b_map, &out, m, n, k, Plain);
+        }
+
+        #[doc = concat!("`out = a · bᵀ + bias`, ", stringify!($t), "; launched as the plain kernel.")]
+        #[kernel(launch_bounds(max_threads = 384, min_blocks = 1))]
+        pub fn $bias(a_map: &[u64], b_map: &[u64], bias: &[$t], out: Out<$t>, m: u32, n: u32, k: u32) {
+            gemm(a_map, b_map, &out, m, n, k, Bias(bias));
+        }
+
+        #[doc = concat!("`out = gelu(a · bᵀ + bias)`, ", stringify!($t), "; launched as the plain kernel.")]
+        #[kernel(launch_bounds(max_threads = 384, min_blocks = 1))]
+        pub fn $bias_gelu(a_map: &[u64], b_map: &[u64], bias: &[$t], out: Out<$t>, m: u32, n: u32, k: u32) {
+            gemm(a_map, b_map, &out, m, n, k, BiasGelu(bias));
+        }
+
+        #[doc = concat!("`out = a · bᵀ + residual`, ", stringify!($t), "; launched as the plain kernel.")]
+        #[kernel(launch_bounds(max_threads = 384, min_blocks = 1))]
+        pub fn $residual(a_map: &[u64], b_map: &[u64], residual: &[$t], out: Out<$t>, m: u32, n: u32, k: u32) {
+            gemm(a_map, b_map, &out, m, n, k, Residual(residual));
+        }
+
+        #[doc = concat!("`out = alpha · a · bᵀ`, ", stringify!($t), "; launched as the plain kernel.")]
+        #[kernel(launch_bounds(max_threads = 384, min_blocks = 1))]
+        pub fn $scale(a_map: &[u64], b_map: &[u64], out: Out<$t>, alpha: f32, m: u32, n: u32, k: u32) {
+            gemm(a_map, b_map, &out, m, n, k, Scale(alpha));
+        }
+    )*};
+}
+
+wgmma_kernels! {
+    bf16: wgmma_bf16, wgmma_bf16_bias, wgmma_bf16_bias_gelu, wgmma_bf16_residual, wgmma_bf16_scale;
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+pub use host::*;
+
+#[cfg(not(target_arch = "nvptx64"))]
+mod host {
+    use super::*;
+    use crate::check::{shape, Report};
+    use crate::gemm::{EpilogueKind, GemmError, HostOperands, Operands};
+    use clusterfuse::host::{Buffer, Result, Swizzle, TensorMap};
+
+    /// The launch configuration of an M × N × K GEMM, or why the kernels cannot compute it.
+    pub fn config(m: usize, n: usize, k: usize) -> std::result::Result<LaunchConfig, GemmError> {
+        let reject = |what: String| Err(GemmError::Shape(format!("M = {m}, N = {n}, K = {k}: {what}")));
+        if m == 0 || n == 0 || k == 0 {
+            return reject("every dimension must be at least 1".into());
+        }
+        if !k.is_multiple_of(8) {
+            return reject("K must be a multiple of 8 (TMA loads rows of A and Bᵀ in multiples of 16 bytes); pad it".into());
+        }
+        if m.div_ceil(BM) > 65535 || m * k > i32::MAX as usize || k * n > i32::MAX as usize || m * n > u32::MAX as usize {
+            return reject("too large: at most 65535 row tiles of 128, 2^31 elements in A and Bᵀ, 2^32 in C".into());
+        }
+        Ok(LaunchConfig {
+            grid: (n.div_ceil(BN) as u32, m.div_ceil(BM) as u32, 1).into(),
+            block: (THREADS as u32).into(),
+            dynamic_smem_bytes: SMEM_BYTES,
+            ..LaunchConfig::default()
+        })
+    }
+
+    /// Bᵀ (N × K) of the operands' B (K × N), as the kernels take it.
+    pub fn transpose<T: Copy>(b: &[T], k: usize, n: usize) -> Vec<T> {
+        (0..n * k).map(|i| b[i % k * n + i / k]).collect()
+    }
+
+    /// The tensor maps of A (M × K) and Bᵀ (N × K), in the kernels' boxes: made once per
+    /// shape, valid while the buffers are borrowed.
+    pub struct Maps<'a> {
+        a: TensorMap<'a>,
+        b: TensorMap<'a>,
+    }
+
+    impl<'a> Maps<'a> {
+        /// Tensor maps of `a` and `bt` for an M × N × K GEMM.
+        pub fn new(gpu: &Gpu, a: &'a Buffer<bf16>, bt: &'a Buffer<bf16>, (m, n, k): (usize, usize, usize)) -> std::result::Result<Self, GemmError> {
+            config(m, n, k)?;
+            Ok(Self {
+                a: gpu.tensor_map_2d(a, (m, k), (BM as u32, BK as u32), Swizzle::B128)?,
+                b: gpu.tensor_map_2d(bt, (n, k), (BN as u32, BK as u32), Swizzle::B128)?,
+            })
+        }
+    }
+
+    /// The five bf16 kernels, loaded.
+    pub struct Kernels {
+        plain: wgmma_bf16::Kernel,
+        bias: wgmma_bf16_bias::Kernel,
+        bias_gelu: wgmma_bf16_bias_gelu::Kernel,
+        residual: wgmma_bf16_residual::Kernel,
+        scale: wgmma_bf16_scale::Kernel,
+    }
+
+    impl Kernels {
+        /// Loads the five kernels.
+        pub fn load(gpu: &Gpu) -> Result<Self> {
+            Ok(Self {
+                plain: wgmma_bf16::load(gpu)?,
+                bias: wgmma_bf16_bias::load(gpu)?,
+                bias_gelu: wgmma_bf16_bias_gelu::load(gpu)?,
+                residual: wgmma_bf16_residual::load(gpu)?,
+                scale: wgmma_bf16_scale::load(gpu)?,
+            })
+        }
+
+        /// `out = epilogue(a · bᵀ)` for an M × N × K GEMM whose A and Bᵀ `maps` describe
+        /// (bias, residual and alpha from `x`), after checking the shape and buffers.
+        #[allow(clippy::too_many_arguments)]
+        pub fn launch(
+            &self,
+            gpu: &Gpu,
+            epilogue: EpilogueKind,
+            maps: &Maps<'_>,
+            x: &Operands<bf16>,
+            out: &mut Buffer<bf16>,
+            (m, n, k): (usize, usize, usize),
+        ) -> std::result::Result<(), GemmError> {
+            let config = config(m, n, k)?;
+            let need = |what: &str, len: usize, need: usize| {
+                if len < need {
+                    Err(GemmError::Shape(format!("{what} holds {len} elements; M = {m}, N = {n}, K = {k} needs {need}")))
+                } else {
+                    Ok(())
+                }
+            };
+            need("C", out.len(), m * n)?;
+            let (s, (a, b), (m, n, k)) = (gpu.stream(), (maps.a.words(), maps.b.words()), (m as u32, n as u32, k as u32));
+            match epilogue {
+                EpilogueKind::None => self.plain.launch(s, &config, a, b, out, m, n, k)?,
+                EpilogueKind::Bias => {
+                    need("bias", x.bias.len(), n as usize)?;
+                    self.bias.launch(s, &config, a, b, &x.bias, out, m, n, k)?
+                }
+                EpilogueKind::BiasGelu => {
+                    need("bias", x.bias.len(), n as usize)?;
+                    self.bias_gelu.launch(s, &config, a, b, &x.bias, out, m, n, k)?
+                }
+                EpilogueKind::Residual => {
+                    need("residual", x.residual.len(), (m * n) as usize)?;
+                    self.residual.launch(s, &config, a, b, &x.residual, out, m, n, k)?
+                }
+                EpilogueKind::Scale => self.scale.launch(s, &config, a, b, out, x.alpha, m, n, k)?,
+            }
+            Ok(())
+        }
+    }
+
+    /// Checks one epilogue against its f64 reference, on every output: M, N off the tile
+    /// sizes and K off the k-step (on the emulator: two row tiles, the second 22 rows; two
+    /// column tiles, the second 8 columns; six k-steps, the last 8 deep, so that the
+    /// four-stage pipeline wraps).
+    pub fn run(gpu: &Gpu, epilogue: EpilogueKind) -> Result<Report> {
+        let (m, n, k) = shape(gpu, (1000, 1032, 1048), (150, 264, 328));
+        let host = HostOperands::<bf16>::random(m, n, k);
+        let x = Operands::upload(gpu, &host)?;
+        let bt = gpu.upload(&transpose(&host.b, k, n))?;
+        let mut out = gpu.upload(&vec![bf16::NAN; m * n])?;
+        let kernels = Kernels::load(gpu)?;
+        let unsupported = |err: GemmError| match err {
+            GemmError::Launch(err) => err,
+            GemmError::Shape(what) => unreachable!("the example's shapes are supported: {what}"),
+        };
+        let maps = Maps::new(gpu, &x.a, &bt, (m, n, k)).map_err(unsupported)?;
+        kernels.launch(gpu, epilogue, &maps, &x, &mut out, (m, n, k)).map_err(unsupported)?;
+        let out: Vec<f32> = gpu.download(&out)?.into_iter().map(HalfFloat::to_f32).collect();
+        let reference: Vec<f64> =
+            (0..m * n).map(|i| epilogue.reference(host.dot(i / n, i % n, n, k), i / n, i % n, n, &host)).collect();
+        Ok(Report::new(format!("{m} × {n} × {k}, bf16, {}", epilogue.name()), &out, &reference, crate::gemm::BF16_TOLERANCE))
+    }
+
+    macro_rules! runners {
+        ($($name:ident => $kind:ident;)*) => {$(
+            #[doc = concat!("Example runner: epilogue ", stringify!($kind), ".")]
+            pub fn $name(gpu: &Gpu) -> Result<Report> {
+                run(gpu, EpilogueKind::$kind)
+            }
+        )*};
+    }
+
+    runners! {
+        plain => None;
+        bias => Bias;
+        bias_gelu => BiasGelu;
+        residual => Residual;
+        scale => Scale;
+    }
+}
