@@ -161,6 +161,34 @@ wgmma_kernels! {
     bf16: wgmma_bf16, wgmma_bf16_bias, wgmma_bf16_bias_gelu, wgmma_bf16_residual, wgmma_bf16_scale;
 }
 
+/// One TMA load, to check the 128-byte swizzle: the 8 × 64 bf16 box at (column `c0`, row
+/// `c1`) of the tensor `map` describes, written to `out` (512 values) un-swizzled, zeros where
+/// the box leaves the tensor. With `waited == 0` the threads read the tile without waiting for
+/// its mbarrier (a race, which the emulator reports).
+#[kernel(launch_bounds(max_threads = 128))]
+pub fn tma_box(map: &[u64], out: Out<bf16>, c0: i32, c1: i32, waited: u32) {
+    let mut smem = shared::dynamic();
+    smem.align_to(1024);
+    let (tile, slot) = (smem.take::<bf16>(8 * 64), smem.take::<u64>(1));
+    let mut barrier = clusterfuse::mbarrier::Mbarrier::new(slot, 1);
+    block::sync();
+    let t = thread::index_x() as usize;
+    if t == 0 {
+        barrier.arrive_expect_tx(1024);
+        // SAFETY: the tile is 1024-aligned, holds the box, and is read only after the wait;
+        // the barrier's phase expects the box's 1024 bytes.
+        unsafe { TensorMap::new(map).load_2d(tile.addr(), c0, c1, barrier.addr()) };
+    }
+    if waited != 0 {
+        barrier.wait();
+    }
+    for i in (t..512).step_by(128) {
+        // Row r's 16-byte chunk j sits at chunk j ^ (r % 8) of the row.
+        let (r, c) = (i / 64, i % 64);
+        out.set(i, tile.load(r * 64 + (c / 8 ^ r % 8) * 8 + c % 8));
+    }
+}
+
 #[cfg(not(target_arch = "nvptx64"))]
 pub use host::*;
 
@@ -298,6 +326,29 @@ mod host {
         let reference: Vec<f64> =
             (0..m * n).map(|i| epilogue.reference(host.dot(i / n, i % n, n, k), i / n, i % n, n, &host)).collect();
         Ok(Report::new(format!("{m} × {n} × {k}, bf16, {}", epilogue.name()), &out, &reference, crate::gemm::BF16_TOLERANCE))
+    }
+
+    /// Dynamic shared memory of [`tma_box`]: the tile, its barrier, and room to align them.
+    pub const TMA_BOX_SMEM: u32 = 3072;
+
+    /// Checks [`tma_box`] on a 20 × 72 tensor, the box at (40, 16): 4 of its rows and 32 of its
+    /// columns inside, the rest zero-filled.
+    pub fn run_tma_box(gpu: &Gpu) -> Result<Report> {
+        let (rows, cols, c0, c1) = (20, 72, 40, 16);
+        let x: Vec<bf16> = crate::check::random(rows * cols).into_iter().map(bf16::from_f32).collect();
+        let reference: Vec<f64> = (0..512)
+            .map(|i| {
+                let (r, c) = (c1 + i / 64, c0 + i % 64);
+                if r < rows && c < cols { x[r * cols + c].to_f64() } else { 0.0 }
+            })
+            .collect();
+        let tensor = gpu.upload(&x)?;
+        let map = gpu.tensor_map_2d(&tensor, (rows, cols), (8, 64), Swizzle::B128)?;
+        let mut out = gpu.upload(&[bf16::NAN; 512])?;
+        let config = LaunchConfig { grid: 1.into(), block: 128.into(), dynamic_smem_bytes: TMA_BOX_SMEM, ..LaunchConfig::default() };
+        tma_box::load(gpu)?.launch(gpu.stream(), &config, map.words(), &mut out, c0 as i32, c1 as i32, 1)?;
+        let out: Vec<f32> = gpu.download(&out)?.into_iter().map(HalfFloat::to_f32).collect();
+        Ok(Report::new("8 × 64 box at (40, 16) of 20 × 72, bf16, 128-byte swizzle".into(), &out, &reference, 0.0))
     }
 
     macro_rules! runners {

@@ -71,6 +71,7 @@ pub const EXAMPLES: &[(&str, check::Runner)] = &[
     ("10-gemm-bf16-resid", gemm::bf16_residual),
     ("10-gemm-bf16-scale", gemm::bf16_scale),
     ("11-bert", bert::run),
+    ("12-tma-box", wgmma_gemm::run_tma_box),
     ("12-wgmma-bf16", wgmma_gemm::plain),
     ("12-wgmma-bf16-bias", wgmma_gemm::bias),
     ("12-wgmma-bf16-gelu", wgmma_gemm::bias_gelu),

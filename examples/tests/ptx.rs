@@ -156,6 +156,7 @@ fn every_kernel_assembles_without_spills() {
         ("attention_context", 0),
         ("attention", 8 * 128 * 4),
         ("bias_layer_norm", 128),
+        ("tma_box", 0),
         ("wgmma_bf16", 0),
         ("wgmma_bf16_bias", 0),
         ("wgmma_bf16_bias_gelu", 0),
