@@ -159,7 +159,7 @@ impl<T: WgmmaInput> Operand<T> {
         if !rows.is_multiple_of(8) {
             out_of_bounds()
         }
-        Self { desc: self.desc + u64::from(rows * 128 >> 4), _element: core::marker::PhantomData }
+        Self { desc: self.desc + u64::from(rows * 128 / 16), _element: core::marker::PhantomData }
     }
 }
 

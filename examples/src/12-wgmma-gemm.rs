@@ -83,17 +83,18 @@ pub fn gemm<T: WgmmaInput + HalfFloat, E: Epilogue>(a_map: &[u64], b_map: &[u64]
         return;
     }
     wg.raise_registers::<CONSUMER_REGISTERS>();
-    // This warpgroup's 64 rows of the tile: 64 rows of 128 bytes further into A's stage.
+    // This warpgroup's 64 rows of the tile.
     let rows = 64 * (wg.index() as usize - 1);
     let mut acc = AccM64N256::ZERO;
     let mut state = PipelineState::<STAGES>::START;
     for _ in 0..k_steps {
         pipeline.consumer_wait(state);
         let s = state.stage() as u32;
-        let (a_tile, b_tile) = (a_tiles + s * A_STAGE_BYTES + (rows * 128) as u32, b_tiles + s * B_STAGE_BYTES);
+        let (a_tile, b_tile) = (a_tiles + s * A_STAGE_BYTES, b_tiles + s * B_STAGE_BYTES);
         wg.fence();
         for kk in 0..(BK / 16) as u32 {
-            let (a, b) = (Operand::<T>::k_major_swizzle_128b(a_tile, 16 * kk), Operand::<T>::k_major_swizzle_128b(b_tile, 16 * kk));
+            let a = Operand::<T>::k_major_swizzle_128b(a_tile, 16 * kk).rows_down(rows as u32);
+            let b = Operand::<T>::k_major_swizzle_128b(b_tile, 16 * kk);
             // SAFETY: the stage is loaded (its full barrier passed) and is not refilled
             // until both consumers release it, after the wait below; the whole warpgroup
             // runs this, after the fence.
@@ -185,7 +186,7 @@ pub fn tma_box(map: &[u64], out: Out<bf16>, c0: i32, c1: i32, waited: u32) {
     for i in (t..512).step_by(128) {
         // Row r's 16-byte chunk j sits at chunk j ^ (r % 8) of the row.
         let (r, c) = (i / 64, i % 64);
-        out.set(i, tile.load(r * 64 + (c / 8 ^ r % 8) * 8 + c % 8));
+        out.set(i, tile.load(r * 64 + ((c / 8) ^ (r % 8)) * 8 + c % 8));
     }
 }
 

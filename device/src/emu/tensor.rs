@@ -40,7 +40,7 @@ pub fn encode_tensor_map_2d(address: u64, element_bytes: u32, dims: [u64; 2], ro
 /// The 128-byte swizzle of a shared-memory offset: its 16-byte chunk (bits 4-6) XOR its
 /// 128-byte row within 1024 bytes (bits 7-9), CUTLASS's `Swizzle<3, 4, 3>`.
 fn swizzle_128b(offset: u32) -> u32 {
-    offset ^ ((offset >> 7) & 7) << 4
+    offset ^ (((offset >> 7) & 7) << 4)
 }
 
 /// `cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes`: the box at
