@@ -18,13 +18,21 @@ fn entry(name: &str) -> &'static str {
 }
 
 fn resources() -> BTreeMap<String, KernelResources> {
+    resources_and_report().0
+}
+
+/// Every kernel's resources, and ptxas's whole report (its performance warnings included).
+fn resources_and_report() -> (BTreeMap<String, KernelResources>, String) {
     let ptxas = home().join("bin/ptxas");
     assert!(ptxas.exists(), "ptxas not found at {}: run scripts/setup.sh", ptxas.display());
-    let file = std::env::temp_dir().join(format!("clusterfuse-examples-{}.ptx", std::process::id()));
+    // One file per call: tests run in parallel.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let file = std::env::temp_dir().join(format!("clusterfuse-examples-{}-{call}.ptx", std::process::id()));
     std::fs::write(&file, PTX.text).unwrap();
     let report = assemble(&ptxas, &file).unwrap_or_else(|e| panic!("{e}"));
     std::fs::remove_file(&file).ok();
-    parse_report(&report)
+    (parse_report(&report), report)
 }
 
 #[test]
@@ -273,7 +281,8 @@ fn wgmma_gemm_uses_tma_wgmma_and_setmaxnreg() {
         assert!(!text.contains(".local"), "`{kernel}` keeps its accumulators in local memory");
     }
     // 384 threads at 168 registers fill the SM's 64 K; setmaxnreg moves them to the consumers.
-    let kernels = resources();
+    let (kernels, report) = resources_and_report();
+    assert!(!report.contains("C7515"), "ptxas serialises wgmma: {}", report.lines().filter(|l| l.contains("C7515")).collect::<Vec<_>>().join("\n"));
     for kernel in WGMMA_KERNELS {
         assert!(kernels[kernel].registers <= 168, "`{kernel}`: {:?}", kernels[kernel]);
     }
