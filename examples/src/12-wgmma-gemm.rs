@@ -38,7 +38,7 @@ const CONSUMERS: u32 = 2;
 const A_STAGE_BYTES: u32 = (BM * BK * 2) as u32;
 const B_STAGE_BYTES: u32 = (BN * BK * 2) as u32;
 /// Dynamic shared memory per block: the stages, their mbarriers, and 1024 bytes to align the
-/// tiles for the swizzle (198 720 bytes: one block per SM).
+/// tiles for the swizzle (197 696 bytes: one block per SM).
 pub const SMEM_BYTES: u32 = 1024 + STAGES as u32 * (A_STAGE_BYTES + B_STAGE_BYTES) + 16 * STAGES as u32;
 /// Registers per thread of the producer and of the consumers (40 · 128 + 232 · 256 = 64 512
 /// of the SM's 65 536).
