@@ -1,8 +1,10 @@
 //! 12 — a GEMM on Hopper's warpgroup tensor cores: `C = epilogue(A·Bᵀ)` for row-major A (M × K)
 //! and Bᵀ (N × K, as `nn.Linear` stores its weight), bf16 in, f32 accumulate, bf16 out.
 //!
-//! Each block of 384 threads (three warpgroups) computes a 128 × 256 tile of C, stepping
-//! through K 64 at a time through a four-stage shared-memory [`Pipeline`]. Warpgroup 0 is
+//! The kernel is persistent: at most one block per SM, each computing 128 × 256 tiles of C
+//! in turn, stepping through K 64 at a time through a four-stage shared-memory [`Pipeline`]
+//! that runs on from tile to tile, so that one tile's epilogue overlaps the next one's loads.
+//! A block has 384 threads, three warpgroups. Warpgroup 0 is
 //! the producer: it gives up registers (`setmaxnreg.dec` to 40) and one of its threads issues,
 //! per k-step, two TMA tile loads (A 128 × 64, Bᵀ 256 × 64, 128-byte swizzle, zero-filled past
 //! the matrices' edges) that complete on the stage's *full* mbarrier. Warpgroups 1 and 2 are
@@ -63,22 +65,29 @@ pub fn gemm<T: WgmmaInput + HalfFloat, E: Epilogue>(a_map: &[u64], b_map: &[u64]
     block::sync();
 
     let wg = Warpgroup::current();
-    let (bm, bn) = (block::index().y as usize * BM, block::index_x() as usize * BN);
-    let k_steps = k.div_ceil(BK);
+    // Persistent: block b computes tiles b, b + grid, b + 2·grid, … (row-major over the tiles
+    // of C), so that a block's epilogue overlaps the producer's loads for its next tile.
+    let (tiles_n, k_steps) = (n.div_ceil(BN), k.div_ceil(BK));
+    let (tiles, first, grid) = (m.div_ceil(BM) * tiles_n, block::index_x() as usize, arch::nctaid_x() as usize);
+    let origin = |tile: usize| (tile / tiles_n * BM, tile % tiles_n * BN);
     if wg.index() == 0 {
         wg.lower_registers::<PRODUCER_REGISTERS>();
         if wg.thread_rank() == 0 {
-            let mut state = PipelineState::START;
-            for kt in 0..k_steps {
-                let full = pipeline.producer_acquire(state, A_STAGE_BYTES + B_STAGE_BYTES);
-                let s = state.stage() as u32;
-                // SAFETY: the stage's tiles are 1024-aligned and sized for the boxes, and free
-                // (its empty barrier passed); the full barrier expects both boxes' bytes.
-                unsafe {
-                    a_map.load_2d(a_tiles + s * A_STAGE_BYTES, (kt * BK) as i32, bm as i32, full);
-                    b_map.load_2d(b_tiles + s * B_STAGE_BYTES, (kt * BK) as i32, bn as i32, full);
+            let (mut state, mut tile) = (PipelineState::START, first);
+            while tile < tiles {
+                let (bm, bn) = origin(tile);
+                for kt in 0..k_steps {
+                    let full = pipeline.producer_acquire(state, A_STAGE_BYTES + B_STAGE_BYTES);
+                    let s = state.stage() as u32;
+                    // SAFETY: the stage's tiles are 1024-aligned and sized for the boxes, and
+                    // free (its empty barrier passed); the full barrier expects both boxes' bytes.
+                    unsafe {
+                        a_map.load_2d(a_tiles + s * A_STAGE_BYTES, (kt * BK) as i32, bm as i32, full);
+                        b_map.load_2d(b_tiles + s * B_STAGE_BYTES, (kt * BK) as i32, bn as i32, full);
+                    }
+                    state = state.next();
                 }
-                state = state.next();
+                tile += grid;
             }
         }
         return;
@@ -88,60 +97,64 @@ pub fn gemm<T: WgmmaInput + HalfFloat, E: Epilogue>(a_map: &[u64], b_map: &[u64]
     let rows = 64 * (wg.index() as usize - 1);
     let mut acc = AccM64N256::ZERO;
     let mut state = PipelineState::<STAGES>::START;
-    // The stage whose wgmmas may still run: freed once the next step's are issued and it is
-    // waited for (`wait::<1>` leaves only the newest group running).
-    let mut previous: Option<PipelineState<STAGES>> = None;
-    // At least one step (K > 0): a path that skips the loop would set the accumulators
-    // outside `wgmma` before the final wait, and ptxas would then serialise every `wgmma`.
-    let mut kt = 0;
-    loop {
-        pipeline.consumer_wait(state);
-        let s = state.stage() as u32;
-        let (a_tile, b_tile) = (a_tiles + s * A_STAGE_BYTES, b_tiles + s * B_STAGE_BYTES);
-        wg.fence();
-        for kk in 0..(BK / 16) as u32 {
-            let a = Operand::<T>::k_major_swizzle_128b(a_tile, 16 * kk).rows_down(rows as u32);
-            let b = Operand::<T>::k_major_swizzle_128b(b_tile, 16 * kk);
-            // SAFETY: the stage is loaded (its full barrier passed) and is not refilled
-            // until both consumers release it, after the wait below; the whole warpgroup
-            // runs this, after the fence.
-            unsafe { wg.mma_m64n256k16(a, b, &mut acc, true) };
+    // Neighbouring columns in one 4-byte store where N (so every row) keeps them aligned.
+    let (t, paired) = (wg.thread_rank(), n.is_multiple_of(2) && (out.as_mut_ptr() as usize).is_multiple_of(4));
+    let mut tile = first;
+    while tile < tiles {
+        let (bm, bn) = origin(tile);
+        // The stage whose wgmmas may still run: freed once the next step's are issued and it is
+        // waited for (`wait::<1>` leaves only the newest group running).
+        let mut previous: Option<PipelineState<STAGES>> = None;
+        // At least one step (K > 0): a path that skips the loop would set the accumulators
+        // outside `wgmma` before the final wait, and ptxas would then serialise every `wgmma`.
+        let mut kt = 0;
+        loop {
+            pipeline.consumer_wait(state);
+            let s = state.stage() as u32;
+            let (a_tile, b_tile) = (a_tiles + s * A_STAGE_BYTES, b_tiles + s * B_STAGE_BYTES);
+            wg.fence();
+            for kk in 0..(BK / 16) as u32 {
+                let a = Operand::<T>::k_major_swizzle_128b(a_tile, 16 * kk).rows_down(rows as u32);
+                let b = Operand::<T>::k_major_swizzle_128b(b_tile, 16 * kk);
+                // SAFETY: the stage is loaded (its full barrier passed) and is not refilled
+                // until both consumers release it, after the wait below; the whole warpgroup
+                // runs this, after the fence. The tile's first wgmma overwrites the accumulators.
+                unsafe { wg.mma_m64n256k16(a, b, &mut acc, kt > 0 || kk > 0) };
+            }
+            wg.commit();
+            wg.wait::<1>();
+            if let (Some(done), 0) = (previous, wg.thread_rank()) {
+                pipeline.consumer_release(done);
+            }
+            previous = Some(state);
+            state = state.next();
+            kt += 1;
+            if kt == k_steps {
+                break;
+            }
         }
-        wg.commit();
-        wg.wait::<1>();
+        wg.wait::<0>();
         if let (Some(done), 0) = (previous, wg.thread_rank()) {
             pipeline.consumer_release(done);
         }
-        previous = Some(state);
-        state = state.next();
-        kt += 1;
-        if kt == k_steps {
-            break;
-        }
-    }
-    wg.wait::<0>();
-    if let (Some(done), 0) = (previous, wg.thread_rank()) {
-        pipeline.consumer_release(done);
-    }
-    let t = wg.thread_rank();
-    // Neighbouring columns in one 4-byte store where N (so every row) keeps them aligned.
-    let paired = n.is_multiple_of(2) && (out.as_mut_ptr() as usize).is_multiple_of(4);
-    // Unrolled, so that `acc` is only indexed by constants and stays in registers.
-    unroll!(p in [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63] {
-        let (r, c) = AccM64N256::position(t, 2 * p);
-        let (row, col) = (bm + rows + r, bn + c);
-        let value = |i: usize, col: usize| T::from_f32(epilogue.apply(acc.values[i], row, col, n));
-        if row < m && col + 1 < n && paired {
-            out.store_pair(row * n + col, [value(2 * p, col), value(2 * p + 1, col + 1)]);
-        } else if row < m {
-            if col < n {
-                out.set(row * n + col, value(2 * p, col));
+        // Unrolled, so that `acc` is only indexed by constants and stays in registers.
+        unroll!(p in [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63] {
+            let (r, c) = AccM64N256::position(t, 2 * p);
+            let (row, col) = (bm + rows + r, bn + c);
+            let value = |i: usize, col: usize| T::from_f32(epilogue.apply(acc.values[i], row, col, n));
+            if row < m && col + 1 < n && paired {
+                out.store_pair(row * n + col, [value(2 * p, col), value(2 * p + 1, col + 1)]);
+            } else if row < m {
+                if col < n {
+                    out.set(row * n + col, value(2 * p, col));
+                }
+                if col + 1 < n {
+                    out.set(row * n + col + 1, value(2 * p + 1, col + 1));
+                }
             }
-            if col + 1 < n {
-                out.set(row * n + col + 1, value(2 * p + 1, col + 1));
-            }
-        }
-    });
+        });
+        tile += grid;
+    }
 }
 
 /// `body` once per listed constant, bound to `$i`.
@@ -152,7 +165,7 @@ use unroll;
 
 macro_rules! wgmma_kernels {
     ($($t:ident: $plain:ident, $bias:ident, $bias_gelu:ident, $residual:ident, $scale:ident;)*) => {$(
-        #[doc = concat!("`out = a · bᵀ`, ", stringify!($t), ", from the tensor maps of A and Bᵀ; grid (⌈N/256⌉, ⌈M/128⌉), 384 threads, [`SMEM_BYTES`] of dynamic shared memory.")]
+        #[doc = concat!("`out = a · bᵀ`, ", stringify!($t), ", from the tensor maps of A and Bᵀ; at most one block per SM, each looping over 128 × 256 tiles of C ([`config`]), 384 threads, [`SMEM_BYTES`] of dynamic shared memory.")]
         #[kernel(launch_bounds(max_threads = 384, min_blocks = 1))]
         pub fn $plain(a_map: &[u64], b_map: &[u64], out: Out<$t>, m: u32, n: u32, k: u32) {
             gemm(a_map, b_map, &out, m, n, k, Plain);
@@ -224,10 +237,12 @@ mod host {
     use super::*;
     use crate::check::{shape, Report};
     use crate::gemm::{EpilogueKind, GemmError, HostOperands, Operands};
-    use clusterfuse::host::{Buffer, Result, Swizzle, TensorMap};
+    use clusterfuse::host::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+    use clusterfuse::host::{Buffer, Error, Result, Swizzle, TensorMap};
 
-    /// The launch configuration of an M × N × K GEMM, or why the kernels cannot compute it.
-    pub fn config(m: usize, n: usize, k: usize) -> std::result::Result<LaunchConfig, GemmError> {
+    /// The launch configuration of an M × N × K GEMM on at most `blocks` blocks (the SMs), or
+    /// why the kernels cannot compute it.
+    pub fn config(m: usize, n: usize, k: usize, blocks: usize) -> std::result::Result<LaunchConfig, GemmError> {
         let reject = |what: String| Err(GemmError::Shape(format!("M = {m}, N = {n}, K = {k}: {what}")));
         if m == 0 || n == 0 || k == 0 {
             return reject("every dimension must be at least 1".into());
@@ -235,11 +250,12 @@ mod host {
         if !k.is_multiple_of(8) {
             return reject("K must be a multiple of 8 (TMA loads rows of A and Bᵀ in multiples of 16 bytes); pad it".into());
         }
-        if m.div_ceil(BM) > 65535 || m * k > i32::MAX as usize || k * n > i32::MAX as usize || m * n > u32::MAX as usize {
-            return reject("too large: at most 65535 row tiles of 128, 2^31 elements in A and Bᵀ, 2^32 in C".into());
+        if m * k > i32::MAX as usize || k * n > i32::MAX as usize || m * n > u32::MAX as usize {
+            return reject("too large: at most 2^31 elements in A and Bᵀ, 2^32 in C".into());
         }
+        let tiles = m.div_ceil(BM) * n.div_ceil(BN);
         Ok(LaunchConfig {
-            grid: (n.div_ceil(BN) as u32, m.div_ceil(BM) as u32, 1).into(),
+            grid: (tiles.min(blocks.max(1)) as u32).into(),
             block: (THREADS as u32).into(),
             dynamic_smem_bytes: SMEM_BYTES,
             ..LaunchConfig::default()
@@ -261,7 +277,7 @@ mod host {
     impl<'a> Maps<'a> {
         /// Tensor maps of `a` and `bt` for an M × N × K GEMM.
         pub fn new(gpu: &Gpu, a: &'a Buffer<bf16>, bt: &'a Buffer<bf16>, (m, n, k): (usize, usize, usize)) -> std::result::Result<Self, GemmError> {
-            config(m, n, k)?;
+            config(m, n, k, 1)?;
             Ok(Self {
                 a: gpu.tensor_map_2d(a, (m, k), (BM as u32, BK as u32), Swizzle::B128)?,
                 b: gpu.tensor_map_2d(bt, (n, k), (BN as u32, BK as u32), Swizzle::B128)?,
@@ -269,8 +285,12 @@ mod host {
         }
     }
 
-    /// The five bf16 kernels, loaded.
+    /// Blocks the emulator runs (so that each computes several tiles, as on a GPU).
+    const EMULATOR_BLOCKS: usize = 2;
+
+    /// The five bf16 kernels, loaded, and the device's SM count.
     pub struct Kernels {
+        sms: usize,
         plain: wgmma_bf16::Kernel,
         bias: wgmma_bf16_bias::Kernel,
         bias_gelu: wgmma_bf16_bias_gelu::Kernel,
@@ -281,7 +301,14 @@ mod host {
     impl Kernels {
         /// Loads the five kernels.
         pub fn load(gpu: &Gpu) -> Result<Self> {
+            let sms = match gpu.context() {
+                Some(context) => context
+                    .attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                    .map_err(|source| Error::Driver { call: "cuDeviceGetAttribute", kernel: None, source })? as usize,
+                None => EMULATOR_BLOCKS,
+            };
             Ok(Self {
+                sms,
                 plain: wgmma_bf16::load(gpu)?,
                 bias: wgmma_bf16_bias::load(gpu)?,
                 bias_gelu: wgmma_bf16_bias_gelu::load(gpu)?,
@@ -302,7 +329,7 @@ mod host {
             out: &mut Buffer<bf16>,
             (m, n, k): (usize, usize, usize),
         ) -> std::result::Result<(), GemmError> {
-            let config = config(m, n, k)?;
+            let config = config(m, n, k, self.sms)?;
             let need = |what: &str, len: usize, need: usize| {
                 if len < need {
                     Err(GemmError::Shape(format!("{what} holds {len} elements; M = {m}, N = {n}, K = {k} needs {need}")))
@@ -333,7 +360,7 @@ mod host {
     }
 
     /// Checks one epilogue against its f64 reference, on every output: M, N off the tile
-    /// sizes and K off the k-step (on the emulator: two row tiles, the second 22 rows; two
+    /// sizes and K off the k-step (on the emulator: two blocks, two tiles each; two row tiles, the second 22 rows; two
     /// column tiles, the second 7 columns, N odd so that the stores go one at a time; six
     /// k-steps, the last 8 deep, so that the four-stage pipeline wraps; on a GPU N is even and
     /// the stores are paired).

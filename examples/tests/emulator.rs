@@ -184,13 +184,14 @@ fn wgmma_gemm_rejects_unsupported_shapes_before_launching() {
     use clusterfuse_examples::gemm::{EpilogueKind, GemmError, HostOperands, Operands};
     use clusterfuse_examples::wgmma_gemm::{config, Kernels, Maps};
     for (m, n, k, what) in [(33, 40, 50, "multiple of 8"), (0, 8, 8, "at least 1")] {
-        match config(m, n, k) {
+        match config(m, n, k, 132) {
             Err(err @ GemmError::Shape(_)) => assert!(err.to_string().contains(what), "{m} × {n} × {k}: {err}"),
             other => panic!("{m} × {n} × {k} accepted: {other:?}"),
         }
     }
-    // Any M and N: TMA zero-fills the edges, the stores are masked.
-    assert!(config(33, 41, 48).is_ok());
+    // Any M and N: TMA zero-fills the edges, the stores are masked. At most a block per SM.
+    assert_eq!(config(33, 41, 48, 132).unwrap().grid.x, 1);
+    assert_eq!(config(4096, 4096, 48, 132).unwrap().grid.x, 132);
 
     let gpu = Gpu::emulator();
     let x = Operands::upload(&gpu, &HostOperands::<bf16>::random(16, 16, 16)).unwrap();
