@@ -4,7 +4,7 @@
 //!
 //! A *kernel crate* holds `#[kernel]` functions. Its `build.rs` calls
 //! `clusterfuse_build::build_kernels()`, which compiles the crate for `nvptx64-nvidia-cuda`
-//! (sm_90) and checks the PTX with `ptxas`; `clusterfuse::embed_ptx!()` embeds that PTX in the
+//! (sm_90a) and checks the PTX with `ptxas`; `clusterfuse::embed_ptx!()` embeds that PTX in the
 //! host build, where each kernel becomes a module with a typed launcher:
 //!
 //! ```ignore

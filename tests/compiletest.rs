@@ -17,4 +17,5 @@ fn ui() {
     t.compile_fail("tests/ui/fused/dataflow/*.rs");
     t.compile_fail("tests/ui/fused/device_rust/*.rs");
     t.pass("tests/ui/fused/pass/*.rs");
+    t.compile_fail("tests/ui/warpgroup/*.rs");
 }

@@ -6,10 +6,10 @@
 //! }
 //! ```
 //!
-//! It compiles the crate itself for `nvptx64-nvidia-cuda` (sm_90, PTX ISA 8.0) with the device
+//! It compiles the crate itself for `nvptx64-nvidia-cuda` ([`ARCH`], PTX ISA 8.0) with the device
 //! toolchain that `scripts/setup.sh` installs, inserts each kernel's launch directives
 //! (`.maxntid`, `.minnctapersm`, `.reqnctapercluster`) into its PTX entry, assembles the
-//! result with `ptxas -arch=sm_90` when available, and writes `$OUT_DIR/clusterfuse.ptx` for
+//! result with `ptxas -arch=sm_90a` when available, and writes `$OUT_DIR/clusterfuse.ptx` for
 //! `clusterfuse::embed_ptx!()`. The build re-runs when any file of the device build changes.
 
 mod directives;
@@ -23,6 +23,11 @@ use std::{env, fmt, fs};
 pub use directives::{insert_directives, KernelDirectives};
 pub use report::{parse_report, KernelResources};
 pub use toolchain::{home, Toolchain};
+
+/// The architecture kernels are compiled and assembled for: `sm_90a`, Hopper with its
+/// architecture-specific instructions (`wgmma`, `setmaxnreg`), which run on sm_90 devices
+/// only (H100, H200), not on later ones.
+pub const ARCH: &str = "sm_90a";
 
 /// Why the device build failed.
 pub enum Error {
@@ -47,7 +52,7 @@ impl fmt::Display for Error {
                 path.display()
             ),
             Error::DeviceBuild { status } => write!(f, "the device build failed ({status}); its errors are printed above"),
-            Error::Ptxas { report } => write!(f, "ptxas -arch=sm_90 rejected the PTX:\n{report}"),
+            Error::Ptxas { report } => write!(f, "ptxas -arch={ARCH} rejected the PTX:\n{report}"),
             Error::Ptx(msg) => write!(f, "{msg}"),
             Error::Io(msg) => write!(f, "{msg}"),
         }
@@ -111,7 +116,7 @@ pub fn build_kernels() -> Result<(), Error> {
                 }
             }
         }
-        None => println!("cargo:warning=ptxas not found: the PTX was not assembled for sm_90 (run scripts/setup.sh)"),
+        None => println!("cargo:warning=ptxas not found: the PTX was not assembled for {ARCH} (run scripts/setup.sh)"),
     }
     Ok(())
 }
@@ -128,10 +133,11 @@ fn ptx_artifact(messages: &str) -> Option<PathBuf> {
         .find(|file| file.extension().is_some_and(|e| e == "ptx"))
 }
 
-/// Assembles `ptx` for sm_90 and returns ptxas's resource report (`-v`).
+/// Assembles `ptx` for [`ARCH`] and returns ptxas's resource report (`-v`).
 pub fn assemble(ptxas: &Path, ptx: &Path) -> Result<String, Error> {
     let output = Command::new(ptxas)
-        .args(["-arch=sm_90", "-v", "-o", "/dev/null"])
+        .arg(format!("-arch={ARCH}"))
+        .args(["-v", "-o", "/dev/null"])
         .arg(ptx)
         .output()
         .map_err(|e| Error::Io(format!("cannot run {}: {e}", ptxas.display())))?;

@@ -918,3 +918,154 @@ pub fn cp_async_wait_group<const N: u32>() {
         emulator: (),
     }
 }
+
+// --- Warpgroup tensor cores (§9.7.15) and tensor copies (§9.7.9.27), sm_90a ------------------
+
+/// `mbarrier.arrive.release.cta.shared::cta.b64`: one arrival at the barrier at `addr`.
+///
+/// # Safety
+/// 1. `addr` is an initialised barrier in this block's shared memory.
+#[inline(always)]
+pub unsafe fn mbarrier_arrive_shared_b64(addr: u32) {
+    gpu_or_emulator! {
+        gpu: ptx!("{{ .reg .b64 state; mbarrier.arrive.release.cta.shared::cta.b64 state, [{a}]; }}", a = in(reg32) addr, options(nostack)),
+        emulator: emu::mbarrier_arrive(addr),
+    }
+}
+
+/// `cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes`: starts
+/// loading the box at (column `c0`, row `c1`) of the tensor that the tensor map at `map`
+/// describes into shared memory at `dst`, zero-filling what lies outside the tensor; the box's
+/// bytes (all of them, filled or not) complete on the barrier at `barrier`.
+///
+/// # Safety
+/// 1. `map` is the generic address of a tensor map (`cuTensorMapEncodeTiled`; on the
+///    emulator, `Gpu::tensor_map_2d`'s) in global memory, 64-byte aligned, that nothing
+///    writes during the kernel, describing a live tensor that nothing writes either.
+/// 2. `dst` is a `.shared::cta` address of this block with room for the box, aligned to 128
+///    bytes (1024 with the 128-byte swizzle), that nothing touches until the barrier's phase
+///    completes; `barrier` is an initialised barrier of this block whose current phase
+///    expects these bytes ([`mbarrier_arrive_expect_tx_shared_b64`]).
+#[inline(always)]
+pub unsafe fn cp_async_bulk_tensor_2d_shared_global(dst: u32, map: *const [u64; 16], c0: i32, c1: i32, barrier: u32) {
+    gpu_or_emulator! {
+        gpu: ptx!("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [{m}, {{{x}, {y}}}], [{b}];",
+                  d = in(reg32) dst, m = in(reg64) map, x = in(reg32) c0, y = in(reg32) c1, b = in(reg32) barrier, options(nostack)),
+        emulator: emu::tensor::tma_load_2d(dst, map, c0, c1, barrier),
+    }
+}
+
+/// The start-address field of a `wgmma` matrix descriptor for the `.shared::cta` address
+/// `addr`: bits 0-13 hold `(addr & 0x3ffff) >> 4` (PTX ISA §9.7.15.5.1). The emulator also
+/// keeps the address's shared window in reserved bits, which the GPU never sees.
+#[inline(always)]
+pub fn wgmma_descriptor_address(addr: u32) -> u64 {
+    let field = u64::from((addr & 0x3ffff) >> 4);
+    gpu_or_emulator! {
+        gpu: field,
+        emulator: field | u64::from(emu::memory::window_of(addr)) << emu::tensor::DESCRIPTOR_WINDOW_SHIFT,
+    }
+}
+
+/// `wgmma.fence.sync.aligned`: orders this warpgroup's register accesses (the accumulators)
+/// before the `wgmma.mma_async`s that follow. Every thread of the warpgroup executes it.
+#[inline(always)]
+pub fn wgmma_fence() {
+    gpu_or_emulator! {
+        // SAFETY: orders register and shared-memory accesses only.
+        gpu: unsafe { ptx!("wgmma.fence.sync.aligned;", options(nostack)) },
+        emulator: (),
+    }
+}
+
+/// `wgmma.commit_group.sync.aligned`: closes the group of this warpgroup's `wgmma.mma_async`s
+/// issued since the last.
+#[inline(always)]
+pub fn wgmma_commit_group() {
+    gpu_or_emulator! {
+        // SAFETY: bookkeeping of this warpgroup's operations only.
+        gpu: unsafe { ptx!("wgmma.commit_group.sync.aligned;", options(nostack)) },
+        emulator: (),
+    }
+}
+
+/// `wgmma.wait_group.sync.aligned N`: waits until at most `N` of this warpgroup's committed
+/// groups are pending; their accumulators are then readable and their shared-memory operands
+/// free.
+#[inline(always)]
+pub fn wgmma_wait_group<const N: u32>() {
+    gpu_or_emulator! {
+        // SAFETY: waits only; the memory clobber keeps shared accesses after it.
+        gpu: unsafe { ptx!("wgmma.wait_group.sync.aligned {n};", n = const N, options(nostack)) },
+        emulator: emu::warpgroup_wait(),
+    }
+}
+
+macro_rules! setmaxnreg {
+    ($($(#[$doc:meta])* $name:ident => $ptx:literal;)*) => {$(
+        $(#[$doc])*
+        ///
+        /// Every thread of the warpgroup executes it; `N` is a multiple of 8 in 24..=256.
+        #[inline(always)]
+        pub fn $name<const N: u32>() {
+            const { assert!(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg takes a multiple of 8 in 24..=256") };
+            gpu_or_emulator! {
+                // SAFETY: changes the warpgroup's register allocation; the compiler allocates
+                // registers for the whole kernel within the launch's budget.
+                gpu: unsafe { ptx!(concat!($ptx, " {n};"), n = const N, options(nostack)) },
+                emulator: (),
+            }
+        }
+    )*};
+}
+
+setmaxnreg! {
+    /// `setmaxnreg.inc.sync.aligned.u32 N`: raises the warpgroup's registers per thread to `N`
+    /// (waiting until the SM has them).
+    setmaxnreg_inc => "setmaxnreg.inc.sync.aligned.u32";
+    /// `setmaxnreg.dec.sync.aligned.u32 N`: lowers the warpgroup's registers per thread to
+    /// `N`, releasing the rest to the SM.
+    setmaxnreg_dec => "setmaxnreg.dec.sync.aligned.u32";
+}
+
+/// `{d0, ..., d127}` and the asm operands of `wgmma_m64n256k16`'s accumulators.
+#[cfg(target_arch = "nvptx64")]
+macro_rules! wgmma_m64n256k16_asm {
+    ($ptx:literal, $d:ident, $a:expr, $b:expr, $scale:expr; $($i:literal)*) => {
+        ptx!(concat!("{{ .reg .pred p; setp.ne.b32 p, {130}, 0; ", $ptx, " {{{0}", $(", {", $i, "}",)* "}}, {128}, {129}, p, 1, 1, 0, 0; }}"),
+             inout(reg32) $d[0], $(inout(reg32) $d[$i],)* in(reg64) $a, in(reg64) $b, in(reg32) $scale, options(nostack))
+    };
+}
+
+macro_rules! wgmma_m64n256k16 {
+    ($($(#[$doc:meta])* $name:ident => $ptx:literal, $kind:ident;)*) => {$(
+        $(#[$doc])*
+        ///
+        /// A warpgroup collective (`.sync.aligned`): the 128 threads of a warpgroup (warps
+        /// `4i .. 4i + 4` of the block) execute it together, each with 128 accumulators in the
+        /// layout of PTX ISA §9.7.15.5.1 (see [`crate::warpgroup`]); `A` (64 × 16) and `B`
+        /// (256 × 16, i.e. Bᵀ) are K-major in shared memory as `desc_a`/`desc_b` describe
+        /// them. Asynchronous: `d` is not to be read or written until a
+        /// [`wgmma_wait_group`] after the [`wgmma_commit_group`] that follows it.
+        ///
+        /// # Safety
+        /// 1. The descriptors describe shared memory of this block that holds the operands
+        ///    and that nothing writes until that wait.
+        /// 2. A [`wgmma_fence`] orders earlier accesses to `d` before it.
+        #[inline(always)]
+        pub unsafe fn $name(desc_a: u64, desc_b: u64, d: &mut [f32; 128], accumulate: bool) {
+            gpu_or_emulator! {
+                gpu: wgmma_m64n256k16_asm!($ptx, d, desc_a, desc_b, accumulate as u32; 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92 93 94 95 96 97 98 99 100 101 102 103 104 105 106 107 108 109 110 111 112 113 114 115 116 117 118 119 120 121 122 123 124 125 126 127),
+                emulator: emu::tensor::wgmma_k16(emu::HalfKind::$kind, desc_a, desc_b, d, accumulate),
+            }
+        }
+    )*};
+}
+
+wgmma_m64n256k16! {
+    /// `wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16`: `D = A·Bᵀ + D` (or `A·Bᵀ`
+    /// when `accumulate` is false) for bf16 A and B, f32 D.
+    wgmma_mma_async_m64n256k16_f32_bf16_bf16 => "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", Bf16;
+    /// `wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16`: as the bf16 form, f16 inputs.
+    wgmma_mma_async_m64n256k16_f32_f16_f16 => "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16", F16;
+}

@@ -73,6 +73,20 @@ impl<'a, T: Copy> Out<'a, T> {
         self.ptr.add(i).write(value)
     }
 
+    /// Stores elements `i` and `i + 1` of a 2-byte `T` in one 4-byte store. Traps when out of
+    /// bounds or not 4-byte aligned.
+    #[inline(always)]
+    pub fn store_pair(&self, i: usize, values: [T; 2]) {
+        const { assert!(size_of::<T>() == 2, "a pair store moves two 2-byte values") };
+        let ptr = self.ptr.wrapping_add(i);
+        if i + 2 > self.len || !(ptr as usize).is_multiple_of(4) {
+            out_of_bounds()
+        }
+        // SAFETY: in bounds and 4-byte aligned (checked above); the memory is writable
+        // (invariant 1); `[T; 2]` is 4 bytes of plain data.
+        unsafe { (ptr as *mut u32).write(core::mem::transmute_copy(&values)) }
+    }
+
     /// Stores elements `N * i .. N * i + N` in one 16-byte `st.global.v4`; `[T; N]` must be
     /// 16 bytes. Traps when out of bounds or misaligned.
     #[inline(always)]

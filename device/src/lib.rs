@@ -1,7 +1,8 @@
 //! clusterfuse's device library: what kernels call.
 //!
-//! Organised by execution scope ([`thread`], [`warp`], [`block`], [`grid`]) and memory space
-//! ([`shared`], [`global`]), with the warp's tensor cores in [`mma`]; call sites read
+//! Organised by execution scope ([`thread`], [`warp`], [`warpgroup`], [`block`], [`grid`]) and
+//! memory space ([`shared`], [`global`]), with the warp's tensor cores in [`mma`], the
+//! warpgroup's (`wgmma`) in [`warpgroup`] and TMA loads and pipelines in [`tma`]; call sites read
 //! scope-then-operation, `warp::reduce_sum(x)`, `block::sync()`. Everything is built from [`arch`], one function per PTX instruction,
 //! which is public so that user primitives are as fast as the built-in ones.
 //!
@@ -34,7 +35,9 @@ pub mod mbarrier;
 pub mod mma;
 pub mod shared;
 pub mod thread;
+pub mod tma;
 pub mod warp;
+pub mod warpgroup;
 
 /// A value that may be passed to a kernel by value: plain bits, no pointers to host memory,
 /// the same layout on the host and the GPU.

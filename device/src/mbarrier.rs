@@ -41,6 +41,12 @@ impl Mbarrier {
         Self { addr: slot.addr(), parity: 0 }
     }
 
+    /// The barrier's 32-bit shared address (for TMA loads that complete on it).
+    #[inline(always)]
+    pub fn addr(&self) -> u32 {
+        self.addr
+    }
+
     /// One arrival that also announces `bytes` of copies into this block in this phase.
     #[inline(always)]
     pub fn arrive_expect_tx(&self, bytes: u32) {

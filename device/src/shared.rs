@@ -177,6 +177,13 @@ impl DynamicShared {
         unsafe { SharedSlice::from_raw_parts(start, len) }
     }
 
+    /// Skips to the next multiple of `align` bytes (a power of two), e.g. 1024 for tiles that
+    /// TMA writes with the 128-byte swizzle.
+    #[inline(always)]
+    pub fn align_to(&mut self, align: u32) {
+        self.next = self.next.next_multiple_of(align);
+    }
+
     /// Bytes not yet taken.
     #[inline(always)]
     pub fn remaining_bytes(&self) -> usize {

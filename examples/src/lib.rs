@@ -29,6 +29,8 @@ pub mod decode_attention;
 pub mod gemm;
 #[path = "11-bert.rs"]
 pub mod bert;
+#[path = "12-wgmma-gemm.rs"]
+pub mod wgmma_gemm;
 
 /// Kernels of the `cluster-bench` benchmark.
 pub mod bench;
@@ -69,4 +71,10 @@ pub const EXAMPLES: &[(&str, check::Runner)] = &[
     ("10-gemm-bf16-resid", gemm::bf16_residual),
     ("10-gemm-bf16-scale", gemm::bf16_scale),
     ("11-bert", bert::run),
+    ("12-tma-box", wgmma_gemm::run_tma_box),
+    ("12-wgmma-bf16", wgmma_gemm::plain),
+    ("12-wgmma-bf16-bias", wgmma_gemm::bias),
+    ("12-wgmma-bf16-gelu", wgmma_gemm::bias_gelu),
+    ("12-wgmma-bf16-resid", wgmma_gemm::residual),
+    ("12-wgmma-bf16-scale", wgmma_gemm::scale),
 ];

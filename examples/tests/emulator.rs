@@ -161,6 +161,52 @@ fn gemm_rejects_unsupported_shapes_before_launching() {
 }
 
 #[test]
+fn reading_a_tma_tile_before_its_mbarrier_wait_is_a_race() {
+    use clusterfuse::bf16;
+    use clusterfuse::host::Swizzle;
+    use clusterfuse_examples::wgmma_gemm::{tma_box, TMA_BOX_SMEM};
+    let gpu = Gpu::emulator();
+    let tensor = gpu.upload(&[bf16::from_f32(1.0); 8 * 64]).unwrap();
+    let map = gpu.tensor_map_2d(&tensor, (8, 64), (8, 64), Swizzle::B128).unwrap();
+    let mut out = gpu.upload(&[bf16::NAN; 512]).unwrap();
+    let config = LaunchConfig { dynamic_smem_bytes: TMA_BOX_SMEM, ..config(1, 128) };
+    let kernel = tma_box::load(&gpu).unwrap();
+    kernel.launch(gpu.stream(), &config, map.words(), &mut out, 0, 0, 1).unwrap();
+    assert!(gpu.download(&out).unwrap().iter().all(|v| v.to_f32() == 1.0));
+    let fault = fault(kernel.launch(gpu.stream(), &config, map.words(), &mut out, 0, 0, 0));
+    assert!(fault.message.contains("shared-memory race") && fault.message.contains("bulk copy"), "{fault}");
+}
+
+#[test]
+fn wgmma_gemm_rejects_unsupported_shapes_before_launching() {
+    use clusterfuse::bf16;
+    use clusterfuse::host::Swizzle;
+    use clusterfuse_examples::gemm::{EpilogueKind, GemmError, HostOperands, Operands};
+    use clusterfuse_examples::wgmma_gemm::{config, Kernels, Maps};
+    for (m, n, k, what) in [(33, 40, 50, "multiple of 8"), (0, 8, 8, "at least 1")] {
+        match config(m, n, k, 132) {
+            Err(err @ GemmError::Shape(_)) => assert!(err.to_string().contains(what), "{m} × {n} × {k}: {err}"),
+            other => panic!("{m} × {n} × {k} accepted: {other:?}"),
+        }
+    }
+    // Any M and N: TMA zero-fills the edges, the stores are masked. At most a block per SM.
+    assert_eq!(config(33, 41, 48, 132).unwrap().grid.x, 1);
+    assert_eq!(config(4096, 4096, 48, 132).unwrap().grid.x, 132);
+
+    let gpu = Gpu::emulator();
+    let x = Operands::upload(&gpu, &HostOperands::<bf16>::random(16, 16, 16)).unwrap();
+    let err = gpu.tensor_map_2d(&x.a, (16, 20), (8, 8), Swizzle::B128).err().expect("rows of 40 bytes");
+    assert!(err.to_string().contains("multiple of 16 bytes"), "{err}");
+    let err = gpu.tensor_map_2d(&x.a, (16, 16), (8, 128), Swizzle::B128).err().expect("a 256-byte box row");
+    assert!(err.to_string().contains("at most 128 bytes"), "{err}");
+    let maps = Maps::new(&gpu, &x.a, &x.b, (16, 16, 16)).unwrap();
+    let mut out = gpu.upload(&[bf16::NAN; 255]).unwrap();
+    let err = Kernels::load(&gpu).unwrap().launch(&gpu, EpilogueKind::None, &maps, &x, &mut out, (16, 16, 16)).unwrap_err();
+    assert!(err.to_string().contains("C holds 255 elements"), "{err}");
+    assert!(gpu.download(&out).unwrap().iter().all(|v| v.is_nan()));
+}
+
+#[test]
 fn tensor_core_ops_need_the_whole_warp() {
     use clusterfuse::bf16;
     use clusterfuse_examples::gemm::mma_tile;

@@ -1,8 +1,9 @@
 //! The examples' PTX, checked without a GPU: launch directives in place, shared memory through
 //! `ld.shared`/`st.shared`, DSMEM through 16-byte `ld/st.shared::cluster.v4`, and every kernel
-//! assembled by `ptxas -arch=sm_90` with no spills and the shared memory it should use (a
+//! assembled by `ptxas -arch=sm_90a` with no spills and the shared memory it should use (a
 //! `#[cluster_primitive]`'s scratch included); the GEMM on the tensor cores (`mma.sync`,
-//! `ldmatrix`, `cp.async` in the PTX; `HMMA`, `LDSM`, `LDGSTS` in the SASS).
+//! `ldmatrix`, `cp.async` in the PTX; `HMMA`, `LDSM`, `LDGSTS` in the SASS); the warpgroup GEMM
+//! (`wgmma.mma_async`, TMA, `setmaxnreg` in the PTX; `HGMMA`, `UTMALDG` in the SASS).
 
 use clusterfuse_build::{assemble, home, parse_report, KernelResources};
 use clusterfuse_examples::__CLUSTERFUSE_PTX as PTX;
@@ -17,13 +18,21 @@ fn entry(name: &str) -> &'static str {
 }
 
 fn resources() -> BTreeMap<String, KernelResources> {
+    resources_and_report().0
+}
+
+/// Every kernel's resources, and ptxas's whole report (its performance warnings included).
+fn resources_and_report() -> (BTreeMap<String, KernelResources>, String) {
     let ptxas = home().join("bin/ptxas");
     assert!(ptxas.exists(), "ptxas not found at {}: run scripts/setup.sh", ptxas.display());
-    let file = std::env::temp_dir().join(format!("clusterfuse-examples-{}.ptx", std::process::id()));
+    // One file per call: tests run in parallel.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let file = std::env::temp_dir().join(format!("clusterfuse-examples-{}-{call}.ptx", std::process::id()));
     std::fs::write(&file, PTX.text).unwrap();
     let report = assemble(&ptxas, &file).unwrap_or_else(|e| panic!("{e}"));
     std::fs::remove_file(&file).ok();
-    parse_report(&report)
+    (parse_report(&report), report)
 }
 
 #[test]
@@ -155,6 +164,12 @@ fn every_kernel_assembles_without_spills() {
         ("attention_context", 0),
         ("attention", 8 * 128 * 4),
         ("bias_layer_norm", 128),
+        ("tma_box", 0),
+        ("wgmma_bf16", 0),
+        ("wgmma_bf16_bias", 0),
+        ("wgmma_bf16_bias_gelu", 0),
+        ("wgmma_bf16_residual", 0),
+        ("wgmma_bf16_scale", 0),
     ];
     assert_eq!(kernels.len(), expected_smem.len(), "kernels: {:?}", kernels.keys());
     for (name, smem) in expected_smem {
@@ -207,26 +222,81 @@ fn gemm_runs_on_the_tensor_cores_from_a_cp_async_pipeline() {
     }
 }
 
-#[test]
-fn gemm_sass_has_hmma_ldsm_and_ldgsts() {
+/// The examples assembled for sm_90a, and a function disassembling one kernel's SASS; the
+/// scratch folder (named after `test`, so that tests in parallel do not share it) to remove
+/// afterwards.
+fn sass_of_examples(test: &str) -> (impl Fn(&str) -> String, std::path::PathBuf) {
     let bin = home().join("bin");
     let (ptxas, cuobjdump) = (bin.join("ptxas"), bin.join("cuobjdump"));
     assert!(cuobjdump.exists(), "cuobjdump not found at {}: run scripts/setup.sh", cuobjdump.display());
-    let dir = std::env::temp_dir().join(format!("clusterfuse-sass-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("clusterfuse-sass-{test}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (ptx, cubin) = (dir.join("examples.ptx"), dir.join("examples.cubin"));
     std::fs::write(&ptx, PTX.text).unwrap();
-    let status = std::process::Command::new(&ptxas).args(["-arch=sm_90", "-o"]).arg(&cubin).arg(&ptx).status().unwrap();
+    let status = std::process::Command::new(&ptxas).args(["-arch=sm_90a", "-o"]).arg(&cubin).arg(&ptx).status().unwrap();
     assert!(status.success(), "ptxas failed");
     let path = std::env::join_paths(std::iter::once(bin.clone()).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()))).unwrap();
-    for (kernel, t) in gemm_kernels() {
-        let output = std::process::Command::new(&cuobjdump).env("PATH", &path).args(["--dump-sass", "-fun", &kernel]).arg(&cubin).output().unwrap();
+    let sass = move |kernel: &str| {
+        let output = std::process::Command::new(&cuobjdump).env("PATH", &path).args(["--dump-sass", "-fun", kernel]).arg(&cubin).output().unwrap();
         assert!(output.status.success(), "cuobjdump: {}", String::from_utf8_lossy(&output.stderr));
-        let sass = String::from_utf8_lossy(&output.stdout);
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    (sass, dir)
+}
+
+#[test]
+fn gemm_sass_has_hmma_ldsm_and_ldgsts() {
+    let (sass, dir) = sass_of_examples("hmma");
+    for (kernel, t) in gemm_kernels() {
+        let sass = sass(&kernel);
         let hmma = format!("HMMA.16816.F32{}", if t == "bf16" { ".BF16" } else { " " });
         assert_eq!(sass.matches(&hmma).count(), 64, "`{kernel}`: {hmma} per k-step");
         assert!(sass.contains("LDSM.16.M88.4") && sass.contains("LDSM.16.MT88.4"), "`{kernel}` lacks LDSM");
         assert!(sass.contains("LDGSTS.E.BYPASS.128"), "`{kernel}` lacks 16-byte LDGSTS");
+        assert!(!sass.contains("LDL") && !sass.contains("STL"), "`{kernel}` touches local memory");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+const WGMMA_KERNELS: [&str; 5] = ["wgmma_bf16", "wgmma_bf16_bias", "wgmma_bf16_bias_gelu", "wgmma_bf16_residual", "wgmma_bf16_scale"];
+
+#[test]
+fn wgmma_gemm_uses_tma_wgmma_and_setmaxnreg() {
+    for kernel in WGMMA_KERNELS {
+        let text = entry(kernel);
+        assert!(text.contains(".maxntid 384, 1, 1"), "`{kernel}`: launch bound");
+        for instruction in [
+            "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16",
+            "wgmma.fence.sync.aligned",
+            "wgmma.commit_group.sync.aligned",
+            "wgmma.wait_group.sync.aligned 0",
+            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
+            "mbarrier.arrive.expect_tx",
+            "mbarrier.arrive.release.cta.shared::cta.b64",
+            "setmaxnreg.dec.sync.aligned.u32 40",
+            "setmaxnreg.inc.sync.aligned.u32 232",
+        ] {
+            assert!(text.contains(instruction), "`{kernel}` lacks `{instruction}`");
+        }
+        assert!(!text.contains(".local"), "`{kernel}` keeps its accumulators in local memory");
+    }
+    // 384 threads at 168 registers fill the SM's 64 K; setmaxnreg moves them to the consumers.
+    let (kernels, report) = resources_and_report();
+    assert!(!report.contains("C7515"), "ptxas serialises wgmma: {}", report.lines().filter(|l| l.contains("C7515")).collect::<Vec<_>>().join("\n"));
+    for kernel in WGMMA_KERNELS {
+        assert!(kernels[kernel].registers <= 168, "`{kernel}`: {:?}", kernels[kernel]);
+    }
+}
+
+#[test]
+fn wgmma_gemm_sass_has_hgmma_and_utmaldg() {
+    let (sass, dir) = sass_of_examples("hgmma");
+    for kernel in WGMMA_KERNELS {
+        let sass = sass(kernel);
+        // Four m64n256k16 per k-step of 64, and the two tile loads.
+        assert_eq!(sass.matches("HGMMA.64x256x16.F32.BF16").count(), 4, "`{kernel}`: HGMMA per k-step");
+        assert!(sass.contains("UTMALDG.2D"), "`{kernel}` lacks TMA loads (UTMALDG)");
+        assert!(sass.contains("USETMAXREG"), "`{kernel}` lacks setmaxnreg");
         assert!(!sass.contains("LDL") && !sass.contains("STL"), "`{kernel}` touches local memory");
     }
     std::fs::remove_dir_all(&dir).ok();

@@ -26,6 +26,9 @@ pub enum Error {
     /// A graph capture or update failed; nothing was replaced.
     #[error(transparent)]
     Capture(#[from] CaptureError),
+    /// A TMA tensor map cannot describe the tensor: what and why.
+    #[error("invalid tensor map: {0}")]
+    InvalidTensorMap(String),
     /// A launch recording was started while one was already running on this device.
     #[error("a launch recording is already running on this device; finish it before starting another")]
     AlreadyRecording,

@@ -27,6 +27,7 @@ mod gpu;
 mod graph;
 mod kernel;
 mod record;
+mod tensor_map;
 pub mod trace;
 
 pub use clusterfuse_device::Dim3;
@@ -38,4 +39,5 @@ pub use gpu::{Gpu, Ptx, Stream};
 pub use graph::Graph;
 pub use kernel::{param, Kernel, KernelFacts};
 pub use record::Recording;
+pub use tensor_map::{Swizzle, TensorMap, TmaElement};
 

@@ -36,20 +36,22 @@ pub fn mapa(addr: u32, rank: u32) -> u32 {
     })
 }
 
-/// One thread's access, as the race check records it. A bulk copy's writes carry
-/// `ASYNC | mbarrier` as their thread and the barrier's phase in `epochs.warp`: they are
-/// ordered before a thread once it has waited for that phase.
+/// One thread's access, as the race check records it, with the mbarrier arrivals the thread
+/// had made before it (`arrivals`). A bulk copy's writes carry `ASYNC | mbarrier` as their
+/// thread and the barrier's phase in `epochs.warp`: they are ordered before a thread once it
+/// has waited for that phase.
 #[derive(Clone, Copy, Debug)]
 struct Stamp {
     thread: u32,
     epochs: Epochs,
+    arrivals: u32,
 }
 
 const NOBODY: u32 = u32::MAX;
 const ASYNC: u32 = 1 << 31;
 
 impl Stamp {
-    const NONE: Stamp = Stamp { thread: NOBODY, epochs: Epochs { warp: 0, block: 0, cluster: 0 } };
+    const NONE: Stamp = Stamp { thread: NOBODY, epochs: Epochs { warp: 0, block: 0, cluster: 0 }, arrivals: 0 };
 
     fn of(thread: &Thread) -> Stamp {
         let mut epochs = thread.epochs.get();
@@ -57,7 +59,7 @@ impl Stamp {
         if thread.cluster_arrival.get().is_some() {
             epochs.cluster += 1;
         }
-        Stamp { thread: thread.id, epochs }
+        Stamp { thread: thread.id, epochs, arrivals: thread.arrivals.get() }
     }
 
     /// True when this access is ordered before everything `thread` does now.
@@ -69,6 +71,11 @@ impl Stamp {
         if self.thread & ASYNC != 0 {
             let waited = thread.mbarrier_phases.borrow().get((self.thread & !ASYNC) as usize).copied().unwrap_or(0);
             return waited > self.epochs.warp || now.cluster > self.epochs.cluster;
+        }
+        // An mbarrier arrival of the accessing thread after the access, whose phase this
+        // thread has waited for (directly or through other threads' arrivals).
+        if thread.known_arrivals.borrow().get(self.thread as usize).is_some_and(|&known| known > self.arrivals) {
+            return true;
         }
         let same_block = self.thread / threads_per_block == thread.id / threads_per_block;
         let same_warp = same_block && (self.thread % threads_per_block) / 32 == thread.index / 32;
@@ -263,9 +270,26 @@ pub fn atomic<T: Copy>(addr: u32, update: impl FnOnce(T) -> T) -> T {
 /// the destination's mbarrier `index`.
 pub fn bulk_copy(dst: u32, src: u32, bytes: usize, index: u32, phase: u32) {
     let data: Vec<u8> = access(src, bytes, Space::Block, Access::Read, |from| from.to_vec());
+    async_write(dst, &data, index, phase);
+}
+
+/// An asynchronous copy's writes of `data` at the (distributed-)shared `dst`, checked from the
+/// issuing thread and ordered before the threads that wait for `phase` of mbarrier `index`.
+pub fn async_write(dst: u32, data: &[u8], index: u32, phase: u32) {
     let cluster = with_current(|thread| Stamp::of(thread).epochs.cluster);
-    let stamp = Stamp { thread: ASYNC | index, epochs: Epochs { warp: phase, block: 0, cluster } };
-    access(dst, bytes, Space::Cluster, Access::Copy(stamp), |to| to.copy_from_slice(&data));
+    let stamp = Stamp { thread: ASYNC | index, epochs: Epochs { warp: phase, block: 0, cluster }, arrivals: 0 };
+    access(dst, data.len(), Space::Cluster, Access::Copy(stamp), |to| to.copy_from_slice(data));
+}
+
+/// The window bits (static or dynamic memory) of a `.shared::cta` address: what a `wgmma`
+/// matrix descriptor's 18-bit address drops, kept by the emulator in reserved descriptor bits.
+pub fn window_of(addr: u32) -> u32 {
+    (addr & WINDOW_MASK) >> 24
+}
+
+/// The `.shared::cta` address of byte `offset` in window `window` (see [`window_of`]).
+pub fn in_window(window: u32, offset: u32) -> u32 {
+    (window << 24) | (offset & OFFSET_MASK)
 }
 
 /// The block rank an address points into (`own` for a `.shared::cta` address) and the

@@ -9,7 +9,11 @@
 //! arrive/wait), shuffles, votes and the tensor-core collectives (`mma.sync`, `ldmatrix`,
 //! computed from every lane's fragment registers per PTX's layouts) are real rendezvous of
 //! the threads they name; mbarriers count arrivals and transaction bytes per phase, and bulk
-//! copies (`cp.async.bulk`) complete on them. Shared memory is per block, starts filled with
+//! copies (`cp.async.bulk`) and TMA tile loads (`cp.async.bulk.tensor.2d`, zero-filled out of
+//! bounds, 128-byte swizzle) complete on them. `wgmma.mma_async` reads its K-major,
+//! 128-byte-swizzled operands through their matrix descriptors ([`tensor`]); a thread's
+//! mbarrier arrival orders its earlier shared-memory accesses before the threads that wait for
+//! that phase. Shared memory is per block, starts filled with
 //! `0xff` bytes (NaN as floats), and is reached through distributed-shared addresses from
 //! `mapa` for peer blocks.
 //!
@@ -36,7 +40,9 @@
 //! on memory written by another thread never ends), races on global memory, warps that
 //! diverge inside a shuffle, copies in flight (`cp.async` completes at issue, so a missing
 //! `cp.async.wait_group` goes unseen), the tensor cores' internal rounding (`mma.sync` sums
-//! in f64 and rounds once, to f32), and floating-point approximations of the `.approx`
+//! in f64 and rounds once, to f32; so does `wgmma`, which also runs at issue, so that
+//! `wgmma.wait_group` and `wgmma.fence` order nothing and a warpgroup that diverges around a
+//! `wgmma` goes unseen), and floating-point approximations of the `.approx`
 //! instructions (the emulator computes them exactly).
 
 mod fiber;
@@ -44,9 +50,12 @@ mod mbarrier;
 pub mod memory;
 mod ops;
 mod schedule;
+pub mod tensor;
 mod thread;
 
-pub use mbarrier::{arrive_expect_tx as mbarrier_arrive_expect_tx, bulk_copy, init as mbarrier_init, try_wait as mbarrier_try_wait};
+pub use mbarrier::{
+    arrive as mbarrier_arrive, arrive_expect_tx as mbarrier_arrive_expect_tx, bulk_copy, init as mbarrier_init, try_wait as mbarrier_try_wait,
+};
 pub use ops::*;
 pub use schedule::run;
 pub use thread::Registers;

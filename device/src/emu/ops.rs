@@ -60,6 +60,19 @@ pub fn warp_barrier(mask: u32) {
     });
 }
 
+/// `wgmma.wait_group`: a rendezvous of the calling thread's warpgroup (the `wgmma`s ran at
+/// issue), after which each thread's earlier shared-memory accesses, its `wgmma` operand reads
+/// included, are ordered before the mbarrier arrivals of every thread of the warpgroup.
+pub fn warpgroup_wait() {
+    with_current(|thread| {
+        let threads = thread.cluster().threads_per_block;
+        if !threads.is_multiple_of(128) {
+            fault(format_args!("wgmma.wait_group in a block of {threads} threads: warpgroups need whole multiples of 128"));
+        }
+        suspend(thread, Wait::Warpgroup);
+    });
+}
+
 /// Fences: the emulator is sequentially consistent, so they order nothing further.
 pub fn fence() {}
 

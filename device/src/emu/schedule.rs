@@ -34,6 +34,8 @@ pub enum Wait {
     Cluster(u32),
     /// `mbarrier.try_wait.parity` on mbarrier (index, parity).
     Mbarrier(u32, u32),
+    /// `wgmma.wait_group`: every thread of the warpgroup.
+    Warpgroup,
 }
 
 impl Wait {
@@ -45,6 +47,7 @@ impl Wait {
             Wait::Matrix(op) => format!("{op:?} (all 32 lanes)"),
             Wait::Cluster(_) => String::from("barrier.cluster.wait"),
             Wait::Mbarrier(..) => String::from("mbarrier.try_wait"),
+            Wait::Warpgroup => String::from("wgmma.wait_group (all 128 threads of the warpgroup)"),
         }
     }
 }
@@ -242,6 +245,8 @@ fn run_cluster(
                 epochs: Cell::new(Epochs::default()),
                 cluster_arrival: Cell::new(None),
                 mbarrier_phases: RefCell::default(),
+                arrivals: Cell::new(0),
+                known_arrivals: RefCell::default(),
                 cluster: &*cluster,
                 yielder: Cell::new(ptr::null()),
             });
@@ -335,6 +340,21 @@ fn release(cluster: &Cluster, fibers: &[Fiber], waits: &mut [Option<Wait>], runn
                 runnable[i] = true;
             }
             released = true;
+        }
+        // wgmma.wait_group: every thread of a warpgroup; each learns what the others know.
+        if per_block.is_multiple_of(128) {
+            for group in range.clone().step_by(128) {
+                let members = group..group + 128;
+                if waits[members.clone()].iter().all(|w| *w == Some(Wait::Warpgroup)) {
+                    let threads: Vec<&Thread> = members.clone().map(|i| fibers[i].thread()).collect();
+                    super::mbarrier::share_knowledge(&threads);
+                    for i in members {
+                        waits[i] = None;
+                        runnable[i] = true;
+                    }
+                    released = true;
+                }
+            }
         }
         // Warp rendezvous: every lane of the member mask waits at the same one.
         for (w, warp) in block.warps.iter().enumerate() {

@@ -57,8 +57,15 @@ pub struct Thread {
     pub epochs: Cell<Epochs>,
     /// The cluster-barrier phase this thread has arrived at and not yet waited for.
     pub cluster_arrival: Cell<Option<u32>>,
-    /// Phases of each mbarrier (by index) this thread has seen complete.
+    /// Phases of each mbarrier (by index) this thread has seen complete, itself or through
+    /// the mbarrier phases it waited for (what their arrivals had seen).
     pub mbarrier_phases: RefCell<Vec<u32>>,
+    /// mbarrier arrivals this thread has made.
+    pub arrivals: Cell<u32>,
+    /// Per thread of the cluster (by id), how many of its mbarrier arrivals this thread has
+    /// learned of by waiting for their phases: the accesses it made before them are ordered
+    /// before this thread's.
+    pub known_arrivals: RefCell<Vec<u32>>,
     pub cluster: *const Cluster,
     pub yielder: Cell<*const Yielder>,
 }

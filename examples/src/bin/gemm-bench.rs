@@ -1,5 +1,5 @@
-//! The tensor-core GEMM of example 10 (`mma.sync`, bf16 in, f32 accumulate, bf16 out), plain
-//! and with its bias + GELU epilogue fused, on 4096³, 8192³, BERT-base's shapes (M = 128 ×
+//! The tensor-core GEMMs of example 10 (`mma.sync`) and example 12 (`wgmma` fed by TMA), bf16
+//! in, f32 accumulate, bf16 out, plain and with the bias + GELU epilogue fused, on 4096³, 8192³, BERT-base's shapes (M = 128 ×
 //! batch 1, 8, 32; N × K = 768 × 768, 3072 × 768, 768 × 3072) and Llama-2-7B's projections
 //! (M = 1, 8, 64, 512; N × K = 4096 × 4096, 11008 × 4096, 4096 × 11008).
 //! `scripts/gemm-torch.py` times cuBLAS (through `torch.matmul`) on the same shapes.
@@ -12,7 +12,9 @@
 //! `cargo run --release -p clusterfuse-examples --bin gemm-bench`
 
 use clusterfuse::bf16;
+use clusterfuse::host::Buffer;
 use clusterfuse_examples::gemm::{EpilogueKind, GemmType, HostOperands, Operands};
+use clusterfuse_examples::wgmma_gemm::{self, Maps};
 use rand::Rng;
 use clusterfuse_examples::check::{median, gpu_or_skip};
 use std::error::Error;
@@ -81,9 +83,10 @@ fn bench() -> Result<bool> {
         return Ok(true);
     };
     let kernels = bf16::load(&gpu)?;
-    println!("{} — clusterfuse mma.sync GEMM, bf16 in / f32 accumulate / bf16 out; median of {REPS} passes (CUDA events), µs per call", gpu.name()?);
-    println!("| workload | M | N | K | epilogue | calls | µs | TFLOP/s | max rel error ({SAMPLES} samples) |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    let wgmma = wgmma_gemm::Kernels::load(&gpu)?;
+    println!("{} — clusterfuse GEMMs (mma.sync: example 10; wgmma: example 12, Bᵀ given N × K), bf16 in / f32 accumulate / bf16 out; median of {REPS} passes (CUDA events), µs per call", gpu.name()?);
+    println!("| workload | M | N | K | kernel | epilogue | calls | µs | TFLOP/s | max rel error ({SAMPLES} samples) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut all_passed = true;
     for (workload, m, n, k) in shapes() {
         let host = HostOperands::<bf16>::random(m, n, k);
@@ -92,30 +95,41 @@ fn bench() -> Result<bool> {
         let flops = 2.0 * (m * n * k) as f64;
         // About 1 ms of work per pass at 300 TFLOP/s, at least one call.
         let calls = (3e8 / flops).ceil().clamp(1.0, 200.0) as usize;
+        let bt = gpu.upload(&wgmma_gemm::transpose(&host.b, k, n))?;
+        let maps = Maps::new(&gpu, &x.a, &bt, (m, n, k))?;
         for epilogue in [EpilogueKind::None, EpilogueKind::BiasGelu] {
-            bf16::launch(&kernels, &gpu, epilogue, &x, &mut out, m, n, k)?;
-            let error = sampled_error(&host, &gpu.download(&out)?, epilogue, (m, n, k));
-            let passed = error <= TOLERANCE;
-            all_passed &= passed;
-            let mut samples = Vec::with_capacity(REPS);
-            for rep in 0..WARMUP + REPS {
-                let ms = gpu.time_ms(|| -> Result<()> {
-                    for _ in 0..calls {
-                        bf16::launch(&kernels, &gpu, epilogue, &x, &mut out, m, n, k)?;
+            for kernel in ["mma.sync", "wgmma"] {
+                let launch = |out: &mut Buffer<bf16>| -> Result<()> {
+                    match kernel {
+                        "wgmma" => wgmma.launch(&gpu, epilogue, &maps, &x, out, (m, n, k))?,
+                        _ => bf16::launch(&kernels, &gpu, epilogue, &x, out, m, n, k)?,
                     }
                     Ok(())
-                })?;
-                if rep >= WARMUP {
-                    samples.push(ms * 1e3 / calls as f64);
+                };
+                launch(&mut out)?;
+                let error = sampled_error(&host, &gpu.download(&out)?, epilogue, (m, n, k));
+                let passed = error <= TOLERANCE;
+                all_passed &= passed;
+                let mut samples = Vec::with_capacity(REPS);
+                for rep in 0..WARMUP + REPS {
+                    let ms = gpu.time_ms(|| -> Result<()> {
+                        for _ in 0..calls {
+                            launch(&mut out)?;
+                        }
+                        Ok(())
+                    })?;
+                    if rep >= WARMUP {
+                        samples.push(ms * 1e3 / calls as f64);
+                    }
                 }
+                let us = median(samples);
+                let verdict = if passed { "" } else { " FAIL" };
+                println!(
+                    "| {workload} | {m} | {n} | {k} | {kernel} | {} | {calls} | {us:.1} | {:.1} | {error:.1e}{verdict} |",
+                    epilogue.name(),
+                    flops / us * 1e-6
+                );
             }
-            let us = median(samples);
-            let verdict = if passed { "" } else { " FAIL" };
-            println!(
-                "| {workload} | {m} | {n} | {k} | {} | {calls} | {us:.1} | {:.1} | {error:.1e}{verdict} |",
-                epilogue.name(),
-                flops / us * 1e-6
-            );
         }
     }
     Ok(all_passed)

@@ -1,0 +1,136 @@
+//! The tensor memory accelerator (TMA): tile loads from global to shared memory described by a
+//! tensor map, completing on an mbarrier, and [`Pipeline`], the multi-stage shared-memory
+//! pipeline a producer fills with them and consumers drain.
+//!
+//! The host builds a tensor map with `Gpu::tensor_map_2d` (`cuTensorMapEncodeTiled` on a GPU)
+//! into 128 bytes of global memory and passes them as a `&[u64]` kernel argument;
+//! [`TensorMap::new`] checks them. (rustc's nvptx back end cannot pass the 64-byte-aligned
+//! `CUtensorMap` by value: it rejects parameters aligned to more than 16 bytes.)
+
+use crate::arch;
+use crate::out_of_bounds;
+use crate::shared::SharedSlice;
+
+/// A tensor map in global memory.
+#[derive(Clone, Copy)]
+pub struct TensorMap {
+    ptr: *const [u64; 16],
+}
+
+impl TensorMap {
+    /// The tensor map in `words` (16 words, 64-byte aligned, as `Gpu::tensor_map_2d` makes
+    /// it); traps otherwise.
+    #[inline(always)]
+    pub fn new(words: &[u64]) -> Self {
+        let ptr = words.as_ptr();
+        if words.len() < 16 || !(cfg!(not(target_arch = "nvptx64")) || (ptr as usize).is_multiple_of(64)) {
+            out_of_bounds()
+        }
+        Self { ptr: ptr.cast() }
+    }
+
+    /// Starts loading the box at (column `c0`, row `c1`) into `dst`; it completes on the
+    /// current phase of `full`'s barrier, which must expect its bytes.
+    ///
+    /// # Safety
+    /// 1. `dst` has room for the box, is 1024-byte aligned (for the 128-byte swizzle), and
+    ///    nothing touches it until the barrier's phase completes.
+    /// 2. `full` is an initialised mbarrier of this block whose current phase expects the
+    ///    box's bytes.
+    #[inline(always)]
+    pub unsafe fn load_2d(self, dst: u32, c0: i32, c1: i32, full: u32) {
+        arch::cp_async_bulk_tensor_2d_shared_global(dst, self.ptr, c0, c1, full)
+    }
+}
+
+/// Where a producer or consumer is in a [`Pipeline`]: the stage, and the parity of the phase
+/// of its barriers it waits for next.
+#[derive(Clone, Copy)]
+pub struct PipelineState<const STAGES: usize> {
+    stage: u32,
+    phase: u32,
+}
+
+impl<const STAGES: usize> PipelineState<STAGES> {
+    /// Stage 0, first phase.
+    pub const START: Self = Self { stage: 0, phase: 0 };
+
+    /// The stage.
+    #[inline(always)]
+    pub fn stage(self) -> usize {
+        self.stage as usize
+    }
+
+    /// The next stage, wrapping (and flipping the phase) after the last.
+    #[inline(always)]
+    pub fn next(self) -> Self {
+        if self.stage as usize + 1 == STAGES {
+            Self { stage: 0, phase: self.phase ^ 1 }
+        } else {
+            Self { stage: self.stage + 1, phase: self.phase }
+        }
+    }
+}
+
+/// `STAGES` shared-memory buffers handed between one producer thread (issuing TMA loads) and
+/// consumers: a *full* mbarrier per stage (one arrival, the producer's, plus the loads'
+/// bytes) and an *empty* one (one arrival per consumer).
+#[derive(Clone, Copy)]
+pub struct Pipeline<const STAGES: usize> {
+    full: u32,
+    empty: u32,
+}
+
+impl<const STAGES: usize> Pipeline<STAGES> {
+    /// The pipeline's barriers in `slots` (`2 * STAGES` words), initialised by thread 0 of the
+    /// block for `consumers` consumer arrivals per stage. Every thread calls it; a block
+    /// barrier must follow before any uses the pipeline.
+    #[inline(always)]
+    pub fn new(slots: SharedSlice<u64>, consumers: u32) -> Self {
+        const { assert!(STAGES >= 2, "a pipeline needs at least two stages") };
+        if slots.len() < 2 * STAGES {
+            out_of_bounds()
+        }
+        let (full, empty) = (slots.addr(), slots.addr() + 8 * STAGES as u32);
+        if crate::thread::rank_in_block() == 0 {
+            for s in 0..STAGES as u32 {
+                // SAFETY: 8 aligned bytes each of this block's shared memory, given to the
+                // barriers; the caller's block barrier orders the inits before any use.
+                unsafe {
+                    arch::mbarrier_init_shared_b64(full + 8 * s, 1);
+                    arch::mbarrier_init_shared_b64(empty + 8 * s, consumers);
+                }
+            }
+            arch::fence_mbarrier_init_release_cluster();
+        }
+        Self { full, empty }
+    }
+
+    /// Producer: waits until `state`'s stage is free (at once the first time round), then
+    /// announces `bytes` of loads into it; returns the stage's full barrier for the loads.
+    #[inline(always)]
+    pub fn producer_acquire(&self, state: PipelineState<STAGES>, bytes: u32) -> u32 {
+        let s = state.stage * 8;
+        // SAFETY: initialised barriers of this block (`new`). Waiting for the parity before
+        // the current phase's passes at once on a fresh barrier.
+        unsafe {
+            while !arch::mbarrier_try_wait_parity_shared_b64(self.empty + s, state.phase ^ 1) {}
+            arch::mbarrier_arrive_expect_tx_shared_b64(self.full + s, bytes);
+        }
+        self.full + s
+    }
+
+    /// Consumer: waits until `state`'s stage is loaded.
+    #[inline(always)]
+    pub fn consumer_wait(&self, state: PipelineState<STAGES>) {
+        // SAFETY: as above.
+        while !unsafe { arch::mbarrier_try_wait_parity_shared_b64(self.full + state.stage * 8, state.phase) } {}
+    }
+
+    /// Consumer: this consumer is done with `state`'s stage (one arrival on its empty barrier).
+    #[inline(always)]
+    pub fn consumer_release(&self, state: PipelineState<STAGES>) {
+        // SAFETY: as above.
+        unsafe { arch::mbarrier_arrive_shared_b64(self.empty + state.stage * 8) }
+    }
+}

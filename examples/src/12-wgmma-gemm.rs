@@ -1,0 +1,425 @@
+//! 12 — a GEMM on Hopper's warpgroup tensor cores: `C = epilogue(A·Bᵀ)` for row-major A (M × K)
+//! and Bᵀ (N × K, as `nn.Linear` stores its weight), bf16 in, f32 accumulate, bf16 out.
+//!
+//! The kernel is persistent: at most one block per SM, each computing 128 × 256 tiles of C
+//! in turn, stepping through K 64 at a time through a four-stage shared-memory [`Pipeline`]
+//! that runs on from tile to tile, so that one tile's epilogue overlaps the next one's loads.
+//! A block has 384 threads, three warpgroups. Warpgroup 0 is
+//! the producer: it gives up registers (`setmaxnreg.dec` to 40) and one of its threads issues,
+//! per k-step, two TMA tile loads (A 128 × 64, Bᵀ 256 × 64, 128-byte swizzle, zero-filled past
+//! the matrices' edges) that complete on the stage's *full* mbarrier. Warpgroups 1 and 2 are
+//! the consumers (`setmaxnreg.inc` to 232): each waits for the stage, runs four
+//! `wgmma.mma_async.m64n256k16` on its 64 rows straight from shared memory (descriptors, no
+//! `ldmatrix`), then waits for the previous step's (one group stays in flight) and frees that
+//! step's stage on its *empty* mbarrier. The epilogue is example 10's — none, bias,
+//! bias + GELU, residual, scaling — a type parameter, so each kind is its own kernel; the
+//! stores, two columns at a time, are masked to M × N.
+//!
+//! Shapes: any M and N; K a multiple of 8 (TMA needs rows of A and Bᵀ in multiples of 16
+//! bytes). The host rejects others before launching, with [`GemmError::Shape`].
+
+use crate::gemm::{Bias, BiasGelu, Epilogue, Plain, Residual, Scale};
+use clusterfuse::arch;
+use clusterfuse::prelude::*;
+use clusterfuse::tma::{Pipeline, PipelineState, TensorMap};
+use clusterfuse::warpgroup::{AccM64N256, Operand, Warpgroup, WgmmaInput};
+
+/// Rows of C per block.
+pub const BM: usize = 128;
+/// Columns of C per block.
+pub const BN: usize = 256;
+/// K per pipeline stage: one 128-byte swizzled row of bf16.
+pub const BK: usize = 64;
+/// Pipeline stages in shared memory.
+pub const STAGES: usize = 4;
+/// Threads per block: a producer warpgroup and two consumers.
+pub const THREADS: usize = 384;
+/// Consumer warpgroups, each 64 rows of the tile.
+const CONSUMERS: u32 = 2;
+/// Bytes of one stage of A and of Bᵀ.
+const A_STAGE_BYTES: u32 = (BM * BK * 2) as u32;
+const B_STAGE_BYTES: u32 = (BN * BK * 2) as u32;
+/// Dynamic shared memory per block: the stages, their mbarriers, and 1024 bytes to align the
+/// tiles for the swizzle (197 696 bytes: one block per SM).
+pub const SMEM_BYTES: u32 = 1024 + STAGES as u32 * (A_STAGE_BYTES + B_STAGE_BYTES) + 16 * STAGES as u32;
+/// Registers per thread of the producer and of the consumers (40 · 128 + 232 · 256 = 64 512
+/// of the SM's 65 536).
+const PRODUCER_REGISTERS: u32 = 40;
+const CONSUMER_REGISTERS: u32 = 232;
+
+/// The block's 128 × 256 tile of `out = epilogue(a · bᵀ)` from the tensor maps of A and Bᵀ:
+/// the body of every kernel. Traps unless K is a positive multiple of 8 and `out` holds M × N.
+#[inline(always)]
+pub fn gemm<T: WgmmaInput + HalfFloat, E: Epilogue>(a_map: &[u64], b_map: &[u64], out: &Out<T>, m: u32, n: u32, k: u32, epilogue: E) {
+    const { assert!(THREADS as u32 == (1 + CONSUMERS) * 128 && BM == 64 * CONSUMERS as usize && BK * 2 == 128) };
+    let (m, n, k) = (m as usize, n as usize, k as usize);
+    if out.len() < m * n || k == 0 || !k.is_multiple_of(8) {
+        arch::trap()
+    }
+    let (a_map, b_map) = (TensorMap::new(a_map), TensorMap::new(b_map));
+    let mut smem = shared::dynamic();
+    smem.align_to(1024);
+    let a_tiles = smem.take::<T>(STAGES * BM * BK).addr();
+    let b_tiles = smem.take::<T>(STAGES * BN * BK).addr();
+    let pipeline = Pipeline::<STAGES>::new(smem.take::<u64>(2 * STAGES), CONSUMERS);
+    block::sync();
+
+    let wg = Warpgroup::current();
+    // Persistent: block b computes tiles b, b + grid, b + 2·grid, … (row-major over the tiles
+    // of C), so that a block's epilogue overlaps the producer's loads for its next tile.
+    let (tiles_n, k_steps) = (n.div_ceil(BN), k.div_ceil(BK));
+    let (tiles, first, grid) = (m.div_ceil(BM) * tiles_n, block::index_x() as usize, arch::nctaid_x() as usize);
+    let origin = |tile: usize| (tile / tiles_n * BM, tile % tiles_n * BN);
+    if wg.index() == 0 {
+        wg.lower_registers::<PRODUCER_REGISTERS>();
+        if wg.thread_rank() == 0 {
+            let (mut state, mut tile) = (PipelineState::START, first);
+            while tile < tiles {
+                let (bm, bn) = origin(tile);
+                for kt in 0..k_steps {
+                    let full = pipeline.producer_acquire(state, A_STAGE_BYTES + B_STAGE_BYTES);
+                    let s = state.stage() as u32;
+                    // SAFETY: the stage's tiles are 1024-aligned and sized for the boxes, and
+                    // free (its empty barrier passed); the full barrier expects both boxes' bytes.
+                    unsafe {
+                        a_map.load_2d(a_tiles + s * A_STAGE_BYTES, (kt * BK) as i32, bm as i32, full);
+                        b_map.load_2d(b_tiles + s * B_STAGE_BYTES, (kt * BK) as i32, bn as i32, full);
+                    }
+                    state = state.next();
+                }
+                tile += grid;
+            }
+        }
+        return;
+    }
+    wg.raise_registers::<CONSUMER_REGISTERS>();
+    // This warpgroup's 64 rows of the tile.
+    let rows = 64 * (wg.index() as usize - 1);
+    let mut acc = AccM64N256::ZERO;
+    let mut state = PipelineState::<STAGES>::START;
+    // Neighbouring columns in one 4-byte store where N (so every row) keeps them aligned.
+    let (t, paired) = (wg.thread_rank(), n.is_multiple_of(2) && (out.as_mut_ptr() as usize).is_multiple_of(4));
+    let mut tile = first;
+    while tile < tiles {
+        let (bm, bn) = origin(tile);
+        // The stage whose wgmmas may still run: freed once the next step's are issued and it is
+        // waited for (`wait::<1>` leaves only the newest group running).
+        let mut previous: Option<PipelineState<STAGES>> = None;
+        // At least one step (K > 0): a path that skips the loop would set the accumulators
+        // outside `wgmma` before the final wait, and ptxas would then serialise every `wgmma`.
+        let mut kt = 0;
+        loop {
+            pipeline.consumer_wait(state);
+            let s = state.stage() as u32;
+            let (a_tile, b_tile) = (a_tiles + s * A_STAGE_BYTES, b_tiles + s * B_STAGE_BYTES);
+            wg.fence();
+            for kk in 0..(BK / 16) as u32 {
+                let a = Operand::<T>::k_major_swizzle_128b(a_tile, 16 * kk).rows_down(rows as u32);
+                let b = Operand::<T>::k_major_swizzle_128b(b_tile, 16 * kk);
+                // SAFETY: the stage is loaded (its full barrier passed) and is not refilled
+                // until both consumers release it, after the wait below; the whole warpgroup
+                // runs this, after the fence. The tile's first wgmma overwrites the accumulators.
+                unsafe { wg.mma_m64n256k16(a, b, &mut acc, kt > 0 || kk > 0) };
+            }
+            wg.commit();
+            wg.wait::<1>();
+            if let (Some(done), 0) = (previous, wg.thread_rank()) {
+                pipeline.consumer_release(done);
+            }
+            previous = Some(state);
+            state = state.next();
+            kt += 1;
+            if kt == k_steps {
+                break;
+            }
+        }
+        wg.wait::<0>();
+        if let (Some(done), 0) = (previous, wg.thread_rank()) {
+            pipeline.consumer_release(done);
+        }
+        // Unrolled, so that `acc` is only indexed by constants and stays in registers.
+        unroll!(p in [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63] {
+            let (r, c) = AccM64N256::position(t, 2 * p);
+            let (row, col) = (bm + rows + r, bn + c);
+            let value = |i: usize, col: usize| T::from_f32(epilogue.apply(acc.values[i], row, col, n));
+            if row < m && col + 1 < n && paired {
+                out.store_pair(row * n + col, [value(2 * p, col), value(2 * p + 1, col + 1)]);
+            } else if row < m {
+                if col < n {
+                    out.set(row * n + col, value(2 * p, col));
+                }
+                if col + 1 < n {
+                    out.set(row * n + col + 1, value(2 * p + 1, col + 1));
+                }
+            }
+        });
+        tile += grid;
+    }
+}
+
+/// `body` once per listed constant, bound to `$i`.
+macro_rules! unroll {
+    ($i:ident in [$($n:literal)*] $body:block) => {{ $({ let $i: usize = $n; $body })* }};
+}
+use unroll;
+
+macro_rules! wgmma_kernels {
+    ($($t:ident: $plain:ident, $bias:ident, $bias_gelu:ident, $residual:ident, $scale:ident;)*) => {$(
+        #[doc = concat!("`out = a · bᵀ`, ", stringify!($t), ", from the tensor maps of A and Bᵀ; at most one block per SM, each looping over 128 × 256 tiles of C ([`config`]), 384 threads, [`SMEM_BYTES`] of dynamic shared memory.")]
+        #[kernel(launch_bounds(max_threads = 384, min_blocks = 1))]
+        pub fn $plain(a_map: &[u64], b_map: &[u64], out: Out<$t>, m: u32, n: u32, k: u32) {
+            gemm(a_map, b_map, &out, m, n, k, Plain);
+        }
+
+        #[doc = concat!("`out = a · bᵀ + bias`, ", stringify!($t), "; launched as the plain kernel.")]
+        #[kernel(launch_bounds(max_threads = 384, min_blocks = 1))]
+        pub fn $bias(a_map: &[u64], b_map: &[u64], bias: &[$t], out: Out<$t>, m: u32, n: u32, k: u32) {
+            gemm(a_map, b_map, &out, m, n, k, Bias(bias));
+        }
+
+        #[doc = concat!("`out = gelu(a · bᵀ + bias)`, ", stringify!($t), "; launched as the plain kernel.")]
+        #[kernel(launch_bounds(max_threads = 384, min_blocks = 1))]
+        pub fn $bias_gelu(a_map: &[u64], b_map: &[u64], bias: &[$t], out: Out<$t>, m: u32, n: u32, k: u32) {
+            gemm(a_map, b_map, &out, m, n, k, BiasGelu(bias));
+        }
+
+        #[doc = concat!("`out = a · bᵀ + residual`, ", stringify!($t), "; launched as the plain kernel.")]
+        #[kernel(launch_bounds(max_threads = 384, min_blocks = 1))]
+        pub fn $residual(a_map: &[u64], b_map: &[u64], residual: &[$t], out: Out<$t>, m: u32, n: u32, k: u32) {
+            gemm(a_map, b_map, &out, m, n, k, Residual(residual));
+        }
+
+        #[doc = concat!("`out = alpha · a · bᵀ`, ", stringify!($t), "; launched as the plain kernel.")]
+        #[kernel(launch_bounds(max_threads = 384, min_blocks = 1))]
+        pub fn $scale(a_map: &[u64], b_map: &[u64], out: Out<$t>, alpha: f32, m: u32, n: u32, k: u32) {
+            gemm(a_map, b_map, &out, m, n, k, Scale(alpha));
+        }
+    )*};
+}
+
+wgmma_kernels! {
+    bf16: wgmma_bf16, wgmma_bf16_bias, wgmma_bf16_bias_gelu, wgmma_bf16_residual, wgmma_bf16_scale;
+}
+
+/// One TMA load, to check the 128-byte swizzle: the 8 × 64 bf16 box at (column `c0`, row
+/// `c1`) of the tensor `map` describes, written to `out` (512 values) un-swizzled, zeros where
+/// the box leaves the tensor. With `waited == 0` the threads read the tile without waiting for
+/// its mbarrier (a race, which the emulator reports).
+#[kernel(launch_bounds(max_threads = 128))]
+pub fn tma_box(map: &[u64], out: Out<bf16>, c0: i32, c1: i32, waited: u32) {
+    let mut smem = shared::dynamic();
+    smem.align_to(1024);
+    let (tile, slot) = (smem.take::<bf16>(8 * 64), smem.take::<u64>(1));
+    let mut barrier = clusterfuse::mbarrier::Mbarrier::new(slot, 1);
+    block::sync();
+    let t = thread::index_x() as usize;
+    if t == 0 {
+        barrier.arrive_expect_tx(1024);
+        // SAFETY: the tile is 1024-aligned, holds the box, and is read only after the wait;
+        // the barrier's phase expects the box's 1024 bytes.
+        unsafe { TensorMap::new(map).load_2d(tile.addr(), c0, c1, barrier.addr()) };
+    }
+    if waited != 0 {
+        barrier.wait();
+    }
+    for i in (t..512).step_by(128) {
+        // Row r's 16-byte chunk j sits at chunk j ^ (r % 8) of the row.
+        let (r, c) = (i / 64, i % 64);
+        out.set(i, tile.load(r * 64 + ((c / 8) ^ (r % 8)) * 8 + c % 8));
+    }
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+pub use host::*;
+
+#[cfg(not(target_arch = "nvptx64"))]
+mod host {
+    use super::*;
+    use crate::check::{shape, Report};
+    use crate::gemm::{EpilogueKind, GemmError, HostOperands, Operands};
+    use clusterfuse::host::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+    use clusterfuse::host::{Buffer, Error, Result, Swizzle, TensorMap};
+
+    /// The launch configuration of an M × N × K GEMM on at most `blocks` blocks (the SMs), or
+    /// why the kernels cannot compute it.
+    pub fn config(m: usize, n: usize, k: usize, blocks: usize) -> std::result::Result<LaunchConfig, GemmError> {
+        let reject = |what: String| Err(GemmError::Shape(format!("M = {m}, N = {n}, K = {k}: {what}")));
+        if m == 0 || n == 0 || k == 0 {
+            return reject("every dimension must be at least 1".into());
+        }
+        if !k.is_multiple_of(8) {
+            return reject("K must be a multiple of 8 (TMA loads rows of A and Bᵀ in multiples of 16 bytes); pad it".into());
+        }
+        if m * k > i32::MAX as usize || k * n > i32::MAX as usize || m * n > u32::MAX as usize {
+            return reject("too large: at most 2^31 elements in A and Bᵀ, 2^32 in C".into());
+        }
+        let tiles = m.div_ceil(BM) * n.div_ceil(BN);
+        Ok(LaunchConfig {
+            grid: (tiles.min(blocks.max(1)) as u32).into(),
+            block: (THREADS as u32).into(),
+            dynamic_smem_bytes: SMEM_BYTES,
+            ..LaunchConfig::default()
+        })
+    }
+
+    /// Bᵀ (N × K) of the operands' B (K × N), as the kernels take it.
+    pub fn transpose<T: Copy>(b: &[T], k: usize, n: usize) -> Vec<T> {
+        (0..n * k).map(|i| b[i % k * n + i / k]).collect()
+    }
+
+    /// The tensor maps of A (M × K) and Bᵀ (N × K), in the kernels' boxes: made once per
+    /// shape, valid while the buffers are borrowed.
+    pub struct Maps<'a> {
+        a: TensorMap<'a>,
+        b: TensorMap<'a>,
+    }
+
+    impl<'a> Maps<'a> {
+        /// Tensor maps of `a` and `bt` for an M × N × K GEMM.
+        pub fn new(gpu: &Gpu, a: &'a Buffer<bf16>, bt: &'a Buffer<bf16>, (m, n, k): (usize, usize, usize)) -> std::result::Result<Self, GemmError> {
+            config(m, n, k, 1)?;
+            Ok(Self {
+                a: gpu.tensor_map_2d(a, (m, k), (BM as u32, BK as u32), Swizzle::B128)?,
+                b: gpu.tensor_map_2d(bt, (n, k), (BN as u32, BK as u32), Swizzle::B128)?,
+            })
+        }
+    }
+
+    /// Blocks the emulator runs (so that each computes several tiles, as on a GPU).
+    const EMULATOR_BLOCKS: usize = 2;
+
+    /// The five bf16 kernels, loaded, and the device's SM count.
+    pub struct Kernels {
+        sms: usize,
+        plain: wgmma_bf16::Kernel,
+        bias: wgmma_bf16_bias::Kernel,
+        bias_gelu: wgmma_bf16_bias_gelu::Kernel,
+        residual: wgmma_bf16_residual::Kernel,
+        scale: wgmma_bf16_scale::Kernel,
+    }
+
+    impl Kernels {
+        /// Loads the five kernels.
+        pub fn load(gpu: &Gpu) -> Result<Self> {
+            let sms = match gpu.context() {
+                Some(context) => context
+                    .attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                    .map_err(|source| Error::Driver { call: "cuDeviceGetAttribute", kernel: None, source })? as usize,
+                None => EMULATOR_BLOCKS,
+            };
+            Ok(Self {
+                sms,
+                plain: wgmma_bf16::load(gpu)?,
+                bias: wgmma_bf16_bias::load(gpu)?,
+                bias_gelu: wgmma_bf16_bias_gelu::load(gpu)?,
+                residual: wgmma_bf16_residual::load(gpu)?,
+                scale: wgmma_bf16_scale::load(gpu)?,
+            })
+        }
+
+        /// `out = epilogue(a · bᵀ)` for an M × N × K GEMM whose A and Bᵀ `maps` describe
+        /// (bias, residual and alpha from `x`), after checking the shape and buffers.
+        #[allow(clippy::too_many_arguments)]
+        pub fn launch(
+            &self,
+            gpu: &Gpu,
+            epilogue: EpilogueKind,
+            maps: &Maps<'_>,
+            x: &Operands<bf16>,
+            out: &mut Buffer<bf16>,
+            (m, n, k): (usize, usize, usize),
+        ) -> std::result::Result<(), GemmError> {
+            let config = config(m, n, k, self.sms)?;
+            let need = |what: &str, len: usize, need: usize| {
+                if len < need {
+                    Err(GemmError::Shape(format!("{what} holds {len} elements; M = {m}, N = {n}, K = {k} needs {need}")))
+                } else {
+                    Ok(())
+                }
+            };
+            need("C", out.len(), m * n)?;
+            let (s, (a, b), (m, n, k)) = (gpu.stream(), (maps.a.words(), maps.b.words()), (m as u32, n as u32, k as u32));
+            match epilogue {
+                EpilogueKind::None => self.plain.launch(s, &config, a, b, out, m, n, k)?,
+                EpilogueKind::Bias => {
+                    need("bias", x.bias.len(), n as usize)?;
+                    self.bias.launch(s, &config, a, b, &x.bias, out, m, n, k)?
+                }
+                EpilogueKind::BiasGelu => {
+                    need("bias", x.bias.len(), n as usize)?;
+                    self.bias_gelu.launch(s, &config, a, b, &x.bias, out, m, n, k)?
+                }
+                EpilogueKind::Residual => {
+                    need("residual", x.residual.len(), (m * n) as usize)?;
+                    self.residual.launch(s, &config, a, b, &x.residual, out, m, n, k)?
+                }
+                EpilogueKind::Scale => self.scale.launch(s, &config, a, b, out, x.alpha, m, n, k)?,
+            }
+            Ok(())
+        }
+    }
+
+    /// Checks one epilogue against its f64 reference, on every output: M, N off the tile
+    /// sizes and K off the k-step (on the emulator: two blocks, two tiles each; two row tiles, the second 22 rows; two
+    /// column tiles, the second 7 columns, N odd so that the stores go one at a time; six
+    /// k-steps, the last 8 deep, so that the four-stage pipeline wraps; on a GPU N is even and
+    /// the stores are paired).
+    pub fn run(gpu: &Gpu, epilogue: EpilogueKind) -> Result<Report> {
+        let (m, n, k) = shape(gpu, (1000, 1032, 1048), (150, 263, 328));
+        let host = HostOperands::<bf16>::random(m, n, k);
+        let x = Operands::upload(gpu, &host)?;
+        let bt = gpu.upload(&transpose(&host.b, k, n))?;
+        let mut out = gpu.upload(&vec![bf16::NAN; m * n])?;
+        let kernels = Kernels::load(gpu)?;
+        let unsupported = |err: GemmError| match err {
+            GemmError::Launch(err) => err,
+            GemmError::Shape(what) => unreachable!("the example's shapes are supported: {what}"),
+        };
+        let maps = Maps::new(gpu, &x.a, &bt, (m, n, k)).map_err(unsupported)?;
+        kernels.launch(gpu, epilogue, &maps, &x, &mut out, (m, n, k)).map_err(unsupported)?;
+        let out: Vec<f32> = gpu.download(&out)?.into_iter().map(HalfFloat::to_f32).collect();
+        let reference: Vec<f64> =
+            (0..m * n).map(|i| epilogue.reference(host.dot(i / n, i % n, n, k), i / n, i % n, n, &host)).collect();
+        Ok(Report::new(format!("{m} × {n} × {k}, bf16, {}", epilogue.name()), &out, &reference, crate::gemm::BF16_TOLERANCE))
+    }
+
+    /// Dynamic shared memory of [`tma_box`]: the tile, its barrier, and room to align them.
+    pub const TMA_BOX_SMEM: u32 = 3072;
+
+    /// Checks [`tma_box`] on a 20 × 72 tensor, the box at (40, 16): 4 of its rows and 32 of its
+    /// columns inside, the rest zero-filled.
+    pub fn run_tma_box(gpu: &Gpu) -> Result<Report> {
+        let (rows, cols, c0, c1) = (20, 72, 40, 16);
+        let x: Vec<bf16> = crate::check::random(rows * cols).into_iter().map(bf16::from_f32).collect();
+        let reference: Vec<f64> = (0..512)
+            .map(|i| {
+                let (r, c) = (c1 + i / 64, c0 + i % 64);
+                if r < rows && c < cols { x[r * cols + c].to_f64() } else { 0.0 }
+            })
+            .collect();
+        let tensor = gpu.upload(&x)?;
+        let map = gpu.tensor_map_2d(&tensor, (rows, cols), (8, 64), Swizzle::B128)?;
+        let mut out = gpu.upload(&[bf16::NAN; 512])?;
+        let config = LaunchConfig { grid: 1.into(), block: 128.into(), dynamic_smem_bytes: TMA_BOX_SMEM, ..LaunchConfig::default() };
+        tma_box::load(gpu)?.launch(gpu.stream(), &config, map.words(), &mut out, c0 as i32, c1 as i32, 1)?;
+        let out: Vec<f32> = gpu.download(&out)?.into_iter().map(HalfFloat::to_f32).collect();
+        Ok(Report::new("8 × 64 box at (40, 16) of 20 × 72, bf16, 128-byte swizzle".into(), &out, &reference, 0.0))
+    }
+
+    macro_rules! runners {
+        ($($name:ident => $kind:ident;)*) => {$(
+            #[doc = concat!("Example runner: epilogue ", stringify!($kind), ".")]
+            pub fn $name(gpu: &Gpu) -> Result<Report> {
+                run(gpu, EpilogueKind::$kind)
+            }
+        )*};
+    }
+
+    runners! {
+        plain => None;
+        bias => Bias;
+        bias_gelu => BiasGelu;
+        residual => Residual;
+        scale => Scale;
+    }
+}

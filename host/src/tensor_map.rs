@@ -1,0 +1,118 @@
+//! TMA tensor maps: `cuTensorMapEncodeTiled` on a GPU, the emulator's own encoding on the
+//! CPU, uploaded to 128 bytes of device memory that kernels take as a `&[u64]`
+//! (`clusterfuse::tma::TensorMap::new`).
+
+use crate::buffer::Buffer;
+use crate::error::{DriverContext, Error, Result};
+use crate::gpu::Gpu;
+use clusterfuse_device::emu::tensor::{encode_tensor_map_2d, SWIZZLE_128B, SWIZZLE_NONE};
+use clusterfuse_device::{bf16, f16};
+use cudarc::driver::sys::{
+    self, CUtensorMapDataType as DataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave, CUtensorMapL2promotion, CUtensorMapSwizzle,
+};
+use std::marker::PhantomData;
+
+/// An element type TMA moves.
+pub trait TmaElement: Copy {
+    /// Its `CUtensorMapDataType`.
+    const DATA_TYPE: DataType;
+}
+
+impl TmaElement for bf16 {
+    const DATA_TYPE: DataType = DataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+}
+impl TmaElement for f16 {
+    const DATA_TYPE: DataType = DataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+}
+impl TmaElement for f32 {
+    const DATA_TYPE: DataType = DataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+}
+
+/// How TMA lays a box's rows out in shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Swizzle {
+    /// Rows back to back.
+    None,
+    /// The 16-byte chunks of each 128-byte row permuted by the row's index mod 8
+    /// (`CU_TENSOR_MAP_SWIZZLE_128B`), as `wgmma` reads 128-byte-swizzled operands.
+    B128,
+}
+
+/// A 2-D tensor map in device memory, valid while the tensor it describes is borrowed.
+pub struct TensorMap<'a> {
+    words: Buffer<u64>,
+    _tensor: PhantomData<&'a ()>,
+}
+
+impl TensorMap<'_> {
+    /// The 128 bytes, for a kernel's `&[u64]` parameter.
+    pub fn words(&self) -> &Buffer<u64> {
+        &self.words
+    }
+}
+
+impl Gpu {
+    /// A tensor map of the row-major `rows × cols` matrix in `tensor`, loaded in boxes of
+    /// `box_rows × box_cols`; loads past the matrix's edges read zeros.
+    ///
+    /// # Errors
+    /// [`Error::InvalidTensorMap`] when TMA cannot describe it (rows not a multiple of 16
+    /// bytes, a box over 256 in either dimension, or wider than 128 bytes with the 128-byte
+    /// swizzle, or a tensor larger than `tensor`); a driver error from `cuTensorMapEncodeTiled`.
+    pub fn tensor_map_2d<'a, T: TmaElement>(
+        &self,
+        tensor: &'a Buffer<T>,
+        (rows, cols): (usize, usize),
+        (box_rows, box_cols): (u32, u32),
+        swizzle: Swizzle,
+    ) -> Result<TensorMap<'a>> {
+        let size = size_of::<T>();
+        let reject = |why: String| Err(Error::InvalidTensorMap(format!("{rows} × {cols} tensor, {box_rows} × {box_cols} boxes: {why}")));
+        if rows == 0 || cols == 0 || !(cols * size).is_multiple_of(16) {
+            return reject(format!("rows must be a non-zero multiple of 16 bytes ({} bytes)", cols * size));
+        }
+        if !(1..=256).contains(&box_rows) || !(1..=256).contains(&box_cols) || !(box_cols as usize * size).is_multiple_of(16) {
+            return reject("a box is 1-256 elements in each dimension, its rows multiples of 16 bytes".into());
+        }
+        if swizzle == Swizzle::B128 && box_cols as usize * size > 128 {
+            return reject(format!("the 128-byte swizzle takes box rows of at most 128 bytes ({})", box_cols as usize * size));
+        }
+        if rows * cols > tensor.len() {
+            return reject(format!("the buffer holds {} elements", tensor.len()));
+        }
+        let (address, _sync) = tensor.launch_ptr(self.stream())?;
+        let words = if self.is_emulator() {
+            let mode = if swizzle == Swizzle::B128 { SWIZZLE_128B } else { SWIZZLE_NONE };
+            encode_tensor_map_2d(address, size as u32, [cols as u64, rows as u64], (cols * size) as u64, [box_cols, box_rows], mode)
+        } else {
+            let mut map = sys::CUtensorMap { opaque: [0; 16] };
+            let (dims, strides, boxes, steps) = ([cols as u64, rows as u64], [(cols * size) as u64], [box_cols, box_rows], [1u32, 1]);
+            let swizzle = match swizzle {
+                Swizzle::None => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+                Swizzle::B128 => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            };
+            // SAFETY: every pointer is to a live local array of the rank's length (strides:
+            // rank - 1); the address is the tensor's device allocation.
+            unsafe {
+                sys::cuTensorMapEncodeTiled(
+                    &mut map,
+                    T::DATA_TYPE,
+                    2,
+                    address as *mut std::ffi::c_void,
+                    dims.as_ptr(),
+                    strides.as_ptr(),
+                    boxes.as_ptr(),
+                    steps.as_ptr(),
+                    CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                    swizzle,
+                    CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                    CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+                )
+            }
+            .result()
+            .driver("cuTensorMapEncodeTiled", None)?;
+            map.opaque
+        };
+        Ok(TensorMap { words: self.upload(&words)?, _tensor: PhantomData })
+    }
+}
