@@ -36,7 +36,7 @@ pub fn row_config(hidden: u32, rows: u32) -> LaunchConfig {
 
 /// One thread's share of its block's row, in f32: `values[k]` holds the row's values
 /// `8 j .. 8 j + 8` for `j = k · T + t` (thread `t` of the block's `T`), for the `k` with
-/// `j < hidden / 8` ([`Row::has`]): 3 or 4 of them at hidden 768, all 4 at 1024 or 8192.
+/// `j < hidden / 8` ([`Row::has`]): 3 at hidden 768, 4 at 1024 and 8192, 2 or 3 at 1280.
 #[derive(Clone, Copy)]
 pub struct Row {
     pub values: [[f32; 8]; VECTORS],
@@ -117,7 +117,7 @@ fn each_vector(mut f: impl FnMut(usize)) {
 /// The values of a row of `x` under the one-row-per-block launch: its length over the blocks.
 #[inline(always)]
 pub fn row_length(x: &[f16]) -> u32 {
-    x.len() as u32 / grid::dim().x
+    (x.len() / grid::dim().x as usize) as u32
 }
 
 /// A run of 16-byte vectors of `x` from vector `offset`, as long as a row, checked once (in
@@ -166,8 +166,8 @@ pub fn load_row(x: &[f16], hidden: u32) -> Row {
     row
 }
 
-/// A per-column parameter (bias, γ, β, weight) of `row`'s length, checked once; its vector
-/// `column(k)` is `Columns::get`.
+/// A per-column parameter (bias, γ, β, weight) of `row`'s length, checked once; [`Run::get`]
+/// reads its vector `column(k)`.
 #[inline(always)]
 fn columns<'a>(param: &'a [f16], row: &Row) -> Run<'a> {
     Run::new(param, 0, row)
@@ -179,7 +179,8 @@ pub fn store_row(row: Row, out: &Out<f16>) {
     global::check16::<f16, 8>(out.as_mut_ptr(), out.len(), row.start + row.vectors as usize);
     each_vector(|k| {
         if row.has(k) {
-            // SAFETY: as in `gather`, below `start + vectors`, which `check16` found in bounds.
+            // SAFETY: `has(k)`: below `start + vectors`, which `check16` found in bounds of the
+            // aligned `out`.
             unsafe { out.store16_rounded_unchecked(row.start + row.column(k), row.values[k]) };
         }
     });
@@ -203,7 +204,8 @@ pub fn gelu(x: f32) -> f32 {
 
 /// `out = GELU(LayerNorm(x + b) · γ + β)` for `rows × hidden` (row-major; hidden a multiple of
 /// 256, at most [`MAX_HIDDEN`]).
-#[fused_kernel(grid = rows, block = (hidden + 1023) / 1024 * 32, launch_bounds(max_threads = 256))]
+#[allow(clippy::manual_div_ceil)] // `block` takes operators, not method calls
+#[fused_kernel(grid = rows, block = (hidden + 1023) / 1024 * 32, launch_bounds(max_threads = 256, min_blocks = 4))]
 pub mod layernorm_gelu {
     use super::*;
 
@@ -250,6 +252,7 @@ pub mod layernorm_gelu {
 
 /// `h = x + r` (rounded to f16, written to `residual_out`), then
 /// `out = h / √(mean(h²) + ε) · w`, for `rows × hidden` (as for `layernorm_gelu`).
+#[allow(clippy::manual_div_ceil)] // `block` takes operators, not method calls
 #[fused_kernel(grid = rows, block = (hidden + 1023) / 1024 * 32, launch_bounds(max_threads = 256))]
 pub mod add_rmsnorm {
     use super::*;
