@@ -68,13 +68,14 @@ impl Row {
         (k as u32 * self.threads + self.thread) as usize
     }
 
-    /// Σ over the row's values of `f(value)`.
+    /// `f(… f(f(0, v₀), v₁) …)` over the row's values: `|s, v| s + v` sums them,
+    /// `|s, v| v.fma(v, s)` their squares (rustc contracts no `s + v * v` into an FMA).
     #[inline(always)]
-    pub fn sum(&self, f: impl Fn(f32) -> f32) -> f32 {
+    pub fn fold(&self, f: impl Fn(f32, f32) -> f32) -> f32 {
         let mut sum = 0.0;
         each_vector(|k| {
             if self.has(k) {
-                sum = self.values[k].iter().fold(sum, |sum, &v| sum + f(v));
+                sum = self.values[k].iter().fold(sum, |sum, &v| f(sum, v));
             }
         });
         sum
@@ -114,10 +115,11 @@ fn each_vector(mut f: impl FnMut(usize)) {
     f(3);
 }
 
-/// The values of a row of `x` under the one-row-per-block launch: its length over the blocks.
+/// The values of a row of `x` under the one-row-per-block launch: its length over the blocks
+/// (a 32-bit division: a 64-bit one is a call, around which ptxas spills; `x` under 2³² values).
 #[inline(always)]
 pub fn row_length(x: &[f16]) -> u32 {
-    (x.len() / grid::dim().x as usize) as u32
+    x.len() as u32 / grid::dim().x
 }
 
 /// A run of 16-byte vectors of `x` from vector `offset`, as long as a row, checked once (in
@@ -223,9 +225,9 @@ pub mod layernorm_gelu {
     pub fn layer_norm(mut y: Registers<Row>, gamma: Global<&[f16]>, beta: Global<&[f16]>, hidden: u32) -> Registers<Row> {
         let scratch = shared!([f32; 32]);
         let inverse = 1.0 / hidden as f32;
-        let mean = block::reduce_sum(y.sum(|v| v), scratch) * inverse;
+        let mean = block::reduce_sum(y.fold(|s, v| s + v), scratch) * inverse;
         y.map(|_, _, v| v - mean);
-        let rstd = math::rsqrt(block::reduce_sum(y.sum(|d| d * d), scratch) * inverse + EPS);
+        let rstd = math::rsqrt(block::reduce_sum(y.fold(|s, d| d.fma(d, s)), scratch) * inverse + EPS);
         // γ and β a vector at a time, into as few registers as possible.
         let (gamma, beta) = (columns(gamma, &y), columns(beta, &y));
         y.map_vectors(|row, k, d| {
@@ -262,7 +264,8 @@ pub mod add_rmsnorm {
     pub fn add_residual(x: Global<&[f16]>, r: Global<&[f16]>, residual_out: Global<Out<f16>>) -> Registers<Row> {
         let hidden = row_length(x);
         let (mut h, r) = (load_row(x, hidden), load_row(r, hidden));
-        h.map(|k, e, v| f16::from_f32(v + r.values[k][e]).to_f32());
+        let r = r.values;
+        h.map(|k, e, v| f16::from_f32(v + r[k][e]).to_f32());
         store_row(h, residual_out);
         h
     }
@@ -272,7 +275,7 @@ pub mod add_rmsnorm {
     pub fn rms_norm(mut h: Registers<Row>, weight: Global<&[f16]>, out: Global<Out<f16>>, hidden: u32) {
         let scratch = shared!([f32; 32]);
         let weight = columns(weight, &h);
-        let rstd = math::rsqrt(block::reduce_sum(h.sum(|v| v * v), scratch) / hidden as f32 + EPS);
+        let rstd = math::rsqrt(block::reduce_sum(h.fold(|s, v| v.fma(v, s)), scratch) / hidden as f32 + EPS);
         h.map_vectors(|row, k, h| {
             let w = weight.get(row, k);
             core::array::from_fn(|e| h[e] * rstd * w[e])

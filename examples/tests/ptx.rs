@@ -84,13 +84,13 @@ fn cluster_reduce_moves_16_byte_vectors() {
 fn fused_kernels_are_one_entry_with_16_byte_accesses() {
     for kernel in ["layernorm_gelu", "add_rmsnorm"] {
         let text = entry(kernel);
-        assert!(text.contains(".maxntid 1024, 1, 1"), "`{kernel}` lacks its declared launch bound");
+        assert!(text.contains(".maxntid 256, 1, 1"), "`{kernel}` lacks its declared launch bound");
         assert!(text.contains("ld.global.nc.v4.b32") && text.contains("st.global.v4.b32"), "`{kernel}` lacks 16-byte accesses");
     }
-    // One 16-byte vector per thread: RMSNorm writes the residual and the output, LayerNorm →
-    // GELU writes one.
-    assert_eq!(entry("add_rmsnorm").matches("st.global.v4.b32").count(), 2);
-    assert_eq!(entry("layernorm_gelu").matches("st.global.v4.b32").count(), 1);
+    // Up to four 16-byte vectors per thread: RMSNorm writes them to the residual and the
+    // output, LayerNorm → GELU to the output.
+    assert_eq!(entry("add_rmsnorm").matches("st.global.v4.b32").count(), 8);
+    assert_eq!(entry("layernorm_gelu").matches("st.global.v4.b32").count(), 4);
 }
 
 #[test]
