@@ -188,6 +188,23 @@ pub fn store_row(row: Row, out: &Out<f16>) {
     });
 }
 
+/// Σ of `value` over the block, in every thread: each warp's sum by shuffles, then, past one
+/// warp, the warps' sums through `scratch` (a slot a warp) after one barrier, added in warp
+/// order so that every thread gets the same total. With no closing barrier, `scratch` serves
+/// one sum per block: LayerNorm's two take one each.
+#[inline(always)]
+fn row_sum(value: f32, scratch: SharedSlice<f32>) -> f32 {
+    let (partial, warps) = (warp::reduce_sum(value), block::warps());
+    if warps == 1 {
+        return partial;
+    }
+    if warp::lane() == 0 {
+        scratch.store(warp::index_in_block() as usize, partial);
+    }
+    block::sync();
+    (0..warps as usize).fold(0.0, |sum, w| sum + scratch.load(w))
+}
+
 /// Beyond this |x|, GELU takes ½·erfc(|x|/√2) at this bound: |x|·q(5.5) < 1.1e-7.
 const GELU_TAIL: f32 = 5.5;
 
@@ -223,11 +240,12 @@ pub mod layernorm_gelu {
     /// (y − μ) / √(σ² + ε) · γ + β, the mean and then the variance reduced over the block.
     #[stage(block)]
     pub fn layer_norm(mut y: Registers<Row>, gamma: Global<&[f16]>, beta: Global<&[f16]>, hidden: u32) -> Registers<Row> {
-        let scratch = shared!([f32; 32]);
+        // A slot per warp of the block (at most 8) for each sum.
+        let (sums, squares) = (shared!([f32; 8]), shared!([f32; 8]));
         let inverse = 1.0 / hidden as f32;
-        let mean = block::reduce_sum(y.fold(|s, v| s + v), scratch) * inverse;
+        let mean = row_sum(y.fold(|s, v| s + v), sums) * inverse;
         y.map(|_, _, v| v - mean);
-        let rstd = math::rsqrt(block::reduce_sum(y.fold(|s, d| d.fma(d, s)), scratch) * inverse + EPS);
+        let rstd = math::rsqrt(row_sum(y.fold(|s, d| d.fma(d, s)), squares) * inverse + EPS);
         // γ and β a vector at a time, into as few registers as possible.
         let (gamma, beta) = (columns(gamma, &y), columns(beta, &y));
         y.map_vectors(|row, k, d| {
@@ -273,9 +291,9 @@ pub mod add_rmsnorm {
     /// out = h · rsqrt(mean(h²) + ε) · w.
     #[stage(block)]
     pub fn rms_norm(mut h: Registers<Row>, weight: Global<&[f16]>, out: Global<Out<f16>>, hidden: u32) {
-        let scratch = shared!([f32; 32]);
+        let squares = shared!([f32; 8]);
         let weight = columns(weight, &h);
-        let rstd = math::rsqrt(block::reduce_sum(h.fold(|s, v| v.fma(v, s)), scratch) / hidden as f32 + EPS);
+        let rstd = math::rsqrt(row_sum(h.fold(|s, v| v.fma(v, s)), squares) / hidden as f32 + EPS);
         h.map_vectors(|row, k, h| {
             let w = weight.get(row, k);
             core::array::from_fn(|e| h[e] * rstd * w[e])

@@ -127,13 +127,13 @@ fn every_kernel_assembles_without_spills() {
         ("bulk_exchange", 0),
         ("cluster_gather_bulk", 0),
         ("cluster_sum_values", 192),
-        ("layernorm_gelu", 128),
-        ("add_rmsnorm", 128),
+        ("layernorm_gelu", 2 * 32),
+        ("add_rmsnorm", 32),
         ("add_bias", 0),
-        ("layer_norm", 128),
+        ("layer_norm", 2 * 32),
         ("gelu_kernel", 0),
         ("add_residual", 0),
-        ("rms_norm", 128),
+        ("rms_norm", 32),
         ("decode_attention", 10544),
         ("decode_rms_norm", 128),
         ("decode_qkv", 0),
@@ -154,7 +154,7 @@ fn every_kernel_assembles_without_spills() {
         ("attention_scores", 0),
         ("attention_context", 0),
         ("attention", 8 * 128 * 4),
-        ("bias_layer_norm", 128),
+        ("bias_layer_norm", 2 * 32),
     ];
     assert_eq!(kernels.len(), expected_smem.len(), "kernels: {:?}", kernels.keys());
     for (name, smem) in expected_smem {
