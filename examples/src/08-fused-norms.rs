@@ -279,8 +279,7 @@ pub mod add_rmsnorm {
 
     /// h = f16(x + r): the next layer's residual, written out and kept in registers.
     #[stage(thread)]
-    pub fn add_residual(x: Global<&[f16]>, r: Global<&[f16]>, residual_out: Global<Out<f16>>) -> Registers<Row> {
-        let hidden = row_length(x);
+    pub fn add_residual(x: Global<&[f16]>, r: Global<&[f16]>, residual_out: Global<Out<f16>>, hidden: u32) -> Registers<Row> {
         let (mut h, r) = (load_row(x, hidden), load_row(r, hidden));
         let r = r.values;
         h.map(|k, e, v| f16::from_f32(v + r[k][e]).to_f32());
@@ -304,7 +303,7 @@ pub mod add_rmsnorm {
     /// Launch arguments; the body is the dataflow the macro checks.
     #[allow(clippy::too_many_arguments)]
     pub fn kernel(x: &[f16], residual: &[f16], weight: &[f16], residual_out: Out<f16>, out: Out<f16>, hidden: u32, rows: u32) {
-        let h = add_residual(x, residual, residual_out);
+        let h = add_residual(x, residual, residual_out, hidden);
         rms_norm(h, weight, out, hidden);
     }
 }
@@ -332,7 +331,7 @@ pub fn gelu_kernel(z: &[f16], out: Out<f16>) {
 /// Unfused 1/2: `residual_out = x + r`.
 #[kernel(launch_bounds(max_threads = 256))]
 pub fn add_residual(x: &[f16], r: &[f16], residual_out: Out<f16>) {
-    add_rmsnorm::add_residual(x, r, &residual_out);
+    add_rmsnorm::add_residual(x, r, &residual_out, row_length(x));
 }
 
 /// Unfused 2/2: `out = RMSNorm(h) · w`.
