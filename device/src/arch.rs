@@ -689,6 +689,20 @@ pub fn fma_rn_f32(a: f32, b: f32, c: f32) -> f32 {
     }
 }
 
+/// `max.NaN.f32` (sm_80+): the larger of `a` and `b`, NaN when either is NaN.
+#[inline(always)]
+pub fn max_nan_f32(a: f32, b: f32) -> f32 {
+    gpu_or_emulator! {
+        gpu: {
+            let d: f32;
+            // SAFETY: arithmetic only.
+            unsafe { ptx!("max.NaN.f32 {d}, {a}, {b};", d = out(reg32) d, a = in(reg32) a, b = in(reg32) b, options(pure, nomem, nostack)) };
+            d
+        },
+        emulator: if a.is_nan() || b.is_nan() { f32::NAN } else { a.max(b) },
+    }
+}
+
 macro_rules! half_op {
     ($($(#[$doc:meta])* $name:ident($($arg:ident),*) => $ptx:literal, $ty:ident, |$($x:ident),*| $emulated:expr;)*) => {$(
         $(#[$doc])*

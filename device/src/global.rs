@@ -112,6 +112,29 @@ impl<'a, T: Copy> Out<'a, T> {
     }
 }
 
+impl Out<'_, crate::f16> {
+    /// Rounds `values` to f16 in pairs (`cvt.rn.f16x2.f32`) and stores them as elements
+    /// `8 i .. 8 i + 8` in one 16-byte `st.global.v4`. Traps when out of bounds or misaligned.
+    #[inline(always)]
+    pub fn store16_rounded(&self, i: usize, values: [f32; 8]) {
+        vector_ptr::<crate::f16, 8>(self.ptr, self.len, i);
+        // SAFETY: in bounds and 16-byte aligned (checked by `vector_ptr`).
+        unsafe { self.store16_rounded_unchecked(i, values) }
+    }
+
+    /// [`Out::store16_rounded`] without its checks, for a caller that checked a whole run of
+    /// vectors once.
+    ///
+    /// # Safety
+    /// 1. `8 (i + 1) <= self.len()`.
+    /// 2. The buffer starts at a 16-byte-aligned address.
+    #[inline(always)]
+    pub unsafe fn store16_rounded_unchecked(&self, i: usize, values: [f32; 8]) {
+        let pair = |k: usize| arch::cvt_rn_f16x2_f32(values[2 * k + 1], values[2 * k]);
+        arch::st_global_v4_b32(self.ptr.add(8 * i) as *mut [u32; 4], [pair(0), pair(1), pair(2), pair(3)])
+    }
+}
+
 impl Out<'_, f32> {
     /// `atom.global.add.f32` on element `i`; returns the old value. Float atomics make the
     /// result depend on the order threads arrive in: prefer a reduction where determinism matters.
@@ -149,6 +172,17 @@ impl Out<'_, i32> {
     }
 }
 
+/// Traps unless the `len` elements at `ptr` start 16-byte aligned and hold 16-byte vectors of
+/// `N` elements `0 .. end`: one check of a run of vectors (a row, say), after which
+/// [`load16_unchecked`] and [`Out::store16_rounded_unchecked`] of any vector `i < end` are sound.
+#[inline(always)]
+pub fn check16<T, const N: usize>(ptr: *const T, len: usize, end: usize) {
+    const { assert!(N * size_of::<T>() == 16, "a 16-byte access needs N * size_of::<T>() == 16") };
+    if end * N > len || !(ptr as usize).is_multiple_of(16) {
+        out_of_bounds()
+    }
+}
+
 #[inline(always)]
 fn vector_ptr<T, const N: usize>(base: *const T, len: usize, i: usize) -> *const T {
     const { assert!(N * size_of::<T>() == 16, "a 16-byte access needs N * size_of::<T>() == 16") };
@@ -163,8 +197,20 @@ fn vector_ptr<T, const N: usize>(base: *const T, len: usize, i: usize) -> *const
 /// `[T; N]` must be 16 bytes. Traps when out of bounds or misaligned.
 #[inline(always)]
 pub fn load16<T: Copy, const N: usize>(input: &[T], i: usize) -> [T; N] {
-    let ptr = vector_ptr::<T, N>(input.as_ptr(), input.len(), i);
-    // SAFETY: in bounds and aligned (checked); inputs are not written during the kernel
-    // (`Out`'s invariant 2), so the read-only path is coherent.
-    unsafe { core::mem::transmute_copy(&arch::ld_global_nc_v4_b32(ptr as *const [u32; 4])) }
+    vector_ptr::<T, N>(input.as_ptr(), input.len(), i);
+    // SAFETY: in bounds and aligned (checked).
+    unsafe { load16_unchecked(input, i) }
+}
+
+/// [`load16`] without its checks, for a caller that checked a whole run of vectors once.
+///
+/// # Safety
+/// 1. `N (i + 1) <= input.len()`.
+/// 2. `input` starts at a 16-byte-aligned address.
+#[inline(always)]
+pub unsafe fn load16_unchecked<T: Copy, const N: usize>(input: &[T], i: usize) -> [T; N] {
+    const { assert!(N * size_of::<T>() == 16, "a 16-byte access needs N * size_of::<T>() == 16") };
+    // Inputs are not written during the kernel (`Out`'s invariant 2), so the read-only path is
+    // coherent.
+    core::mem::transmute_copy(&arch::ld_global_nc_v4_b32(input.as_ptr().add(N * i) as *const [u32; 4]))
 }

@@ -31,6 +31,12 @@ impl Fma for bf16 {
     }
 }
 
+/// The larger of `a` and `b`, NaN when either is NaN (`max.NaN.f32`; `f32::max` ignores a NaN).
+#[inline(always)]
+pub fn maximum(a: f32, b: f32) -> f32 {
+    arch::max_nan_f32(a, b)
+}
+
 /// `2^x` (`ex2.approx.ftz`): about 2 ulp, subnormals flushed.
 #[inline(always)]
 pub fn exp2(x: f32) -> f32 {
