@@ -391,7 +391,8 @@ fn attention_heads<T: Packed, const B: usize, const V: usize>(
     };
     let mut w = load(0);
 
-    // 2. x ⊙ norm_w for this block's columns (zeros past the batch), and Σ x² per token.
+    // 2. x ⊙ norm_w for this block's columns, vector c of token s at c·B + s (zeros past the
+    //    batch), and Σ x² per token.
     let xg = shared::dynamic().take::<f32>(B * vectors * 8);
     for i in block::stride_loop(0..B * vectors) {
         let (s, c) = (i / vectors, i % vectors);
@@ -402,7 +403,7 @@ fn attention_heads<T: Packed, const B: usize, const V: usize>(
                 v[k] = xv[k].to_f32() * gv[k].to_f32();
             }
         }
-        store8(xg, i, v);
+        store8(xg, c * B + s, v);
     }
     let mut squares = [0.0f32; B];
     unroll!(s in [0 1 2 3 4 5 6 7] {
@@ -435,7 +436,7 @@ fn attention_heads<T: Packed, const B: usize, const V: usize>(
             if j < V && c < vectors {
                 unroll!(s in [0 1 2 3 4 5 6 7] {
                     if s < B {
-                        let xs = load8(xg, s * vectors + c);
+                        let xs = load8(xg, c * B + s);
                         unroll!(u in [0 1 2 3] {
                             acc[u][s] = dot8::<T>(w[u][j], xs, acc[u][s]);
                         });
@@ -532,7 +533,7 @@ fn attention_heads<T: Packed, const B: usize, const V: usize>(
 }
 
 /// `out = x + W_o · attn` for a batch tile of `B`: `R` rows per warp, `V` 16-byte vectors per
-/// lane per row per step; `attn` (f32) staged in `B · hidden · 4` bytes of dynamic shared
+/// lane per row per step; `attn` (f32, vector c of token s at c·B + s) staged in `B · hidden · 4` bytes of dynamic shared
 /// memory. Shapes: `attn`, `x`, `out`: `batch × hidden`; `w_o`: `hidden × hidden`. Grid
 /// `hidden / (8·R)` blocks of 256.
 #[inline(always)]
@@ -559,7 +560,8 @@ fn o_proj<T: Packed, const B: usize, const R: usize, const V: usize>(attn: &[f32
     let mut w = load(0);
     let staged = shared::dynamic().take::<f32>(B * hidden);
     for i in block::stride_loop(0..B * row_vectors) {
-        store8(staged, i, if i < batch * row_vectors { core::array::from_fn(|k| attn[8 * i + k]) } else { [0.0; 8] });
+        let (s, c) = (i / row_vectors, i % row_vectors);
+        store8(staged, c * B + s, if s < batch { core::array::from_fn(|k| attn[8 * i + k]) } else { [0.0; 8] });
     }
     block::sync();
     let mut acc = [[0.0f32; B]; R];
@@ -569,7 +571,7 @@ fn o_proj<T: Packed, const B: usize, const R: usize, const V: usize>(attn: &[f32
             if j < V && c < row_vectors {
                 unroll!(s in [0 1 2 3 4 5 6 7] {
                     if s < B {
-                        let xs = load8(staged, s * row_vectors + c);
+                        let xs = load8(staged, c * B + s);
                         unroll!(u in [0 1 2 3] {
                             if u < R {
                                 acc[u][s] = dot8::<T>(w[u][j], xs, acc[u][s]);
@@ -825,7 +827,7 @@ pub mod host {
 
     decode_type! {
         f16, "f16", 2e-3: decode_attention_f16, decode_attention_f16_b8, decode_o_proj_f16, decode_o_proj_f16_b8;
-        bf16, "bf16", 1e-2: decode_attention_bf16, decode_attention_bf16_b8, decode_o_proj_bf16, decode_o_proj_bf16_b8;
+        bf16, "bf16", 5e-3: decode_attention_bf16, decode_attention_bf16_b8, decode_o_proj_bf16, decode_o_proj_bf16_b8;
     }
 
     /// One decode step's inputs for a batch of sequences. Cache tokens `pos ..` of each
