@@ -28,14 +28,17 @@
 //! warp per 2 rows (4 at batch 8), every block staging all heads' `attn` in shared memory
 //! after issuing its first `W_o` loads. No atomics anywhere: the output is deterministic.
 //!
-//! Sizing at hidden 4096: clusters of 4 give 128 blocks of 256 threads (at most 128
-//! registers, `min_blocks = 2`, so that `max_active_clusters` counts two blocks per SM and
-//! all 32 clusters are resident in one wave); each block keeps 16 16-byte loads per thread
-//! (64 KB) in flight in both the projection and the attention. The output projection runs
-//! 256 blocks (128 at batch 8) of 256 threads, 16 loads per thread in flight.
+//! Sizing at hidden 4096 (`ptxas -v`): fused 1/2 uses 128 registers (`min_blocks = 2`) and
+//! 25 KB of static plus 4 KB (clusters of 4) of dynamic shared memory, so two blocks fit on an
+//! SM and all 32 clusters of 4 should be resident at once (`decode-bench` prints
+//! `max_active_clusters`): 128 blocks of 256 threads, one wave, each keeping 16 16-byte loads per thread (64 KB) in flight in the
+//! projection and in the attention (8 tokens' K and V per group). Fused 2/2 uses 108
+//! registers and 16 KB: 256 blocks, two per SM, one wave, 16 loads per thread in flight.
 //!
 //! Kernels take the batch tile as a constant: the `_b8` kernels run batches 2-8 (rows past
-//! the batch are zeros and not written), the others batch 1.
+//! the batch are zeros and not written), the others batch 1. At tile 8 the projection keeps 8
+//! loads per thread in flight (its 4 × 8 accumulators take the registers of the other 8) and
+//! the output projection runs 128 blocks of 4 rows a warp, one per SM (180 registers, 128 KB).
 //!
 //! **Separate** (five launches, f16, batch 1, f32 intermediates in global memory, as a
 //! framework would): [`decode_rms_norm`], [`decode_qkv`], [`decode_rope_append`],
@@ -265,9 +268,8 @@ fn attend<T: Packed>(state: &mut Softmax, q: [f32; 8], start: u32, end: u32, key
         unroll!(u in [0 1 2 3 4 5 6 7] {
             let p = if (base + group + (GROUPS * u) as u32) < end { math::exp2(s[u] - m) } else { 0.0 };
             state.l += p;
-            let v = widen::<T>(vs[u]);
-            for k in 0..8 {
-                state.o[k] = p.fma(v[k], state.o[k]);
+            for (o, v) in state.o.iter_mut().zip(&widen::<T>(vs[u])) {
+                *o = p.fma(*v, *o);
             }
         });
         state.m = m;
@@ -503,7 +505,7 @@ fn attention_heads<T: Packed, const B: usize, const V: usize>(
     //    group 0 starts from the new token.
     let (states, maxima) = (shared!([f32; MAX_BATCH * STATE]), shared!([f32; MAX_BATCH]));
     let (group, lane16) = (t / 16, t % 16);
-    for s in 0..batch {
+    for (s, &pos) in positions.iter().enumerate() {
         let own = qkv.slice(s * QKV, QKV);
         let q: [f32; 8] = core::array::from_fn(|k| own.load(lane16 * 8 + k) * Q_SCALE);
         let k_new: [f32; 8] = core::array::from_fn(|k| own.load(HEAD_DIM + lane16 * 8 + k));
@@ -514,7 +516,6 @@ fn attention_heads<T: Packed, const B: usize, const V: usize>(
         }
         let s_new = group_sum(s_new);
         let mut state = if rank == 0 && group == 0 { Softmax { m: s_new, l: 1.0, o: v_new } } else { Softmax::EMPTY };
-        let pos = positions[s];
         let rows = (s * heads + head) * max_len as usize * (HEAD_DIM / 8) + lane16;
         let key = |tok: u32| load_words_out(k_cache, rows + tok as usize * (HEAD_DIM / 8));
         let value = |tok: u32| load_words_out(v_cache, rows + tok as usize * (HEAD_DIM / 8));
