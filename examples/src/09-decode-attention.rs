@@ -734,7 +734,7 @@ pub mod host {
     use super::*;
     use crate::check::{with_rng, Report};
     use clusterfuse::host::cudarc::driver::DeviceRepr;
-    use clusterfuse::host::{Buffer, Gpu, Result};
+    use clusterfuse::host::{Buffer, Gpu, Result, Stream};
     use rand::Rng;
 
     /// An element type of the weights, activations and cache, with its fused kernels.
@@ -748,10 +748,10 @@ pub mod host {
         type Kernels;
         /// Loads them.
         fn load(gpu: &Gpu) -> Result<Self::Kernels>;
-        /// Fused 1/2 at `b`'s batch, with clusters of `cluster`.
-        fn attention(kernels: &Self::Kernels, gpu: &Gpu, b: &mut Buffers<Self>, cluster: u32) -> Result<()>;
-        /// Fused 2/2 at `b`'s batch.
-        fn o_proj(kernels: &Self::Kernels, gpu: &Gpu, b: &mut Buffers<Self>) -> Result<()>;
+        /// Fused 1/2 at `b`'s batch, with clusters of `cluster`, on `stream`.
+        fn attention(kernels: &Self::Kernels, stream: &Stream, b: &mut Buffers<Self>, cluster: u32) -> Result<()>;
+        /// Fused 2/2 at `b`'s batch, on `stream`.
+        fn o_proj(kernels: &Self::Kernels, stream: &Stream, b: &mut Buffers<Self>) -> Result<()>;
         /// Most clusters of `cluster` blocks of fused 1/2 resident at once, at `batch`.
         fn max_active_clusters(kernels: &Self::Kernels, gpu: &Gpu, hidden: usize, batch: usize, cluster: u32) -> Result<u32>;
     }
@@ -800,8 +800,8 @@ pub mod host {
                     Ok(Kernels { attention: $attention::load(gpu)?, attention8: $attention8::load(gpu)?, o_proj: $o_proj::load(gpu)?, o_proj8: $o_proj8::load(gpu)? })
                 }
 
-                fn attention(k: &Self::Kernels, gpu: &Gpu, b: &mut Buffers<Self>, cluster: u32) -> Result<()> {
-                    let (s, c, max_len) = (gpu.stream(), attention_config(b.hidden, b.batch, cluster), b.max_len as u32);
+                fn attention(k: &Self::Kernels, s: &Stream, b: &mut Buffers<Self>, cluster: u32) -> Result<()> {
+                    let (c, max_len) = (attention_config(b.hidden, b.batch, cluster), b.max_len as u32);
                     if b.batch == 1 {
                         k.attention.launch(s, &c, &b.x, &b.norm_w, &b.w_qkv, &b.rope, &b.positions, &mut b.k_cache, &mut b.v_cache, &mut b.attn, max_len)
                     } else {
@@ -809,8 +809,8 @@ pub mod host {
                     }
                 }
 
-                fn o_proj(k: &Self::Kernels, gpu: &Gpu, b: &mut Buffers<Self>) -> Result<()> {
-                    let (s, c, batch) = (gpu.stream(), o_proj_config(b.hidden, b.batch), b.batch as u32);
+                fn o_proj(k: &Self::Kernels, s: &Stream, b: &mut Buffers<Self>) -> Result<()> {
+                    let (c, batch) = (o_proj_config(b.hidden, b.batch), b.batch as u32);
                     if b.batch == 1 {
                         k.o_proj.launch(s, &c, &b.attn, &b.w_o, &b.x, &mut b.out, batch)
                     } else {
@@ -995,6 +995,8 @@ pub mod host {
         pub w_o: Buffer<T>,
         pub rope: Buffer<f32>,
         pub positions: Buffer<u32>,
+        /// `positions`, on the host.
+        pub host_positions: Vec<u32>,
         pub k_cache: Buffer<T>,
         pub v_cache: Buffer<T>,
         pub out: Buffer<T>,
@@ -1017,6 +1019,7 @@ pub mod host {
                 w_o: gpu.upload(&step.w_o)?,
                 rope: gpu.upload(&step.rope)?,
                 positions: gpu.upload(&positions)?,
+                host_positions: positions,
                 k_cache: gpu.upload(&step.k_cache)?,
                 v_cache: gpu.upload(&step.v_cache)?,
                 out: gpu.upload(&vec![T::from_f32(f32::NAN); batch * h])?,
@@ -1047,10 +1050,10 @@ pub mod host {
         }
     }
 
-    /// The fused variant: [`DecodeType::attention`] then [`DecodeType::o_proj`].
-    pub fn fused<T: DecodeType>(kernels: &T::Kernels, gpu: &Gpu, b: &mut Buffers<T>, cluster: u32) -> Result<()> {
-        T::attention(kernels, gpu, b, cluster)?;
-        T::o_proj(kernels, gpu, b)
+    /// The fused variant on `stream`: [`DecodeType::attention`] then [`DecodeType::o_proj`].
+    pub fn fused<T: DecodeType>(kernels: &T::Kernels, stream: &Stream, b: &mut Buffers<T>, cluster: u32) -> Result<()> {
+        T::attention(kernels, stream, b, cluster)?;
+        T::o_proj(kernels, stream, b)
     }
 
     /// The five separate kernels (f16, batch 1), loaded, with their f32 intermediates.
@@ -1080,11 +1083,10 @@ pub mod host {
             })
         }
 
-        /// The five launches, the attention with clusters of `cluster` blocks.
-        pub fn launch(&mut self, gpu: &Gpu, b: &mut Buffers<f16>, cluster: u32) -> Result<()> {
+        /// The five launches on `s`, the attention with clusters of `cluster` blocks.
+        pub fn launch(&mut self, s: &Stream, b: &mut Buffers<f16>, cluster: u32) -> Result<()> {
             assert_eq!(b.batch, 1, "the separate kernels run batch 1");
-            let (s, h, heads) = (gpu.stream(), b.hidden, b.hidden / HEAD_DIM);
-            let pos = gpu.download(&b.positions)?[0];
+            let (h, heads, pos) = (b.hidden, b.hidden / HEAD_DIM, b.host_positions[0]);
             let rows_per_block = WARPS * QKV_ROWS;
             self.rms_norm.launch(s, &config(1, BLOCK, None, 0), &b.x, &b.norm_w, &mut self.xn)?;
             self.qkv.launch(s, &config(3 * h / rows_per_block, BLOCK, None, 4 * h), &self.xn, &b.w_qkv, &mut self.qkv_out)?;
@@ -1110,14 +1112,14 @@ pub mod host {
             let reference = step.reference().all();
             let cluster = clusters[i % 2];
             let mut b = Buffers::upload(gpu, &step)?;
-            fused(&kernels, gpu, &mut b, cluster)?;
+            fused(&kernels, gpu.stream(), &mut b, cluster)?;
             outs.extend(b.results(gpu, &step)?);
             refs.extend(reference.iter().copied());
             runs.push(format!("batch {batch} at {positions:?}, cluster {cluster}"));
             if separate && batch == 1 {
                 let step = Step::<f16>::random(hidden, max_len, &positions);
                 let mut b = Buffers::upload(gpu, &step)?;
-                Separate::load(gpu, hidden)?.launch(gpu, &mut b, cluster)?;
+                Separate::load(gpu, hidden)?.launch(gpu.stream(), &mut b, cluster)?;
                 outs.extend(b.results(gpu, &step)?);
                 refs.extend(step.reference().all());
             }

@@ -1,7 +1,7 @@
 //! The decode-step attention block of Llama-2-7B (hidden 4096, 32 heads of 128) at KV lengths
 //! 1024, 4096 and 16384: example 09's fused kernels (two launches: a cluster per head up to
-//! the attention, then the output projection over the whole GPU) with clusters of 4 and 8,
-//! the same stages as five separate kernels (f16, batch 1), the fused kernels on bf16, and at
+//! the attention, then the output projection over the whole GPU) with clusters of 4 (also
+//! replayed from a CUDA graph of one step) and 8, the same stages as five separate kernels (f16, batch 1), the fused kernels on bf16, and at
 //! batch 8 (eight sequences, each with its own cache, all at the same length).
 //!
 //! Every variant is first checked at every length against the f64 reference of the whole
@@ -18,7 +18,7 @@
 //!
 //! `cargo run --release -p clusterfuse-examples --bin decode-bench [-- --dump DIR]`
 
-use clusterfuse::host::Gpu;
+use clusterfuse::host::{Gpu, Stream};
 use clusterfuse::{bf16, f16};
 use clusterfuse_examples::check::{gpu_or_skip, median, Report};
 use clusterfuse_examples::decode_attention::host::{attention_config, fused, o_proj_config, Buffers, DecodeType, Separate, Step};
@@ -53,20 +53,30 @@ struct Row<'a, T: DecodeType> {
     expected: &'a [f64],
     label: String,
     kernels: u32,
+    /// Replay the step's launches from a CUDA graph instead of launching them.
+    graph: bool,
 }
 
 impl<T: DecodeType> Row<'_, T> {
-    /// Checks `launch` (twice, bitwise), times it, and returns the table row with the first
-    /// run's results, or a FAIL row.
-    fn measure(&self, mut launch: impl FnMut(&mut Buffers<T>) -> clusterfuse::host::Result<()>) -> Result<(String, Option<Vec<f32>>)> {
+    /// Checks `launch` (twice, bitwise: launched, then as timed), times it, and returns the
+    /// table row with the first run's results, or a FAIL row.
+    fn measure(&self, mut launch: impl FnMut(&Stream, &mut Buffers<T>) -> clusterfuse::host::Result<()>) -> Result<(String, Option<Vec<f32>>)> {
         let (gpu, step, len) = (self.gpu, self.step, self.step.positions[0] + 1);
         let roofline_us = bytes(step) / PEAK_BYTES_PER_S * 1e6;
         // Fresh buffers: a step rewrites the cache at `pos`, which a longer L reads.
         let mut b = Buffers::upload(gpu, step)?;
-        launch(&mut b)?;
+        launch(gpu.stream(), &mut b)?;
         let first = b.results(gpu, step)?;
         b.poison(gpu)?;
-        launch(&mut b)?;
+        // Captured after `poison`, which reallocates `out` and `attn`: `b` is not changed again.
+        let graph = if self.graph { Some(gpu.capture(|s| launch(s, &mut b))?) } else { None };
+        let mut run = |b: &mut Buffers<T>| match &graph {
+            // SAFETY: the graph holds `b`'s buffers, alive and unchanged until `b` drops,
+            // after the graph.
+            Some(graph) => unsafe { graph.replay(gpu.stream()) },
+            None => launch(gpu.stream(), b),
+        };
+        run(&mut b)?;
         let second = b.results(gpu, step)?;
         let report = Report::new(format!("L {len}"), &first, self.expected, T::TOLERANCE);
         let deterministic = first.iter().zip(&second).all(|(a, b)| a.to_bits() == b.to_bits());
@@ -77,7 +87,7 @@ impl<T: DecodeType> Row<'_, T> {
         }
         let mut samples = Vec::new();
         for rep in 0..WARMUP + REPS {
-            let ms = gpu.time_ms(|| (0..STEPS_PER_PASS).try_for_each(|_| launch(&mut b)))?;
+            let ms = gpu.time_ms(|| (0..STEPS_PER_PASS).try_for_each(|_| run(&mut b)))?;
             if rep >= WARMUP {
                 samples.push(ms * 1e3 / STEPS_PER_PASS as f64);
             }
@@ -120,15 +130,19 @@ fn dump(dir: &Path, step: &Step<f16>, results: &[f32]) -> Result<()> {
     Ok(())
 }
 
-/// Rows of the fused kernels of `T` at `step`'s length, one per cluster size in `clusters`.
-fn fused_rows<T: DecodeType>(gpu: &Gpu, kernels: &T::Kernels, step: &Step<T>, expected: &[f64], clusters: &[u32], rows: &mut Vec<String>) -> Result<Option<Vec<f32>>> {
+/// Rows of the fused kernels of `T` at `step`'s length, one per cluster size in `clusters`,
+/// launched and (with `graph`) also replayed from a CUDA graph of one step.
+fn fused_rows<T: DecodeType>(gpu: &Gpu, kernels: &T::Kernels, step: &Step<T>, expected: &[f64], clusters: &[u32], graph: bool, rows: &mut Vec<String>) -> Result<Option<Vec<f32>>> {
     let mut first_results = None;
     for &cluster in clusters {
-        let label = format!("clusterfuse fused (cluster {cluster}), {}, batch {}", T::NAME, step.batch());
-        let row = Row { gpu, step, expected, label, kernels: 2 };
-        let (line, results) = row.measure(|b| fused(kernels, gpu, b, cluster))?;
-        rows.push(line);
-        first_results = first_results.or(results);
+        for graph in [false, true].into_iter().filter(|&g| graph || !g) {
+            let how = if graph { ", CUDA graph" } else { "" };
+            let label = format!("clusterfuse fused (cluster {cluster}{how}), {}, batch {}", T::NAME, step.batch());
+            let row = Row { gpu, step, expected, label, kernels: 2, graph };
+            let (line, results) = row.measure(|s, b| fused(kernels, s, b, cluster))?;
+            rows.push(line);
+            first_results = first_results.or(results);
+        }
     }
     Ok(first_results)
 }
@@ -161,21 +175,22 @@ fn main() -> Result<()> {
         eprintln!("L = {len}: f64 references and runs ...");
         f16_step.set_positions(&[len - 1]);
         let expected = f16_step.reference().all();
-        let first = fused_rows::<f16>(&gpu, &f16_kernels, &f16_step, &expected, &CLUSTERS, &mut rows)?;
+        let first = fused_rows::<f16>(&gpu, &f16_kernels, &f16_step, &expected, &CLUSTERS[..1], true, &mut rows)?;
+        fused_rows::<f16>(&gpu, &f16_kernels, &f16_step, &expected, &CLUSTERS[1..], false, &mut rows)?;
         if let (Some(dir), 1024, Some(first)) = (&dump_dir, len, first) {
             dump(dir, &f16_step, &first)?;
         }
         let label = format!("clusterfuse separate (cluster {SEPARATE_CLUSTER}), f16, batch 1");
-        let row = Row { gpu: &gpu, step: &f16_step, expected: &expected, label, kernels: 5 };
-        rows.push(row.measure(|b| separate.launch(&gpu, b, SEPARATE_CLUSTER))?.0);
+        let row = Row { gpu: &gpu, step: &f16_step, expected: &expected, label, kernels: 5, graph: false };
+        rows.push(row.measure(|s, b| separate.launch(s, b, SEPARATE_CLUSTER))?.0);
 
         bf16_step.set_positions(&[len - 1]);
         let expected = bf16_step.reference().all();
-        fused_rows::<bf16>(&gpu, &bf16_kernels, &bf16_step, &expected, &CLUSTERS[..1], &mut rows)?;
+        fused_rows::<bf16>(&gpu, &bf16_kernels, &bf16_step, &expected, &CLUSTERS[..1], false, &mut rows)?;
 
         batch_step.set_positions(&[len - 1; BATCH]);
         let expected = batch_step.reference().all();
-        fused_rows::<f16>(&gpu, &f16_kernels, &batch_step, &expected, &CLUSTERS[..1], &mut rows)?;
+        fused_rows::<f16>(&gpu, &f16_kernels, &batch_step, &expected, &CLUSTERS[..1], false, &mut rows)?;
     }
     println!(
         "{} — Llama-2-7B decode attention block (hidden {HIDDEN}, {heads} heads × {HEAD_DIM}); median of {REPS} passes of {STEPS_PER_PASS} steps (CUDA events), µs per step; roofline = bytes / {:.1} TB/s",
