@@ -14,8 +14,8 @@
 //!    the whole row — RMSNorm's `1/rms` is a per-token scalar, applied after the projection,
 //!    so the weights stream from the first instruction;
 //! 3. multiplies those columns with the head's 384 rows of `W_qkv` (split-K: a warp per 4
-//!    rows × 4 16-byte vectors per lane, the next item's loads issued before the warp
-//!    reductions) and `cluster::reduce` sums the blocks' partial q, k, v in rank order;
+//!    rows × 4 16-byte vectors per lane, at batch tile 8 2 rows × 4, the next item's loads
+//!    issued before the warp reductions) and `cluster::reduce` sums the blocks' partial q, k, v in rank order;
 //! 4. scales by `1/rms`, rotates q and k (RoPE, Hugging Face's rotate-half), rounds k and v
 //!    to the cache's type; rank 0 appends them to the cache;
 //! 5. runs flash-decoding over its `1/C` of each sequence's cached tokens: 16-lane groups, 8
@@ -37,13 +37,14 @@
 //!
 //! Kernels take the batch tile as a constant: the `_b8` kernels run batches 2-8 (rows past
 //! the batch are zeros and not written), the others batch 1. At tile 8 the projection keeps 8
-//! loads per thread in flight (its 4 × 8 accumulators take the registers of the other 8) and
+//! loads per thread in flight (its 2 × 8 accumulators take the registers of the other 8) and
 //! the output projection runs 128 blocks of 4 rows a warp, one per SM (180 registers, 128 KB).
 //!
 //! **Separate** (five launches, f16, batch 1, f32 intermediates in global memory, as a
 //! framework would): [`decode_rms_norm`], [`decode_qkv`], [`decode_rope_append`],
 //! [`decode_attend`] (the same flash-decoding and cluster merge) and [`decode_o_proj_f16`].
 
+use clusterfuse::arch;
 use clusterfuse::prelude::*;
 
 /// Dimensions per head.
@@ -62,11 +63,12 @@ const QKV: usize = 3 * HEAD_DIM;
 const WARPS: usize = BLOCK as usize / 32;
 /// 16-lane groups: a group covers one 128-dimension row (K or V) in 16-byte vectors.
 const GROUPS: usize = BLOCK as usize / 16;
-/// W_qkv rows per warp per item of the fused projection, and per warp of the separate GEMV.
+/// W_qkv rows per warp of the separate GEMV.
 const QKV_ROWS: usize = 4;
-/// 16-byte vectors per lane per row per item of the fused projection, at batch 1 and at batch
-/// tile 8 (where the 4 × 8 accumulators take the registers of the other half).
-const QKV_VECTORS: [usize; 2] = [4, 2];
+/// Rows per warp and 16-byte vectors per lane per row of an item of the fused projection, at
+/// batch 1 and at batch tile 8 (where the 2 × 8 accumulators take the registers of the other
+/// half of the loads).
+const QKV_ITEM: [(usize, usize); 2] = [(4, 4), (2, 4)];
 /// Tokens per group per step of the flash-decoding loop.
 const TOKENS: usize = 8;
 /// Floats per sequence of a block's merged attention state: `o` (128), `l`, and padding to
@@ -85,8 +87,9 @@ macro_rules! unroll {
         $( { let $i: usize = $n; $body } )*
     }};
 }
+const _: () = assert!(HEAD_DIM % QKV_ITEM[0].0 == 0 && HEAD_DIM % QKV_ITEM[1].0 == 0, "an item's rows stay inside one of q, k, v");
 const _: () = assert!(
-    QKV_ROWS == 4 && QKV_VECTORS[0] <= 4 && QKV_VECTORS[1] <= 4 && TOKENS == 8 && MAX_BATCH == 8,
+    QKV_ITEM[0].0 <= 4 && QKV_ITEM[0].1 <= 4 && QKV_ITEM[1].0 <= 4 && QKV_ITEM[1].1 <= 4 && TOKENS == 8 && MAX_BATCH == 8,
     "the unrolled loops list 4, 4, 8 and 8 indices"
 );
 
@@ -224,11 +227,14 @@ impl Softmax {
     const EMPTY: Self = Self { m: NO_SCORE, l: 0.0, o: [0.0; 8] };
 }
 
+/// One row (16 bytes, a [`load_words`] vector) of each of a group's `TOKENS` tokens.
+type Rows = [[u32; 4]; TOKENS];
+
 /// Rows `row(t)` of the tokens `t = first + GROUPS·u`; past `end` the last row before it
 /// (or row 0), loaded unconditionally — a masked load would keep every half in a register
 /// of its own — and ignored by the caller.
 #[inline(always)]
-fn load_rows(first: u32, end: u32, row: &impl Fn(u32) -> [u32; 4]) -> [[u32; 4]; TOKENS] {
+fn load_rows(first: u32, end: u32, row: &impl Fn(u32) -> [u32; 4]) -> Rows {
     let last = end.saturating_sub(1);
     let mut rows = [[0; 4]; TOKENS];
     unroll!(u in [0 1 2 3 4 5 6 7] {
@@ -237,15 +243,22 @@ fn load_rows(first: u32, end: u32, row: &impl Fn(u32) -> [u32; 4]) -> [[u32; 4];
     rows
 }
 
-/// Folds tokens `start .. end` into `state`: group `g` takes tokens `base + g + GROUPS·u`,
+/// [`attend`]'s first keys and values: the caller's group's tokens from `start`.
+#[inline(always)]
+fn first_rows(start: u32, end: u32, key: &impl Fn(u32) -> [u32; 4], value: &impl Fn(u32) -> [u32; 4]) -> (Rows, Rows) {
+    let first = start + thread::rank_in_block() / 16;
+    (load_rows(first, end, key), load_rows(first, end, value))
+}
+
+/// Folds tokens `start .. end` into `state`, starting from `first` ([`first_rows`]): group `g` takes tokens `base + g + GROUPS·u`,
 /// `TOKENS` at a time; the next step's keys are loaded while this step's values are
 /// weighed, its values right after. `key(t)` and `value(t)` are the lane's 16 bytes of token
 /// `t`'s rows; `q` is pre-scaled by `Q_SCALE`. `start` and `end` are the same in the block.
 #[inline(always)]
-fn attend<T: Packed>(state: &mut Softmax, q: [f32; 8], start: u32, end: u32, key: impl Fn(u32) -> [u32; 4], value: impl Fn(u32) -> [u32; 4]) {
+fn attend<T: Packed>(state: &mut Softmax, q: [f32; 8], start: u32, end: u32, first: (Rows, Rows), key: impl Fn(u32) -> [u32; 4], value: impl Fn(u32) -> [u32; 4]) {
     let group = thread::rank_in_block() / 16;
     let mut base = start;
-    let (mut ks, mut vs) = (load_rows(base + group, end, &key), load_rows(base + group, end, &value));
+    let (mut ks, mut vs) = first;
     while base < end {
         let mut s = [NO_SCORE; TOKENS];
         let mut m = state.m;
@@ -353,7 +366,7 @@ fn qkv_row(r: usize, head: usize, hidden: usize) -> usize {
 /// `B · hidden / C · 4` bytes of dynamic shared memory.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn attention_heads<T: Packed, const B: usize, const V: usize>(
+fn attention_heads<T: Packed, const B: usize, const R: usize, const V: usize>(
     x: &[T],
     norm_w: &[T],
     w_qkv: &[T],
@@ -366,6 +379,10 @@ fn attention_heads<T: Packed, const B: usize, const V: usize>(
 ) {
     let hidden = norm_w.len();
     let (heads, batch) = (hidden / HEAD_DIM, positions.len());
+    if batch == 0 || batch > B {
+        // No token, or more than the tile holds: fail loudly rather than drop them.
+        arch::trap();
+    }
     let (head, rank, blocks) = (cluster::index_in_grid().x as usize, cluster::block_rank(), cluster::size());
     let t = thread::rank_in_block() as usize;
     let (warp, lane) = (t / 32, t % 32);
@@ -373,17 +390,19 @@ fn attention_heads<T: Packed, const B: usize, const V: usize>(
     let vectors = row_vectors / blocks as usize;
     let first = rank as usize * vectors;
 
-    // 1. The warp's items: 4 rows × (a step of 4 vectors per lane over this block's columns).
+    // 1. The warp's items: R rows × (a step of V vectors per lane over this block's columns).
     let steps = vectors.div_ceil(32 * V);
-    let items = QKV / (WARPS * QKV_ROWS) * steps;
-    let item_row = |i: usize| (warp + WARPS * (i / steps)) * QKV_ROWS;
+    let items = QKV / (WARPS * R) * steps;
+    let item_row = |i: usize| (warp + WARPS * (i / steps)) * R;
     let item_vector = |i: usize, j: usize| (i % steps) * 32 * V + 32 * j + lane;
     let load = |i: usize| {
-        let mut w = [[[0u32; 4]; V]; QKV_ROWS];
+        let mut w = [[[0u32; 4]; V]; R];
+        // The item's rows are consecutive in W_qkv: R divides 128, so they share a q/k/v part.
+        let base = qkv_row(item_row(i), head, hidden) * row_vectors + first;
         unroll!(u in [0 1 2 3] {
-            let row = qkv_row(item_row(i) + u, head, hidden) * row_vectors + first;
+            let row = base + u * row_vectors;
             unroll!(j in [0 1 2 3] {
-                if j < V {
+                if u < R && j < V {
                     // Unconditional, as in `load_rows`: past the block's columns the last one.
                     w[u][j] = load_words(w_qkv, row + item_vector(i, j).min(vectors - 1));
                 }
@@ -431,7 +450,7 @@ fn attention_heads<T: Packed, const B: usize, const V: usize>(
 
     // 3. Split-K QKV over this block's columns, summed over the cluster.
     let qkv = shared!([f32; QKV * MAX_BATCH]);
-    let mut acc = [[0.0f32; B]; QKV_ROWS];
+    let mut acc = [[0.0f32; B]; R];
     for i in 0..items {
         unroll!(j in [0 1 2 3] {
             let c = item_vector(i, j);
@@ -440,7 +459,9 @@ fn attention_heads<T: Packed, const B: usize, const V: usize>(
                     if s < B {
                         let xs = load8(xg, c * B + s);
                         unroll!(u in [0 1 2 3] {
-                            acc[u][s] = dot8::<T>(w[u][j], xs, acc[u][s]);
+                            if u < R {
+                                acc[u][s] = dot8::<T>(w[u][j], xs, acc[u][s]);
+                            }
                         });
                     }
                 });
@@ -450,12 +471,14 @@ fn attention_heads<T: Packed, const B: usize, const V: usize>(
             w = load(i + 1);
         }
         if i % steps == steps - 1 {
+            // One base for the item's results, constant offsets from it.
+            let rows = qkv.slice(item_row(i), (B - 1) * QKV + R);
             unroll!(u in [0 1 2 3] {
                 unroll!(s in [0 1 2 3 4 5 6 7] {
-                    if s < B {
+                    if u < R && s < B {
                         let total = warp::reduce_sum(acc[u][s]);
                         if lane == 0 {
-                            qkv.store(s * QKV + item_row(i) + u, total);
+                            rows.store(s * QKV + u, total);
                         }
                         acc[u][s] = 0.0;
                     }
@@ -463,6 +486,17 @@ fn attention_heads<T: Packed, const B: usize, const V: usize>(
             });
         }
     }
+    // The first keys and values of sequence 0 do not depend on q: at batch 1 they are in
+    // flight across the cluster reduction (at tile 8, `ptxas` would spill them there).
+    let early = B == 1;
+    let (group, lane16) = (t / 16, t % 16);
+    let share = |pos: u32| (pos * rank / blocks, pos * (rank + 1) / blocks);
+    let cache_rows = |s: usize| (s * heads + head) * max_len as usize * (HEAD_DIM / 8) + lane16;
+    let key = |s: usize, tok: u32| load_words_out(k_cache, cache_rows(s) + tok as usize * (HEAD_DIM / 8));
+    let value = |s: usize, tok: u32| load_words_out(v_cache, cache_rows(s) + tok as usize * (HEAD_DIM / 8));
+    let (start, end) = share(positions[0]);
+    let no_rows = ([[0; 4]; TOKENS], [[0; 4]; TOKENS]);
+    let mut first = if early { first_rows(start, end, &|tok| key(0, tok), &|tok| value(0, tok)) } else { no_rows };
     cluster::reduce(qkv.slice(0, B * QKV), Sum);
 
     // 4. 1/rms, RoPE on q and k, k and v rounded as the cache keeps them; rank 0 appends.
@@ -504,7 +538,6 @@ fn attention_heads<T: Packed, const B: usize, const V: usize>(
     // 5. Flash-decoding over this block's share of each sequence's tokens 0 .. pos; rank 0's
     //    group 0 starts from the new token.
     let (states, maxima) = (shared!([f32; MAX_BATCH * STATE]), shared!([f32; MAX_BATCH]));
-    let (group, lane16) = (t / 16, t % 16);
     for (s, &pos) in positions.iter().enumerate() {
         let own = qkv.slice(s * QKV, QKV);
         let q: [f32; 8] = core::array::from_fn(|k| own.load(lane16 * 8 + k) * Q_SCALE);
@@ -516,10 +549,11 @@ fn attention_heads<T: Packed, const B: usize, const V: usize>(
         }
         let s_new = group_sum(s_new);
         let mut state = if rank == 0 && group == 0 { Softmax { m: s_new, l: 1.0, o: v_new } } else { Softmax::EMPTY };
-        let rows = (s * heads + head) * max_len as usize * (HEAD_DIM / 8) + lane16;
-        let key = |tok: u32| load_words_out(k_cache, rows + tok as usize * (HEAD_DIM / 8));
-        let value = |tok: u32| load_words_out(v_cache, rows + tok as usize * (HEAD_DIM / 8));
-        attend::<T>(&mut state, q, pos * rank / blocks, pos * (rank + 1) / blocks, key, value);
+        let (start, end) = share(pos);
+        if !early || s > 0 {
+            first = first_rows(start, end, &|tok| key(s, tok), &|tok| value(s, tok));
+        }
+        attend::<T>(&mut state, q, start, end, first, |tok| key(s, tok), |tok| value(s, tok));
         merge_block(state, states.slice(s * STATE, STATE), maxima.slice(s, 1));
     }
     merge_cluster(states, maxima, batch);
@@ -540,6 +574,10 @@ fn attention_heads<T: Packed, const B: usize, const V: usize>(
 #[inline(always)]
 fn o_proj<T: Packed, const B: usize, const R: usize, const V: usize>(attn: &[f32], w_o: &[T], x: &[T], out: &Out<T>, batch: u32) {
     let batch = batch as usize;
+    if batch > B {
+        // As in `attention_heads`.
+        arch::trap();
+    }
     let hidden = x.len() / batch;
     let row_vectors = hidden / 8;
     let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
@@ -608,14 +646,14 @@ macro_rules! decode_kernels {
         #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
         #[allow(clippy::too_many_arguments)]
         pub fn $attention(x: &[$t], norm_w: &[$t], w_qkv: &[$t], rope: &[f32], positions: &[u32], k_cache: Out<$t>, v_cache: Out<$t>, attn: Out<f32>, max_len: u32) {
-            attention_heads::<$t, 1, { QKV_VECTORS[0] }>(x, norm_w, w_qkv, rope, positions, &k_cache, &v_cache, &attn, max_len);
+            attention_heads::<$t, 1, { QKV_ITEM[0].0 }, { QKV_ITEM[0].1 }>(x, norm_w, w_qkv, rope, positions, &k_cache, &v_cache, &attn, max_len);
         }
 
         #[doc = concat!("Fused 1/2, ", stringify!($t), ", batch 2-8: as the batch-1 kernel.")]
         #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
         #[allow(clippy::too_many_arguments)]
         pub fn $attention8(x: &[$t], norm_w: &[$t], w_qkv: &[$t], rope: &[f32], positions: &[u32], k_cache: Out<$t>, v_cache: Out<$t>, attn: Out<f32>, max_len: u32) {
-            attention_heads::<$t, 8, { QKV_VECTORS[1] }>(x, norm_w, w_qkv, rope, positions, &k_cache, &v_cache, &attn, max_len);
+            attention_heads::<$t, 8, { QKV_ITEM[1].0 }, { QKV_ITEM[1].1 }>(x, norm_w, w_qkv, rope, positions, &k_cache, &v_cache, &attn, max_len);
         }
 
         #[doc = concat!("Fused 2/2 (and separate 5/5), ", stringify!($t), ", batch 1: `out = x + W_o · attn`; grid `hidden / 16` blocks of 256.")]
@@ -717,7 +755,8 @@ pub fn decode_attend(q: &[f32], k_cache: &[f16], v_cache: &[f16], attn: Out<f32>
     let rows = head * max_len as usize * (HEAD_DIM / 8) + lane16;
     let key = |tok: u32| load_words(k_cache, rows + tok as usize * (HEAD_DIM / 8));
     let value = |tok: u32| load_words(v_cache, rows + tok as usize * (HEAD_DIM / 8));
-    attend::<f16>(&mut state, qs, len * rank / blocks, len * (rank + 1) / blocks, key, value);
+    let (start, end) = (len * rank / blocks, len * (rank + 1) / blocks);
+    attend::<f16>(&mut state, qs, start, end, first_rows(start, end, &key, &value), key, value);
     let (merged, maximum) = (shared!([f32; STATE]), shared!([f32; 1]));
     merge_block(state, merged, maximum);
     merge_cluster(merged, maximum, 1);
