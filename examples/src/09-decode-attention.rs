@@ -87,7 +87,7 @@ macro_rules! unroll {
         $( { let $i: usize = $n; $body } )*
     }};
 }
-const _: () = assert!(HEAD_DIM % QKV_ITEM[0].0 == 0 && HEAD_DIM % QKV_ITEM[1].0 == 0, "an item's rows stay inside one of q, k, v");
+const _: () = assert!(HEAD_DIM.is_multiple_of(QKV_ITEM[0].0) && HEAD_DIM.is_multiple_of(QKV_ITEM[1].0), "an item's rows stay inside one of q, k, v");
 const _: () = assert!(
     QKV_ITEM[0].0 <= 4 && QKV_ITEM[0].1 <= 4 && QKV_ITEM[1].0 <= 4 && QKV_ITEM[1].1 <= 4 && TOKENS == 8 && MAX_BATCH == 8,
     "the unrolled loops list 4, 4, 8 and 8 indices"
