@@ -32,7 +32,7 @@
 //! 25 KB of static plus 4 KB (clusters of 4) of dynamic shared memory, so two blocks fit on an
 //! SM and all 32 clusters of 4 should be resident at once (`decode-bench` prints
 //! `max_active_clusters`): 128 blocks of 256 threads, one wave, each keeping 16 16-byte loads per thread (64 KB) in flight in the
-//! projection and in the attention (8 tokens' K and V per group). Fused 2/2 uses 108
+//! projection and in the attention (8 tokens' K and V per group). Fused 2/2 uses 109
 //! registers and 16 KB: 256 blocks, two per SM, one wave, 16 loads per thread in flight.
 //!
 //! Kernels take the batch tile as a constant: the `_b8` kernels run batches 2-8 (rows past
