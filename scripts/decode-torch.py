@@ -9,7 +9,7 @@ of 50, time per step; the same markdown columns (`kernels` counted with torch.pr
     python3 scripts/decode-torch.py              # the timing table
     python3 scripts/decode-torch.py --check DIR  # compare with `decode-bench --dump DIR`
 
-`--check` loads the inputs `decode-bench` drew (L = 1024) and the fused kernel's outputs, runs
+`--check` loads the inputs `decode-bench` drew (L = 1024, f16, batch 1) and the fused kernels' outputs, runs
 the same step in PyTorch (fp16 eager, and float64 on upcast inputs), and prints the relative
 errors ||a - b|| / ||b||; it exits 1 if the kernel is further than 2e-3 from the float64 step.
 """
@@ -115,6 +115,7 @@ def check(directory):
     meta = json.loads((directory / "meta.json").read_text())
     hidden, heads, pos = meta["hidden"], meta["heads"], meta["pos"]
     assert meta["head_dim"] == HEAD_DIM and meta["eps"] == EPS and meta["theta"] == THETA, meta
+    assert meta.get("dtype", "f16") == "f16" and meta.get("batch", 1) == 1, f"--check compares f16 batch-1 dumps: {meta}"
     x = load(directory, "x", (1, hidden), dev)
     norm_w = load(directory, "norm_w", (hidden,), dev)
     w_qkv = load(directory, "w_qkv", (3 * hidden, hidden), dev)

@@ -1,85 +1,185 @@
-//! 09 — the decode step of a Llama attention block in one kernel: RMSNorm → QKV projection →
-//! RoPE → append K/V to the cache → attention over the cache → output projection + residual,
-//! for one token (batch 1, fp16 weights and cache, f32 arithmetic), after ClusterFusion.
+//! 09 — the decode step of a Llama attention block: RMSNorm → QKV projection → RoPE → append
+//! K/V to the cache → attention over the cache → output projection + residual, for a batch of
+//! 1-8 tokens of different sequences (each with its own cache and position), f16 or bf16
+//! weights and caches, f32 arithmetic, after ClusterFusion.
 //!
-//! **Fused** ([`decode_attention`], one launch): one cluster of `C` blocks per head (grid
-//! `heads × C`, `C` chosen at launch, `hidden / C ≤ 512`). Each block
-//! 1. computes RMSNorm(x) for its `1/C` of the columns (every block recomputes the norm: 8 KB
-//!    from L2), held in registers;
-//! 2. multiplies it with the same columns of the head's 384 rows of `W_qkv` (split-K: a warp
-//!    per 4 rows, 16-byte loads, all issued before use), and `cluster::reduce` sums the
-//!    blocks' partial q, k, v in rank order;
-//! 3. rotates q and k (RoPE, Hugging Face's rotate-half); rank 0 appends k, v to the cache;
-//! 4. runs flash-decoding over its `1/C` of the cached tokens: 16-lane groups, one token per
-//!    group, 4 tokens per group in flight, an online softmax in `exp2` units; rank 0's first
-//!    group starts from the new token, taken from shared memory;
-//! 5. merges the groups' (max, sum, o) in group order, then the cluster's in rank order
-//!    (`cluster::reduce` with `Max`, then `Sum`);
-//! 6. multiplies o_head with its `1/C` of the rows of `W_o[:, head]` into `partials[head]`.
+//! **Fused**: two launches, as many as the dataflow needs — everything up to a head's
+//! attention output depends on that head alone, while the output projection sums over all
+//! heads.
 //!
-//! The output projection sums over heads — a dependence across clusters. Instead of a second
-//! launch or float atomics, each block counts arrivals (`atom.add.u32` after a GPU-scope
-//! fence); the last of the `heads` blocks with its rank to arrive adds the heads' partials in
-//! head order and the residual, and resets its counter. Integer atomics decide only *who*
-//! sums, never the order, so the output is deterministic.
+//! [`decode_attention_f16`] (and its bf16 and batch-8 twins): one cluster of `C` blocks per
+//! head (grid `heads × C`, `C` chosen at launch). Each block
+//! 1. issues its first loads of `W_qkv` before anything else;
+//! 2. stages `x ⊙ norm_w` for its `1/C` of the columns in shared memory and sums `x²` over
+//!    the whole row — RMSNorm's `1/rms` is a per-token scalar, applied after the projection,
+//!    so the weights stream from the first instruction;
+//! 3. multiplies those columns with the head's 384 rows of `W_qkv` (split-K: a warp per 4
+//!    rows × 4 16-byte vectors per lane, at batch tile 8 2 rows × 4, the next item's loads
+//!    issued before the warp reductions) and `cluster::reduce` sums the blocks' partial q, k, v in rank order;
+//! 4. scales by `1/rms`, rotates q and k (RoPE, Hugging Face's rotate-half), rounds k and v
+//!    to the cache's type; rank 0 appends them to the cache;
+//! 5. runs flash-decoding over its `1/C` of each sequence's cached tokens: 16-lane groups, 8
+//!    tokens per group in flight, an online softmax in `exp2` units (rank 0's group 0 starts
+//!    from the new token, held in shared memory), merged over the block's groups in group
+//!    order and over the cluster in rank order (`cluster::reduce` with `Max`, then `Sum`);
+//! 6. rank 0 writes the head's attention output (f32) to `attn`.
 //!
-//! Sizing: at hidden 4096 clusters of 8 give 256 blocks of 256 threads, two per SM (at most
-//! 128 registers, `min_blocks = 2`; 10.5 KB of shared memory), so every block is resident at
-//! once and each SM keeps ~64 KB of 16-byte loads in flight (8 per thread in each stage), the
-//! concurrency HBM needs to stream the 134 MB of weights and the cache near 4.3 TB/s.
+//! [`decode_o_proj_f16`] (and twins): `out = x + W_o · attn`, spread over the whole GPU — a
+//! warp per 2 rows (4 at batch 8), every block staging all heads' `attn` in shared memory
+//! after issuing its first `W_o` loads. No atomics anywhere: the output is deterministic.
 //!
-//! **Separate** (five launches, f32 intermediates in global memory, as a framework would):
-//! [`decode_rms_norm`], [`decode_qkv`], [`decode_rope_append`], [`decode_attend`] (the same
-//! flash-decoding and cluster merge) and [`decode_o_proj`].
+//! Sizing at hidden 4096 (`ptxas -v`): fused 1/2 uses 128 registers (`min_blocks = 2`) and
+//! 25 KB of static plus 4 KB (clusters of 4) of dynamic shared memory, so two blocks fit on an
+//! SM and all 32 clusters of 4 should be resident at once (`decode-bench` prints
+//! `max_active_clusters`): 128 blocks of 256 threads, one wave, each keeping 16 16-byte loads per thread (64 KB) in flight in the
+//! projection and in the attention (8 tokens' K and V per group). Fused 2/2 uses 109
+//! registers and 16 KB: 256 blocks, two per SM, one wave, 16 loads per thread in flight.
+//!
+//! Kernels take the batch tile as a constant: the `_b8` kernels run batches 2-8 (rows past
+//! the batch are zeros and not written), the others batch 1. At tile 8 the projection keeps 8
+//! loads per thread in flight (its 2 × 8 accumulators take the registers of the other 8) and
+//! the output projection runs 128 blocks of 4 rows a warp, one per SM (180 registers, 128 KB).
+//!
+//! **Separate** (five launches, f16, batch 1, f32 intermediates in global memory, as a
+//! framework would): [`decode_rms_norm`], [`decode_qkv`], [`decode_rope_append`],
+//! [`decode_attend`] (the same flash-decoding and cluster merge) and [`decode_o_proj_f16`].
 
 use clusterfuse::arch;
 use clusterfuse::prelude::*;
 
 /// Dimensions per head.
 pub const HEAD_DIM: usize = 128;
-/// Threads per block of the fused kernel, the attention and the GEMVs.
+/// Threads per block of every kernel but [`decode_rope_append`].
 pub const BLOCK: u32 = 256;
 /// ε of the RMSNorm.
 pub const EPS: f32 = 1e-5;
-/// The most columns one block of the fused kernel takes: 32 lanes × 2 vectors × 8 (so
-/// clusters of at least 8 at hidden 4096).
-pub const MAX_SLICE: usize = 32 * X_CHUNKS * 8;
 /// RoPE's θ.
 pub const THETA: f64 = 10000.0;
+/// The largest batch (tokens of different sequences in one step).
+pub const MAX_BATCH: usize = 8;
+/// A head's rows of `W_qkv`: q, k, v.
+const QKV: usize = 3 * HEAD_DIM;
 
 const WARPS: usize = BLOCK as usize / 32;
-/// 16-lane groups: a group covers one 128-dimension row (K, V or W_o) in 16-byte vectors.
+/// 16-lane groups: a group covers one 128-dimension row (K or V) in 16-byte vectors.
 const GROUPS: usize = BLOCK as usize / 16;
-/// 16-byte vectors of RMSNorm(x) each lane holds in the split-K projection.
-const X_CHUNKS: usize = 2;
-/// W_qkv rows per warp per step (fused), and per warp (separate GEMV).
+/// W_qkv rows per warp of the separate GEMV.
 const QKV_ROWS: usize = 4;
+/// Rows per warp and 16-byte vectors per lane per row of an item of the fused projection, at
+/// batch 1 and at batch tile 8 (where the 2 × 8 accumulators take the registers of the other
+/// half of the loads).
+const QKV_ITEM: [(usize, usize); 2] = [(4, 4), (2, 4)];
 /// Tokens per group per step of the flash-decoding loop.
-const TOKENS: usize = 4;
-/// W_o rows per group per step (fused).
-const O_ROWS: usize = 8;
+const TOKENS: usize = 8;
+/// Floats per sequence of a block's merged attention state: `o` (128), `l`, and padding to
+/// 16 bytes.
+const STATE: usize = HEAD_DIM + 4;
 /// A score below any real one (finite, so that 2^(m − m) stays 1).
 const NO_SCORE: f32 = -1e30;
 /// log2(e) / √128: scores in `exp2` units.
 const Q_SCALE: f32 = core::f32::consts::LOG2_E * 0.088_388_35;
 
 /// `body` once for each listed `$i`, unrolled, so that register arrays are indexed by
-/// constants (a run-time index sends them to local memory).
+/// constants (a run-time index sends them to local memory). Indices past a generic bound
+/// are skipped with `if $i < BOUND`, which each instantiation folds away.
 macro_rules! unroll {
     ($i:ident in [$($n:literal)*] $body:block) => {{
         $( { let $i: usize = $n; $body } )*
     }};
 }
-const _: () = assert!(X_CHUNKS == 2 && QKV_ROWS == 4 && O_ROWS == 8, "the unrolled loops list 2, 4 and 8 indices");
+const _: () = assert!(HEAD_DIM.is_multiple_of(QKV_ITEM[0].0) && HEAD_DIM.is_multiple_of(QKV_ITEM[1].0), "an item's rows stay inside one of q, k, v");
+const _: () = assert!(
+    QKV_ITEM[0].0 <= 4 && QKV_ITEM[0].1 <= 4 && QKV_ITEM[1].0 <= 4 && QKV_ITEM[1].1 <= 4 && TOKENS == 8 && MAX_BATCH == 8,
+    "the unrolled loops list 4, 4, 8 and 8 indices"
+);
+
+/// Vector `i` (16 bytes: 8 halves) of `input` as four raw words. Loaded as `[T; 8]`, a vector
+/// would hold a register per half until it is used; as words it holds four, which is what
+/// lets 16 loads per thread be in flight within 128 registers. [`widen`] converts at use.
+#[inline(always)]
+fn load_words<T: HalfFloat>(input: &[T], i: usize) -> [u32; 4] {
+    const { assert!(core::mem::size_of::<T>() == 2, "16-bit elements") };
+    // SAFETY: `T` is two bytes of plain data and the buffer is 4-byte aligned (device
+    // allocations are 256-byte aligned), so its bytes read as `len / 2` words; `load16`
+    // checks bounds and 16-byte alignment.
+    let words = unsafe { core::slice::from_raw_parts(input.as_ptr().cast::<u32>(), input.len() / 2) };
+    global::load16::<u32, 4>(words, i)
+}
+
+/// [`load_words`] from an output, through the coherent path (the caches, which this kernel
+/// also writes).
+#[inline(always)]
+fn load_words_out<T: HalfFloat>(output: &Out<T>, i: usize) -> [u32; 4] {
+    const { assert!(core::mem::size_of::<T>() == 2, "16-bit elements") };
+    // SAFETY: as in `load_words`; the view lives only for this load and no `&[T]` to the
+    // buffer exists.
+    let words = unsafe { Out::<u32>::from_raw_parts(output.as_mut_ptr().cast::<u32>(), output.len() / 2) };
+    words.load16::<4>(i)
+}
+
+/// 16-bit floats whose pairs widen from a packed word with integer operations (a
+/// reinterpreting copy would let LLVM split the words into halves again, a register each).
+pub trait Packed: HalfFloat {
+    /// The low and the high half of `word`, as f32.
+    fn widen(word: u32) -> [f32; 2];
+}
+
+impl Packed for f16 {
+    #[inline(always)]
+    fn widen(word: u32) -> [f32; 2] {
+        [f16::from_bits(word as u16).to_f32(), f16::from_bits((word >> 16) as u16).to_f32()]
+    }
+}
+
+impl Packed for bf16 {
+    #[inline(always)]
+    fn widen(word: u32) -> [f32; 2] {
+        [f32::from_bits(word << 16), f32::from_bits(word & 0xffff_0000)]
+    }
+}
+
+/// The 8 halves of a vector of [`load_words`], widened to f32.
+#[inline(always)]
+fn widen<T: Packed>(words: [u32; 4]) -> [f32; 8] {
+    let mut wide = [0.0f32; 8];
+    for k in 0..4 {
+        [wide[2 * k], wide[2 * k + 1]] = T::widen(words[k]);
+    }
+    wide
+}
+
+/// `acc + Σ w[k]·x[k]`, in f32, with `w` a vector of [`load_words`].
+#[inline(always)]
+fn dot8<T: Packed>(w: [u32; 4], x: [f32; 8], acc: f32) -> f32 {
+    let (w, mut acc) = (widen::<T>(w), acc);
+    for k in 0..8 {
+        acc = w[k].fma(x[k], acc);
+    }
+    acc
+}
 
 /// `acc + Σ w[k]·x[k]`, in f32.
 #[inline(always)]
-fn dot8(w: [f16; 8], x: [f32; 8], acc: f32) -> f32 {
+fn dot8_f16(w: [f16; 8], x: [f32; 8], acc: f32) -> f32 {
     let mut acc = acc;
     for k in 0..8 {
         acc = w[k].to_f32().fma(x[k], acc);
     }
     acc
+}
+
+/// Floats `8·i .. 8·i + 8` of `s`, in two 16-byte loads.
+#[inline(always)]
+fn load8(s: SharedSlice<f32>, i: usize) -> [f32; 8] {
+    let (lo, hi) = (s.load16::<4>(2 * i), s.load16::<4>(2 * i + 1));
+    [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+}
+
+/// Stores `v` at floats `8·i .. 8·i + 8` of `s`.
+#[inline(always)]
+fn store8(s: SharedSlice<f32>, i: usize, v: [f32; 8]) {
+    s.store16(2 * i, [v[0], v[1], v[2], v[3]]);
+    s.store16(2 * i + 1, [v[4], v[5], v[6], v[7]]);
 }
 
 /// Sum over the 16 lanes of the caller's half-warp (every lane of the warp calls it).
@@ -127,59 +227,78 @@ impl Softmax {
     const EMPTY: Self = Self { m: NO_SCORE, l: 0.0, o: [0.0; 8] };
 }
 
-/// Folds tokens `start .. end` into `state`: group `g` takes tokens `base + g + GROUPS·u`,
-/// `TOKENS` at a time, every K and V load issued before the first is used. `key(t)` and
-/// `value(t)` are the lane's 16 bytes of token `t`'s rows; `q` is pre-scaled by `Q_SCALE`.
+/// One row (16 bytes, a [`load_words`] vector) of each of a group's `TOKENS` tokens.
+type Rows = [[u32; 4]; TOKENS];
+
+/// Rows `row(t)` of the tokens `t = first + GROUPS·u`; past `end` the last row before it
+/// (or row 0), loaded unconditionally — a masked load would keep every half in a register
+/// of its own — and ignored by the caller.
 #[inline(always)]
-fn attend(state: &mut Softmax, q: [f32; 8], start: u32, end: u32, key: impl Fn(u32) -> [f16; 8], value: impl Fn(u32) -> [f16; 8]) {
+fn load_rows(first: u32, end: u32, row: &impl Fn(u32) -> [u32; 4]) -> Rows {
+    let last = end.saturating_sub(1);
+    let mut rows = [[0; 4]; TOKENS];
+    unroll!(u in [0 1 2 3 4 5 6 7] {
+        rows[u] = row((first + (GROUPS * u) as u32).min(last));
+    });
+    rows
+}
+
+/// [`attend`]'s first keys and values: the caller's group's tokens from `start`.
+#[inline(always)]
+fn first_rows(start: u32, end: u32, key: &impl Fn(u32) -> [u32; 4], value: &impl Fn(u32) -> [u32; 4]) -> (Rows, Rows) {
+    let first = start + thread::rank_in_block() / 16;
+    (load_rows(first, end, key), load_rows(first, end, value))
+}
+
+/// Folds tokens `start .. end` into `state`, starting from `first` ([`first_rows`]): group `g` takes tokens `base + g + GROUPS·u`,
+/// `TOKENS` at a time; the next step's keys are loaded while this step's values are
+/// weighed, its values right after. `key(t)` and `value(t)` are the lane's 16 bytes of token
+/// `t`'s rows; `q` is pre-scaled by `Q_SCALE`. `start` and `end` are the same in the block.
+#[inline(always)]
+fn attend<T: Packed>(state: &mut Softmax, q: [f32; 8], start: u32, end: u32, first: (Rows, Rows), key: impl Fn(u32) -> [u32; 4], value: impl Fn(u32) -> [u32; 4]) {
     let group = thread::rank_in_block() / 16;
     let mut base = start;
+    let (mut ks, mut vs) = first;
     while base < end {
-        let zero = [f16::from_f32(0.0); 8];
-        let (mut ks, mut vs, mut valid) = ([zero; TOKENS], [zero; TOKENS], [false; TOKENS]);
-        for u in 0..TOKENS {
-            let t = base + group + (GROUPS * u) as u32;
-            valid[u] = t < end;
-            if valid[u] {
-                ks[u] = key(t);
-                vs[u] = value(t);
-            }
-        }
         let mut s = [NO_SCORE; TOKENS];
         let mut m = state.m;
-        for u in 0..TOKENS {
-            let score = group_sum(dot8(ks[u], q, 0.0));
-            if valid[u] {
+        unroll!(u in [0 1 2 3 4 5 6 7] {
+            let score = group_sum(dot8::<T>(ks[u], q, 0.0));
+            if (base + group + (GROUPS * u) as u32) < end {
                 s[u] = score;
                 m = m.max(score);
             }
+        });
+        let next = base + (GROUPS * TOKENS) as u32;
+        if next < end {
+            ks = load_rows(next + group, end, &key);
         }
         let rescale = math::exp2(state.m - m);
         state.l *= rescale;
-        for k in 0..8 {
-            state.o[k] *= rescale;
+        for o in state.o.iter_mut() {
+            *o *= rescale;
         }
-        for u in 0..TOKENS {
-            let p = if valid[u] { math::exp2(s[u] - m) } else { 0.0 };
+        unroll!(u in [0 1 2 3 4 5 6 7] {
+            let p = if (base + group + (GROUPS * u) as u32) < end { math::exp2(s[u] - m) } else { 0.0 };
             state.l += p;
-            for (o, v) in state.o.iter_mut().zip(&vs[u]) {
-                *o = p.fma(v.to_f32(), *o);
+            for (o, v) in state.o.iter_mut().zip(&widen::<T>(vs[u])) {
+                *o = p.fma(*v, *o);
             }
-        }
+        });
         state.m = m;
-        base += (GROUPS * TOKENS) as u32;
+        if next < end {
+            vs = load_rows(next + group, end, &value);
+        }
+        base = next;
     }
 }
 
-/// Merges every group's `state` over the cluster: the block's groups in group order, then the
-/// blocks in rank order (`cluster::reduce` of the maxima, then of the rescaled sums). Returns
-/// `merged`: `merged[d] = Σ 2^(s − M)·v_d` for `d < 128` and `merged[128] = Σ 2^(s − M)`,
-/// the same in every block. Every thread of the cluster calls it.
+/// Merges every group's `state` over the block, in group order: `merged[d] = Σ 2^(s − m)·v_d`
+/// for `d < 128`, `merged[128] = Σ 2^(s − m)`, zeros after; `maximum[0] = m`, the block's
+/// largest score. Every thread of the block calls it.
 #[inline(always)]
-fn merge(state: Softmax) -> SharedSlice<f32> {
+fn merge_block(state: Softmax, merged: SharedSlice<f32>, maximum: SharedSlice<f32>) {
     let groups = shared!([f32; GROUPS * (HEAD_DIM + 2)]);
-    let maximum = shared!([f32; 4]);
-    let merged = shared!([f32; HEAD_DIM + 4]);
     let t = thread::rank_in_block() as usize;
     let (group, lane) = (t / 16, t % 16);
     for k in 0..8 {
@@ -203,18 +322,33 @@ fn merge(state: Softmax) -> SharedSlice<f32> {
             sum = weight.fma(groups.load(g * HEAD_DIM + t), sum);
         }
     }
-    if t < 4 {
-        maximum.store(t, block_max);
-    }
-    cluster::reduce(maximum, Max);
-    let weight = math::exp2(block_max - maximum.load(0));
     if t < HEAD_DIM {
-        merged.store(t, sum * weight);
-    } else if t < HEAD_DIM + 4 {
-        merged.store(t, if t == HEAD_DIM { l * weight } else { 0.0 });
+        merged.store(t, sum);
+    } else if t < STATE {
+        merged.store(t, if t == HEAD_DIM { l } else { 0.0 });
+    } else if t == STATE {
+        maximum.store(0, block_max);
     }
-    cluster::reduce(merged, Sum);
-    merged
+    // `groups` is written again by the next call.
+    block::sync();
+}
+
+/// Merges the blocks' `states` (`batch` sequences of [`STATE`] floats, from [`merge_block`],
+/// with their maxima in `maxima`) over the cluster, in rank order: afterwards every block
+/// holds the cluster's sums, relative to the cluster's largest score per sequence.
+#[inline(always)]
+fn merge_cluster(states: SharedSlice<f32>, maxima: SharedSlice<f32>, batch: usize) {
+    let largest = shared!([f32; MAX_BATCH]);
+    let t = thread::rank_in_block() as usize;
+    if t < MAX_BATCH {
+        largest.store(t, if t < batch { maxima.load(t) } else { NO_SCORE });
+    }
+    cluster::reduce(largest, Max);
+    for i in block::stride_loop(0..batch * STATE) {
+        let s = i / STATE;
+        states.store(i, states.load(i) * math::exp2(maxima.load(s) - largest.load(s)));
+    }
+    cluster::reduce(states.slice(0, batch * STATE), Sum);
 }
 
 /// Row of `W_qkv` that is row `r` (`0 .. 384`: q, k, v) of head `head`.
@@ -223,191 +357,325 @@ fn qkv_row(r: usize, head: usize, hidden: usize) -> usize {
     r / HEAD_DIM * hidden + head * HEAD_DIM + r % HEAD_DIM
 }
 
-/// The fused decode block (see the module docs). Shapes: `x`, `norm_w`, `out`: `hidden`
-/// (a multiple of 128; `heads = hidden / 128`); `w_qkv`: `3·hidden × hidden`, `w_o`:
-/// `hidden × hidden`, row-major (out × in); `rope`: cos then sin of `pos·θ^(−2i/128)`, 64 each;
-/// caches: `heads × max_len × 128`, tokens `0 .. pos` valid, the new one written at `pos`;
-/// `partials`: `heads × hidden` scratch; `arrivals`: `C` counters, zero before the first
-/// launch (each launch leaves them zero). Grid `heads × C` blocks of 256, cluster `C`.
-#[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
+/// The fused kernel's body for a batch tile of `B` (see the module docs). Shapes, with
+/// `batch = positions.len() ≤ B`: `x`: `batch × hidden`; `norm_w`: `hidden` (a multiple of
+/// `8·C`; `heads = hidden / 128`); `w_qkv`: `3·hidden × hidden`, row-major (out × in); `rope`:
+/// per sequence, cos then sin of `pos·θ^(−2i/128)`, 64 each; caches: `batch × heads ×
+/// max_len × 128`, sequence `s`'s tokens `0 .. positions[s]` valid, the new one written at
+/// `positions[s]`; `attn`: `batch × hidden`. Grid `heads × C` blocks of 256, cluster `C`,
+/// `B · hidden / C · 4` bytes of dynamic shared memory.
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub fn decode_attention(
-    x: &[f16],
-    norm_w: &[f16],
-    w_qkv: &[f16],
-    w_o: &[f16],
+fn attention_heads<T: Packed, const B: usize, const R: usize, const V: usize>(
+    x: &[T],
+    norm_w: &[T],
+    w_qkv: &[T],
     rope: &[f32],
-    k_cache: Out<f16>,
-    v_cache: Out<f16>,
-    partials: Out<f32>,
-    arrivals: Out<u32>,
-    out: Out<f16>,
-    pos: u32,
+    positions: &[u32],
+    k_cache: &Out<T>,
+    v_cache: &Out<T>,
+    attn: &Out<f32>,
     max_len: u32,
 ) {
-    let hidden = x.len();
-    let heads = hidden / HEAD_DIM;
+    let hidden = norm_w.len();
+    let (heads, batch) = (hidden / HEAD_DIM, positions.len());
+    if batch == 0 || batch > B {
+        // No token, or more than the tile holds: fail loudly rather than drop them.
+        arch::trap();
+    }
     let (head, rank, blocks) = (cluster::index_in_grid().x as usize, cluster::block_rank(), cluster::size());
     let t = thread::rank_in_block() as usize;
     let (warp, lane) = (t / 32, t % 32);
+    let row_vectors = hidden / 8;
+    let vectors = row_vectors / blocks as usize;
+    let first = rank as usize * vectors;
 
-    // 1. RMSNorm(x) for this block's columns: lane `l` holds vectors `l, l + 32, ..`.
-    let chunks = hidden / 8 / blocks as usize;
-    let first = rank as usize * chunks;
-    let rstd = rms_scale(x, shared!([f32; 32]));
-    let mut xn = [[0.0f32; 8]; X_CHUNKS];
-    unroll!(j in [0 1] {
-        let c = lane + 32 * j;
-        if c < chunks {
-            let (xv, wv) = (global::load16::<f16, 8>(x, first + c), global::load16::<f16, 8>(norm_w, first + c));
+    // 1. The warp's items: R rows × (a step of V vectors per lane over this block's columns).
+    let steps = vectors.div_ceil(32 * V);
+    let items = QKV / (WARPS * R) * steps;
+    let item_row = |i: usize| (warp + WARPS * (i / steps)) * R;
+    let item_vector = |i: usize, j: usize| (i % steps) * 32 * V + 32 * j + lane;
+    let load = |i: usize| {
+        let mut w = [[[0u32; 4]; V]; R];
+        // The item's rows are consecutive in W_qkv: R divides 128, so they share a q/k/v part.
+        let base = qkv_row(item_row(i), head, hidden) * row_vectors + first;
+        unroll!(u in [0 1 2 3] {
+            let row = base + u * row_vectors;
+            unroll!(j in [0 1 2 3] {
+                if u < R && j < V {
+                    // Unconditional, as in `load_rows`: past the block's columns the last one.
+                    w[u][j] = load_words(w_qkv, row + item_vector(i, j).min(vectors - 1));
+                }
+            });
+        });
+        w
+    };
+    let mut w = load(0);
+
+    // 2. x ⊙ norm_w for this block's columns, vector c of token s at c·B + s (zeros past the
+    //    batch), and Σ x² per token.
+    let xg = shared::dynamic().take::<f32>(B * vectors * 8);
+    for i in block::stride_loop(0..B * vectors) {
+        let (s, c) = (i / vectors, i % vectors);
+        let mut v = [0.0f32; 8];
+        if s < batch {
+            let (xv, gv) = (global::load16::<T, 8>(x, s * row_vectors + first + c), global::load16::<T, 8>(norm_w, first + c));
             for k in 0..8 {
-                xn[j][k] = xv[k].to_f32() * rstd * wv[k].to_f32();
+                v[k] = xv[k].to_f32() * gv[k].to_f32();
+            }
+        }
+        store8(xg, c * B + s, v);
+    }
+    let mut squares = [0.0f32; B];
+    unroll!(s in [0 1 2 3 4 5 6 7] {
+        if s < B && s < batch {
+            for i in block::stride_loop(0..row_vectors) {
+                for v in global::load16::<T, 8>(x, s * row_vectors + i) {
+                    let f = v.to_f32();
+                    squares[s] = f.fma(f, squares[s]);
+                }
             }
         }
     });
-
-    // 2. Split-K QKV: this block's columns of the head's 384 rows, summed over the cluster.
-    let qkv = shared!([f32; 3 * HEAD_DIM]);
-    let mut r0 = warp * QKV_ROWS;
-    while r0 < 3 * HEAD_DIM {
-        let mut w = [[[f16::from_f32(0.0); 8]; X_CHUNKS]; QKV_ROWS];
-        unroll!(u in [0 1 2 3] {
-            let row = qkv_row(r0 + u, head, hidden) * (hidden / 8) + first;
-            unroll!(j in [0 1] {
-                let c = lane + 32 * j;
-                if c < chunks {
-                    w[u][j] = global::load16::<f16, 8>(w_qkv, row + c);
-                }
-            });
-        });
-        unroll!(u in [0 1 2 3] {
-            let mut acc = 0.0f32;
-            unroll!(j in [0 1] {
-                acc = dot8(w[u][j], xn[j], acc);
-            });
-            let total = warp::reduce_sum(acc);
+    let warp_squares = shared!([f32; WARPS * MAX_BATCH]);
+    unroll!(s in [0 1 2 3 4 5 6 7] {
+        if s < B {
+            let total = warp::reduce_sum(squares[s]);
             if lane == 0 {
-                qkv.store(r0 + u, total);
-            }
-        });
-        r0 += WARPS * QKV_ROWS;
-    }
-    cluster::reduce(qkv, Sum);
-
-    // 3. RoPE on q and k; k and v rounded to f16 as the cache keeps them; rank 0 appends.
-    let new_row = (head * max_len as usize + pos as usize) * HEAD_DIM;
-    if t < HEAD_DIM {
-        let (part, i) = (t / 64 * HEAD_DIM, t % 64);
-        let (lo, hi) = rotate(qkv.load(part + i), qkv.load(part + i + 64), i, rope);
-        if part == 0 {
-            qkv.store(i, lo);
-            qkv.store(i + 64, hi);
-        } else {
-            let (lo, hi) = (f16::from_f32(lo), f16::from_f32(hi));
-            qkv.store(part + i, lo.to_f32());
-            qkv.store(part + i + 64, hi.to_f32());
-            if rank == 0 {
-                k_cache.set(new_row + i, lo);
-                k_cache.set(new_row + i + 64, hi);
+                warp_squares.store(warp * MAX_BATCH + s, total);
             }
         }
-    } else if t < 2 * HEAD_DIM {
-        let d = t - HEAD_DIM;
-        let v = f16::from_f32(qkv.load(2 * HEAD_DIM + d));
-        qkv.store(2 * HEAD_DIM + d, v.to_f32());
-        if rank == 0 {
-            v_cache.set(new_row + d, v);
-        }
-    }
+    });
     block::sync();
 
-    // 4. Flash-decoding over this block's share of tokens 0 .. pos; rank 0's group 0 starts
-    //    from the new token.
+    // 3. Split-K QKV over this block's columns, summed over the cluster.
+    let qkv = shared!([f32; QKV * MAX_BATCH]);
+    let mut acc = [[0.0f32; B]; R];
+    for i in 0..items {
+        unroll!(j in [0 1 2 3] {
+            let c = item_vector(i, j);
+            if j < V && c < vectors {
+                unroll!(s in [0 1 2 3 4 5 6 7] {
+                    if s < B {
+                        let xs = load8(xg, c * B + s);
+                        unroll!(u in [0 1 2 3] {
+                            if u < R {
+                                acc[u][s] = dot8::<T>(w[u][j], xs, acc[u][s]);
+                            }
+                        });
+                    }
+                });
+            }
+        });
+        if i + 1 < items {
+            w = load(i + 1);
+        }
+        if i % steps == steps - 1 {
+            // One base for the item's results, constant offsets from it.
+            let rows = qkv.slice(item_row(i), (B - 1) * QKV + R);
+            unroll!(u in [0 1 2 3] {
+                unroll!(s in [0 1 2 3 4 5 6 7] {
+                    if u < R && s < B {
+                        let total = warp::reduce_sum(acc[u][s]);
+                        if lane == 0 {
+                            rows.store(s * QKV + u, total);
+                        }
+                        acc[u][s] = 0.0;
+                    }
+                });
+            });
+        }
+    }
+    // The first keys and values of sequence 0 do not depend on q: at batch 1 they are in
+    // flight across the cluster reduction (at tile 8, `ptxas` would spill them there).
+    let early = B == 1;
     let (group, lane16) = (t / 16, t % 16);
-    let (mut q, mut k_new, mut v_new) = ([0.0f32; 8], [0.0f32; 8], [0.0f32; 8]);
-    for k in 0..8 {
-        q[k] = qkv.load(lane16 * 8 + k) * Q_SCALE;
-        k_new[k] = qkv.load(HEAD_DIM + lane16 * 8 + k);
-        v_new[k] = qkv.load(2 * HEAD_DIM + lane16 * 8 + k);
-    }
-    let mut s_new = 0.0f32;
-    for k in 0..8 {
-        s_new = q[k].fma(k_new[k], s_new);
-    }
-    let s_new = group_sum(s_new);
-    let mut state = if rank == 0 && group == 0 { Softmax { m: s_new, l: 1.0, o: v_new } } else { Softmax::EMPTY };
-    let head_vectors = head * max_len as usize * (HEAD_DIM / 8) + lane16;
-    let key = |tok: u32| k_cache.load16::<8>(head_vectors + tok as usize * (HEAD_DIM / 8));
-    let value = |tok: u32| v_cache.load16::<8>(head_vectors + tok as usize * (HEAD_DIM / 8));
-    attend(&mut state, q, pos * rank / blocks, pos * (rank + 1) / blocks, key, value);
+    let share = |pos: u32| (pos * rank / blocks, pos * (rank + 1) / blocks);
+    let cache_rows = |s: usize| (s * heads + head) * max_len as usize * (HEAD_DIM / 8) + lane16;
+    let key = |s: usize, tok: u32| load_words_out(k_cache, cache_rows(s) + tok as usize * (HEAD_DIM / 8));
+    let value = |s: usize, tok: u32| load_words_out(v_cache, cache_rows(s) + tok as usize * (HEAD_DIM / 8));
+    let (start, end) = share(positions[0]);
+    let no_rows = ([[0; 4]; TOKENS], [[0; 4]; TOKENS]);
+    let mut first = if early { first_rows(start, end, &|tok| key(0, tok), &|tok| value(0, tok)) } else { no_rows };
+    cluster::reduce(qkv.slice(0, B * QKV), Sum);
 
-    // 5. The head's attention output, the same in every block of the cluster.
-    let merged = merge(state);
-    let inv_l = 1.0 / merged.load(HEAD_DIM);
-    let mut o = [0.0f32; 8];
-    for (k, o) in o.iter_mut().enumerate() {
-        *o = merged.load(lane16 * 8 + k) * inv_l;
-    }
-
-    // 6. This block's rows of W_o[:, head] · o into partials[head].
-    let rows = hidden / blocks as usize;
-    let (row0, row1) = (rank as usize * rows, (rank as usize + 1) * rows);
-    let mut base = row0;
-    while base < row1 {
-        let mut w = [[f16::from_f32(0.0); 8]; O_ROWS];
-        unroll!(u in [0 1 2 3 4 5 6 7] {
-            let row = base + group + GROUPS * u;
-            if row < row1 {
-                w[u] = global::load16::<f16, 8>(w_o, row * (hidden / 8) + head * (HEAD_DIM / 8) + lane16);
-            }
-        });
-        unroll!(u in [0 1 2 3 4 5 6 7] {
-            let sum = group_sum(dot8(w[u], o, 0.0));
-            let row = base + group + GROUPS * u;
-            if row < row1 && lane16 == 0 {
-                partials.set(head * hidden + row, sum);
-            }
-        });
-        base += GROUPS * O_ROWS;
-    }
-
-    // 7. The last of the heads' blocks of this rank to arrive sums rows row0 .. row1. Every
-    //    writer fences (release) before the barrier; the counting thread fences (acquire)
-    //    after its atomic, and every reader again after the barrier.
-    let last = shared!([u32; 1]);
-    arch::fence_acq_rel_gpu();
-    block::sync();
-    if t == 0 {
-        let arrived = arrivals.atomic_add(rank as usize, 1);
-        arch::fence_acq_rel_gpu();
-        last.store(0, u32::from(arrived as usize == heads - 1));
-    }
-    block::sync();
-    if last.load(0) == 1 {
-        arch::fence_acq_rel_gpu();
-        for row in block::stride_loop(row0..row1) {
-            let mut sum = 0.0f32;
-            let mut h = 0;
-            while h + 8 <= heads {
-                let p: [f32; 8] = core::array::from_fn(|k| partials.get((h + k) * hidden + row));
-                for v in p {
-                    sum += v;
-                }
-                h += 8;
-            }
-            while h < heads {
-                sum += partials.get(h * hidden + row);
-                h += 1;
-            }
-            out.set(row, f16::from_f32(x[row].to_f32() + sum));
+    // 4. 1/rms, RoPE on q and k, k and v rounded as the cache keeps them; rank 0 appends.
+    for i in block::stride_loop(0..batch * 2 * HEAD_DIM) {
+        let (s, e) = (i / (2 * HEAD_DIM), i % (2 * HEAD_DIM));
+        let mut sum = 0.0f32;
+        for w in 0..WARPS {
+            sum += warp_squares.load(w * MAX_BATCH + s);
         }
-        if t == 0 {
-            arrivals.set(rank as usize, 0);
+        let rstd = math::rsqrt(sum / hidden as f32 + EPS);
+        let own = qkv.slice(s * QKV, QKV);
+        let new_row = ((s * heads + head) * max_len as usize + positions[s] as usize) * HEAD_DIM;
+        if e < HEAD_DIM {
+            let (part, i) = (e / 64 * HEAD_DIM, e % 64);
+            let (lo, hi) = rotate(own.load(part + i) * rstd, own.load(part + i + 64) * rstd, i, &rope[s * HEAD_DIM..]);
+            if part == 0 {
+                own.store(i, lo);
+                own.store(i + 64, hi);
+            } else {
+                let (lo, hi) = (T::from_f32(lo), T::from_f32(hi));
+                own.store(part + i, lo.to_f32());
+                own.store(part + i + 64, hi.to_f32());
+                if rank == 0 {
+                    k_cache.set(new_row + i, lo);
+                    k_cache.set(new_row + i + 64, hi);
+                }
+            }
+        } else {
+            let d = e - HEAD_DIM;
+            let v = T::from_f32(own.load(2 * HEAD_DIM + d) * rstd);
+            own.store(2 * HEAD_DIM + d, v.to_f32());
+            if rank == 0 {
+                v_cache.set(new_row + d, v);
+            }
+        }
+    }
+    block::sync();
+
+    // 5. Flash-decoding over this block's share of each sequence's tokens 0 .. pos; rank 0's
+    //    group 0 starts from the new token.
+    let (states, maxima) = (shared!([f32; MAX_BATCH * STATE]), shared!([f32; MAX_BATCH]));
+    for (s, &pos) in positions.iter().enumerate() {
+        let own = qkv.slice(s * QKV, QKV);
+        let q: [f32; 8] = core::array::from_fn(|k| own.load(lane16 * 8 + k) * Q_SCALE);
+        let k_new: [f32; 8] = core::array::from_fn(|k| own.load(HEAD_DIM + lane16 * 8 + k));
+        let v_new: [f32; 8] = core::array::from_fn(|k| own.load(2 * HEAD_DIM + lane16 * 8 + k));
+        let mut s_new = 0.0f32;
+        for k in 0..8 {
+            s_new = q[k].fma(k_new[k], s_new);
+        }
+        let s_new = group_sum(s_new);
+        let mut state = if rank == 0 && group == 0 { Softmax { m: s_new, l: 1.0, o: v_new } } else { Softmax::EMPTY };
+        let (start, end) = share(pos);
+        if !early || s > 0 {
+            first = first_rows(start, end, &|tok| key(s, tok), &|tok| value(s, tok));
+        }
+        attend::<T>(&mut state, q, start, end, first, |tok| key(s, tok), |tok| value(s, tok));
+        merge_block(state, states.slice(s * STATE, STATE), maxima.slice(s, 1));
+    }
+    merge_cluster(states, maxima, batch);
+
+    // 6. The heads' attention outputs.
+    if rank == 0 {
+        for i in block::stride_loop(0..batch * HEAD_DIM) {
+            let (s, d) = (i / HEAD_DIM, i % HEAD_DIM);
+            attn.set(s * hidden + head * HEAD_DIM + d, states.load(s * STATE + d) / states.load(s * STATE + HEAD_DIM));
         }
     }
 }
 
-// The same block as five kernels, f32 intermediates in global memory.
+/// `out = x + W_o · attn` for a batch tile of `B`: `R` rows per warp, `V` 16-byte vectors per
+/// lane per row per step; `attn` (f32, vector c of token s at c·B + s) staged in `B · hidden · 4` bytes of dynamic shared
+/// memory. Shapes: `attn`, `x`, `out`: `batch × hidden`; `w_o`: `hidden × hidden`. Grid
+/// `hidden / (8·R)` blocks of 256.
+#[inline(always)]
+fn o_proj<T: Packed, const B: usize, const R: usize, const V: usize>(attn: &[f32], w_o: &[T], x: &[T], out: &Out<T>, batch: u32) {
+    let batch = batch as usize;
+    if batch > B {
+        // As in `attention_heads`.
+        arch::trap();
+    }
+    let hidden = x.len() / batch;
+    let row_vectors = hidden / 8;
+    let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
+    let row0 = (block::index_x() as usize * WARPS + warp) * R;
+    let steps = row_vectors.div_ceil(32 * V);
+    let vector = |k: usize, j: usize| k * 32 * V + 32 * j + lane;
+    let load = |k: usize| {
+        let mut w = [[[0u32; 4]; V]; R];
+        unroll!(u in [0 1 2 3] {
+            unroll!(j in [0 1 2 3 4 5 6 7] {
+                if u < R && j < V {
+                    // Unconditional, as in `load_rows`: past the row's end its last vector.
+                    w[u][j] = load_words(w_o, (row0 + u) * row_vectors + vector(k, j).min(row_vectors - 1));
+                }
+            });
+        });
+        w
+    };
+    let mut w = load(0);
+    let staged = shared::dynamic().take::<f32>(B * hidden);
+    for i in block::stride_loop(0..B * row_vectors) {
+        let (s, c) = (i / row_vectors, i % row_vectors);
+        store8(staged, c * B + s, if s < batch { core::array::from_fn(|k| attn[8 * i + k]) } else { [0.0; 8] });
+    }
+    block::sync();
+    let mut acc = [[0.0f32; B]; R];
+    for k in 0..steps {
+        unroll!(j in [0 1 2 3 4 5 6 7] {
+            let c = vector(k, j);
+            if j < V && c < row_vectors {
+                unroll!(s in [0 1 2 3 4 5 6 7] {
+                    if s < B {
+                        let xs = load8(staged, c * B + s);
+                        unroll!(u in [0 1 2 3] {
+                            if u < R {
+                                acc[u][s] = dot8::<T>(w[u][j], xs, acc[u][s]);
+                            }
+                        });
+                    }
+                });
+            }
+        });
+        if k + 1 < steps {
+            w = load(k + 1);
+        }
+    }
+    unroll!(u in [0 1 2 3] {
+        unroll!(s in [0 1 2 3 4 5 6 7] {
+            if u < R && s < B && s < batch {
+                let total = warp::reduce_sum(acc[u][s]);
+                let row = row0 + u;
+                if lane == 0 && row < hidden {
+                    out.set(s * hidden + row, T::from_f32(x[s * hidden + row].to_f32() + total));
+                }
+            }
+        });
+    });
+}
+
+/// Rows per warp of the output projection at batch 1, and at batch tile 8.
+pub const O_ROWS: [usize; 2] = [2, 4];
+
+macro_rules! decode_kernels {
+    ($($t:ident: $attention:ident, $attention8:ident, $o_proj:ident, $o_proj8:ident;)*) => {$(
+        #[doc = concat!("Fused 1/2, ", stringify!($t), ", batch 1: RMSNorm → QKV → RoPE → append → attention, a cluster per head (see the module docs).")]
+        #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
+        #[allow(clippy::too_many_arguments)]
+        pub fn $attention(x: &[$t], norm_w: &[$t], w_qkv: &[$t], rope: &[f32], positions: &[u32], k_cache: Out<$t>, v_cache: Out<$t>, attn: Out<f32>, max_len: u32) {
+            attention_heads::<$t, 1, { QKV_ITEM[0].0 }, { QKV_ITEM[0].1 }>(x, norm_w, w_qkv, rope, positions, &k_cache, &v_cache, &attn, max_len);
+        }
+
+        #[doc = concat!("Fused 1/2, ", stringify!($t), ", batch 2-8: as the batch-1 kernel.")]
+        #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
+        #[allow(clippy::too_many_arguments)]
+        pub fn $attention8(x: &[$t], norm_w: &[$t], w_qkv: &[$t], rope: &[f32], positions: &[u32], k_cache: Out<$t>, v_cache: Out<$t>, attn: Out<f32>, max_len: u32) {
+            attention_heads::<$t, 8, { QKV_ITEM[1].0 }, { QKV_ITEM[1].1 }>(x, norm_w, w_qkv, rope, positions, &k_cache, &v_cache, &attn, max_len);
+        }
+
+        #[doc = concat!("Fused 2/2 (and separate 5/5), ", stringify!($t), ", batch 1: `out = x + W_o · attn`; grid `hidden / 16` blocks of 256.")]
+        #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
+        pub fn $o_proj(attn: &[f32], w_o: &[$t], x: &[$t], out: Out<$t>, batch: u32) {
+            o_proj::<$t, 1, { O_ROWS[0] }, 8>(attn, w_o, x, &out, batch);
+        }
+
+        #[doc = concat!("Fused 2/2, ", stringify!($t), ", batch 2-8: `out = x + W_o · attn`; grid `hidden / 32` blocks of 256.")]
+        #[kernel(launch_bounds(max_threads = 256))]
+        pub fn $o_proj8(attn: &[f32], w_o: &[$t], x: &[$t], out: Out<$t>, batch: u32) {
+            o_proj::<$t, 8, { O_ROWS[1] }, 4>(attn, w_o, x, &out, batch);
+        }
+    )*};
+}
+
+decode_kernels! {
+    f16: decode_attention_f16, decode_attention_f16_b8, decode_o_proj_f16, decode_o_proj_f16_b8;
+    bf16: decode_attention_bf16, decode_attention_bf16_b8, decode_o_proj_bf16, decode_o_proj_bf16_b8;
+}
+
+// The same block as five kernels, f16, batch 1, f32 intermediates in global memory.
 
 /// Separate 1/5: `xn = RMSNorm(x)·w`, one block of 256.
 #[kernel(launch_bounds(max_threads = 256))]
@@ -435,11 +703,10 @@ fn gemv(w: &[f16], v: &[f32], done: impl Fn(usize, f32)) {
     let mut acc = [0.0f32; QKV_ROWS];
     let mut c = lane;
     while c < chunks {
-        let (lo, hi) = (staged.load16::<4>(2 * c), staged.load16::<4>(2 * c + 1));
-        let x = [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]];
+        let x = load8(staged, c);
         let ws: [[f16; 8]; QKV_ROWS] = core::array::from_fn(|u| global::load16::<f16, 8>(w, (row0 + u) * chunks + c));
         for u in 0..QKV_ROWS {
-            acc[u] = dot8(ws[u], x, acc[u]);
+            acc[u] = dot8_f16(ws[u], x, acc[u]);
         }
         c += 32;
     }
@@ -483,25 +750,19 @@ pub fn decode_attend(q: &[f32], k_cache: &[f16], v_cache: &[f16], attn: Out<f32>
     let (head, rank, blocks) = (cluster::index_in_grid().x as usize, cluster::block_rank(), cluster::size());
     let t = thread::rank_in_block() as usize;
     let lane16 = t % 16;
-    let mut qs = [0.0f32; 8];
-    for (k, qs) in qs.iter_mut().enumerate() {
-        *qs = q[head * HEAD_DIM + lane16 * 8 + k] * Q_SCALE;
-    }
+    let qs: [f32; 8] = core::array::from_fn(|k| q[head * HEAD_DIM + lane16 * 8 + k] * Q_SCALE);
     let mut state = Softmax::EMPTY;
-    let head_vectors = head * max_len as usize * (HEAD_DIM / 8) + lane16;
-    let key = |tok: u32| global::load16::<f16, 8>(k_cache, head_vectors + tok as usize * (HEAD_DIM / 8));
-    let value = |tok: u32| global::load16::<f16, 8>(v_cache, head_vectors + tok as usize * (HEAD_DIM / 8));
-    attend(&mut state, qs, len * rank / blocks, len * (rank + 1) / blocks, key, value);
-    let merged = merge(state);
+    let rows = head * max_len as usize * (HEAD_DIM / 8) + lane16;
+    let key = |tok: u32| load_words(k_cache, rows + tok as usize * (HEAD_DIM / 8));
+    let value = |tok: u32| load_words(v_cache, rows + tok as usize * (HEAD_DIM / 8));
+    let (start, end) = (len * rank / blocks, len * (rank + 1) / blocks);
+    attend::<f16>(&mut state, qs, start, end, first_rows(start, end, &key, &value), key, value);
+    let (merged, maximum) = (shared!([f32; STATE]), shared!([f32; 1]));
+    merge_block(state, merged, maximum);
+    merge_cluster(merged, maximum, 1);
     if rank == 0 && t < HEAD_DIM {
         attn.set(head * HEAD_DIM + t, merged.load(t) / merged.load(HEAD_DIM));
     }
-}
-
-/// Separate 5/5: `out = x + W_o · attn`; grid `hidden / 32` blocks of 256.
-#[kernel(launch_bounds(max_threads = 256))]
-pub fn decode_o_proj(attn: &[f32], w_o: &[f16], x: &[f16], out: Out<f16>) {
-    gemv(w_o, attn, |row, y| out.set(row, f16::from_f32(x[row].to_f32() + y)));
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
@@ -511,37 +772,144 @@ pub mod host {
 
     use super::*;
     use crate::check::{with_rng, Report};
-    use clusterfuse::host::{Buffer, Gpu, Result};
+    use clusterfuse::host::cudarc::driver::DeviceRepr;
+    use clusterfuse::host::{Buffer, Gpu, Result, Stream};
     use rand::Rng;
 
-    /// One decode step's inputs. Cache tokens `pos ..` start as NaN, so that the new token
-    /// must be written and nothing past it read.
-    pub struct Step {
-        pub hidden: usize,
-        pub max_len: usize,
-        pub pos: usize,
-        pub x: Vec<f16>,
-        pub norm_w: Vec<f16>,
-        pub w_qkv: Vec<f16>,
-        pub w_o: Vec<f16>,
-        pub rope: Vec<f32>,
-        pub k_cache: Vec<f16>,
-        pub v_cache: Vec<f16>,
+    /// An element type of the weights, activations and cache, with its fused kernels.
+    pub trait DecodeType: HalfFloat + DeviceRepr + Copy + 'static {
+        /// The type's name in reports.
+        const NAME: &'static str;
+        /// Relative error allowed against the f64 reference (the type's rounding of `out`
+        /// and of the appended k, v, with room for f32 accumulation).
+        const TOLERANCE: f64;
+        /// The fused kernels of this type, loaded on one device.
+        type Kernels;
+        /// Loads them.
+        fn load(gpu: &Gpu) -> Result<Self::Kernels>;
+        /// Fused 1/2 at `b`'s batch, with clusters of `cluster`, on `stream`.
+        fn attention(kernels: &Self::Kernels, stream: &Stream, b: &mut Buffers<Self>, cluster: u32) -> Result<()>;
+        /// Fused 2/2 at `b`'s batch, on `stream`.
+        fn o_proj(kernels: &Self::Kernels, stream: &Stream, b: &mut Buffers<Self>) -> Result<()>;
+        /// Most clusters of `cluster` blocks of fused 1/2 resident at once, at `batch`.
+        fn max_active_clusters(kernels: &Self::Kernels, gpu: &Gpu, hidden: usize, batch: usize, cluster: u32) -> Result<u32>;
     }
 
-    /// The step's results: `out`, and the appended k and v (`heads × 128`, as f16 rounds them).
+    /// The fused kernels of one type, batch 1 and batch tile 8.
+    pub struct Kernels<A1, A8, O1, O8> {
+        attention: A1,
+        attention8: A8,
+        o_proj: O1,
+        o_proj8: O8,
+    }
+
+    fn config(grid: usize, block: u32, cluster: Option<u32>, dynamic_smem_bytes: usize) -> LaunchConfig {
+        LaunchConfig { grid: (grid as u32).into(), block: block.into(), cluster: cluster.map(Into::into), dynamic_smem_bytes: dynamic_smem_bytes as u32 }
+    }
+
+    /// The batch tile of the kernels that run `batch` tokens.
+    fn tile(batch: usize) -> usize {
+        assert!((1..=MAX_BATCH).contains(&batch), "batch {batch} is not 1 ..= {MAX_BATCH}");
+        if batch == 1 { 1 } else { MAX_BATCH }
+    }
+
+    /// Fused 1/2's launch: a cluster per head, the tile's `x ⊙ norm_w` columns in dynamic
+    /// shared memory.
+    pub fn attention_config(hidden: usize, batch: usize, cluster: u32) -> LaunchConfig {
+        let c = cluster as usize;
+        assert!(hidden.is_multiple_of(HEAD_DIM) && hidden.is_multiple_of(8 * c), "cluster {cluster} does not divide hidden {hidden} into 16-byte vectors");
+        config(hidden / HEAD_DIM * c, BLOCK, Some(cluster), tile(batch) * hidden / c * 4)
+    }
+
+    /// Fused 2/2's launch: `8 · O_ROWS` rows a block, all of `attn` in dynamic shared memory.
+    pub fn o_proj_config(hidden: usize, batch: usize) -> LaunchConfig {
+        let rows = WARPS * O_ROWS[usize::from(tile(batch) > 1)];
+        assert!(hidden.is_multiple_of(rows), "hidden {hidden} is not a multiple of {rows}");
+        config(hidden / rows, BLOCK, None, tile(batch) * hidden * 4)
+    }
+
+    macro_rules! decode_type {
+        ($($t:ident, $name:literal, $tolerance:literal: $attention:ident, $attention8:ident, $o_proj:ident, $o_proj8:ident;)*) => {$(
+            impl DecodeType for $t {
+                const NAME: &'static str = $name;
+                const TOLERANCE: f64 = $tolerance;
+                type Kernels = Kernels<$attention::Kernel, $attention8::Kernel, $o_proj::Kernel, $o_proj8::Kernel>;
+
+                fn load(gpu: &Gpu) -> Result<Self::Kernels> {
+                    Ok(Kernels { attention: $attention::load(gpu)?, attention8: $attention8::load(gpu)?, o_proj: $o_proj::load(gpu)?, o_proj8: $o_proj8::load(gpu)? })
+                }
+
+                fn attention(k: &Self::Kernels, s: &Stream, b: &mut Buffers<Self>, cluster: u32) -> Result<()> {
+                    let (c, max_len) = (attention_config(b.hidden, b.batch, cluster), b.max_len as u32);
+                    if b.batch == 1 {
+                        k.attention.launch(s, &c, &b.x, &b.norm_w, &b.w_qkv, &b.rope, &b.positions, &mut b.k_cache, &mut b.v_cache, &mut b.attn, max_len)
+                    } else {
+                        k.attention8.launch(s, &c, &b.x, &b.norm_w, &b.w_qkv, &b.rope, &b.positions, &mut b.k_cache, &mut b.v_cache, &mut b.attn, max_len)
+                    }
+                }
+
+                fn o_proj(k: &Self::Kernels, s: &Stream, b: &mut Buffers<Self>) -> Result<()> {
+                    let (c, batch) = (o_proj_config(b.hidden, b.batch), b.batch as u32);
+                    if b.batch == 1 {
+                        k.o_proj.launch(s, &c, &b.attn, &b.w_o, &b.x, &mut b.out, batch)
+                    } else {
+                        k.o_proj8.launch(s, &c, &b.attn, &b.w_o, &b.x, &mut b.out, batch)
+                    }
+                }
+
+                fn max_active_clusters(k: &Self::Kernels, gpu: &Gpu, hidden: usize, batch: usize, cluster: u32) -> Result<u32> {
+                    let raw = if batch == 1 { k.attention.raw() } else { k.attention8.raw() };
+                    raw.max_active_clusters(gpu.stream(), &raw.plan(&attention_config(hidden, batch, cluster))?)
+                }
+            }
+        )*};
+    }
+
+    decode_type! {
+        f16, "f16", 2e-3: decode_attention_f16, decode_attention_f16_b8, decode_o_proj_f16, decode_o_proj_f16_b8;
+        bf16, "bf16", 5e-3: decode_attention_bf16, decode_attention_bf16_b8, decode_o_proj_bf16, decode_o_proj_bf16_b8;
+    }
+
+    /// One decode step's inputs for a batch of sequences. Cache tokens `pos ..` of each
+    /// sequence start as NaN, so that the new token must be written and nothing past it read.
+    pub struct Step<T> {
+        pub hidden: usize,
+        pub max_len: usize,
+        /// Each sequence's position: its new token's index in its cache.
+        pub positions: Vec<usize>,
+        /// `batch × hidden`.
+        pub x: Vec<T>,
+        pub norm_w: Vec<T>,
+        pub w_qkv: Vec<T>,
+        pub w_o: Vec<T>,
+        /// `batch × 128`: each sequence's [`rope`].
+        pub rope: Vec<f32>,
+        /// `batch × heads × max_len × 128`.
+        pub k_cache: Vec<T>,
+        pub v_cache: Vec<T>,
+    }
+
+    /// The step's results: `out` (`batch × hidden`), and the appended k and v (`batch × heads
+    /// × 128`, rounded as the cache stores them).
     pub struct Reference {
         pub out: Vec<f64>,
         pub k_new: Vec<f64>,
         pub v_new: Vec<f64>,
     }
 
-    fn uniform(len: usize, lo: f32, hi: f32) -> Vec<f16> {
-        with_rng(|rng| (0..len).map(|_| f16::from_f32(rng.random_range(lo..hi))).collect())
+    impl Reference {
+        /// `out`, then `k_new`, then `v_new`: the order of [`Buffers::results`].
+        pub fn all(&self) -> Vec<f64> {
+            self.out.iter().chain(&self.k_new).chain(&self.v_new).copied().collect()
+        }
     }
 
-    fn round16(v: f64) -> f64 {
-        f16::from_f64(v).to_f64()
+    fn uniform<T: HalfFloat>(len: usize, lo: f32, hi: f32) -> Vec<T> {
+        with_rng(|rng| (0..len).map(|_| T::from_f32(rng.random_range(lo..hi))).collect())
+    }
+
+    fn wide<T: HalfFloat>(v: &T) -> f64 {
+        v.to_f32() as f64
     }
 
     /// cos then sin of `pos·θ^(−2i/128)`, `i < 64`, as Hugging Face's Llama computes them.
@@ -550,234 +918,269 @@ pub mod host {
         angles.iter().map(|a| a.cos() as f32).chain(angles.iter().map(|a| a.sin() as f32)).collect()
     }
 
-    impl Step {
-        /// Fresh random inputs, scaled so that q·k/√128 spreads over a few units and the
-        /// attention term of `out` is as large as the residual.
-        pub fn random(hidden: usize, max_len: usize, pos: usize) -> Self {
-            let heads = hidden / HEAD_DIM;
-            let a = 1.0 / (hidden as f32).sqrt();
-            let cache = |bound: f32| -> Vec<f16> {
-                let mut c = uniform(heads * max_len * HEAD_DIM, -bound, bound);
-                for h in 0..heads {
-                    c[(h * max_len + pos) * HEAD_DIM..(h + 1) * max_len * HEAD_DIM].fill(f16::NAN);
-                }
-                c
-            };
-            Self {
-                hidden,
-                max_len,
-                pos,
-                x: uniform(hidden, -0.5, 0.5),
-                norm_w: uniform(hidden, 0.5, 1.5),
-                w_qkv: uniform(3 * hidden * hidden, -2.4 * a, 2.4 * a),
-                w_o: uniform(hidden * hidden, -8.0 * a, 8.0 * a),
-                rope: rope(pos),
-                k_cache: cache(2.4),
-                v_cache: cache(1.0),
-            }
-        }
-
-        /// The same weights and cache for a step at `pos` (the cache past `pos` stays as it is).
-        pub fn set_pos(&mut self, pos: usize) {
-            assert!(pos < self.max_len, "pos {pos} is past the cache");
-            self.pos = pos;
-            self.rope = rope(pos);
-        }
-
+    impl<T> Step<T> {
         /// Heads.
         pub fn heads(&self) -> usize {
             self.hidden / HEAD_DIM
         }
 
-        /// The whole block in f64 (the appended k and v rounded to f16, as the cache stores them).
+        /// Sequences.
+        pub fn batch(&self) -> usize {
+            self.positions.len()
+        }
+    }
+
+    impl<T: DecodeType> Step<T> {
+        /// Fresh random inputs for sequences at `positions`, scaled so that q·k/√128 spreads
+        /// over a few units and the attention term of `out` is as large as the residual.
+        pub fn random(hidden: usize, max_len: usize, positions: &[usize]) -> Self {
+            let (heads, batch) = (hidden / HEAD_DIM, positions.len());
+            let a = 1.0 / (hidden as f32).sqrt();
+            let cache = |bound: f32| -> Vec<T> {
+                let mut c = uniform(batch * heads * max_len * HEAD_DIM, -bound, bound);
+                for (s, &pos) in positions.iter().enumerate() {
+                    for h in 0..heads {
+                        let rows = (s * heads + h) * max_len;
+                        c[(rows + pos) * HEAD_DIM..(rows + max_len) * HEAD_DIM].fill(T::from_f32(f32::NAN));
+                    }
+                }
+                c
+            };
+            let mut step = Self {
+                hidden,
+                max_len,
+                positions: Vec::new(),
+                x: uniform(batch * hidden, -0.5, 0.5),
+                norm_w: uniform(hidden, 0.5, 1.5),
+                w_qkv: uniform(3 * hidden * hidden, -2.4 * a, 2.4 * a),
+                w_o: uniform(hidden * hidden, -8.0 * a, 8.0 * a),
+                rope: Vec::new(),
+                k_cache: cache(2.4),
+                v_cache: cache(1.0),
+            };
+            step.set_positions(positions);
+            step
+        }
+
+        /// The same weights and caches for a step at `positions` (each cache past its
+        /// position stays as it is).
+        pub fn set_positions(&mut self, positions: &[usize]) {
+            assert!(positions.iter().all(|&p| p < self.max_len), "a position in {positions:?} is past the cache");
+            assert_eq!(positions.len() * self.hidden, self.x.len(), "one position per sequence");
+            self.positions = positions.to_vec();
+            self.rope = positions.iter().flat_map(|&p| rope(p)).collect();
+        }
+
+        /// The whole block in f64 (the appended k and v rounded to `T`, as the cache stores them).
         pub fn reference(&self) -> Reference {
             let (h, heads) = (self.hidden, self.heads());
-            let f = |v: &f16| v.to_f64();
-            let x: Vec<f64> = self.x.iter().map(f).collect();
-            let rstd = 1.0 / (x.iter().map(|v| v * v).sum::<f64>() / h as f64 + EPS as f64).sqrt();
-            let xn: Vec<f64> = x.iter().zip(&self.norm_w).map(|(v, w)| v * rstd * f(w)).collect();
-            let qkv: Vec<f64> = self.w_qkv.chunks(h).map(|row| row.iter().zip(&xn).map(|(w, v)| f(w) * v).sum()).collect();
-            let rotate = |v: &[f64]| -> Vec<f64> {
-                let mut r = vec![0.0; HEAD_DIM];
-                for i in 0..64 {
-                    let (c, s) = (self.rope[i] as f64, self.rope[64 + i] as f64);
-                    r[i] = v[i] * c - v[i + 64] * s;
-                    r[i + 64] = v[i + 64] * c + v[i] * s;
-                }
-                r
-            };
-            let (mut k_new, mut v_new, mut attn) = (Vec::new(), Vec::new(), Vec::new());
-            for head in 0..heads {
-                let at = |part: usize| &qkv[part * h + head * HEAD_DIM..part * h + (head + 1) * HEAD_DIM];
-                let q = rotate(at(0));
-                let k: Vec<f64> = rotate(at(1)).into_iter().map(round16).collect();
-                let v: Vec<f64> = at(2).iter().map(|&v| round16(v)).collect();
-                let row = |cache: &[f16], t: usize| -> Vec<f64> {
-                    cache[(head * self.max_len + t) * HEAD_DIM..][..HEAD_DIM].iter().map(f).collect()
+            let round = |v: f64| T::from_f32(v as f32).to_f32() as f64;
+            let (mut out, mut k_new, mut v_new) = (Vec::new(), Vec::new(), Vec::new());
+            for (s, &pos) in self.positions.iter().enumerate() {
+                let x: Vec<f64> = self.x[s * h..(s + 1) * h].iter().map(wide).collect();
+                let rstd = 1.0 / (x.iter().map(|v| v * v).sum::<f64>() / h as f64 + EPS as f64).sqrt();
+                let xn: Vec<f64> = x.iter().zip(&self.norm_w).map(|(v, w)| v * rstd * wide(w)).collect();
+                let qkv: Vec<f64> = self.w_qkv.chunks(h).map(|row| row.iter().zip(&xn).map(|(w, v)| wide(w) * v).sum()).collect();
+                let rope = &self.rope[s * HEAD_DIM..][..HEAD_DIM];
+                let rotate = |v: &[f64]| -> Vec<f64> {
+                    let mut r = vec![0.0; HEAD_DIM];
+                    for i in 0..64 {
+                        let (c, sn) = (rope[i] as f64, rope[64 + i] as f64);
+                        r[i] = v[i] * c - v[i + 64] * sn;
+                        r[i + 64] = v[i + 64] * c + v[i] * sn;
+                    }
+                    r
                 };
-                let mut keys: Vec<Vec<f64>> = (0..self.pos).map(|t| row(&self.k_cache, t)).collect();
-                let mut values: Vec<Vec<f64>> = (0..self.pos).map(|t| row(&self.v_cache, t)).collect();
-                keys.push(k.clone());
-                values.push(v.clone());
-                let scores: Vec<f64> = keys.iter().map(|k| k.iter().zip(&q).map(|(a, b)| a * b).sum::<f64>() / (HEAD_DIM as f64).sqrt()).collect();
-                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let p: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                let l: f64 = p.iter().sum();
-                attn.extend((0..HEAD_DIM).map(|d| p.iter().zip(&values).map(|(p, v)| p * v[d]).sum::<f64>() / l));
-                k_new.extend(k);
-                v_new.extend(v);
+                let mut attn = Vec::with_capacity(h);
+                for head in 0..heads {
+                    let at = |part: usize| &qkv[part * h + head * HEAD_DIM..part * h + (head + 1) * HEAD_DIM];
+                    let q = rotate(at(0));
+                    let k: Vec<f64> = rotate(at(1)).into_iter().map(round).collect();
+                    let v: Vec<f64> = at(2).iter().map(|&v| round(v)).collect();
+                    let rows = (s * heads + head) * self.max_len * HEAD_DIM;
+                    let key = |t: usize| &self.k_cache[rows + t * HEAD_DIM..][..HEAD_DIM];
+                    let value = |t: usize| &self.v_cache[rows + t * HEAD_DIM..][..HEAD_DIM];
+                    let scale = 1.0 / (HEAD_DIM as f64).sqrt();
+                    let mut scores: Vec<f64> = (0..pos).map(|t| key(t).iter().zip(&q).map(|(a, b)| wide(a) * b).sum::<f64>() * scale).collect();
+                    scores.push(k.iter().zip(&q).map(|(a, b)| a * b).sum::<f64>() * scale);
+                    let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let p: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                    let l: f64 = p.iter().sum();
+                    let mut o = vec![0.0; HEAD_DIM];
+                    for (t, &p) in p.iter().enumerate() {
+                        let row: Vec<f64> = if t < pos { value(t).iter().map(wide).collect() } else { v.clone() };
+                        for (o, r) in o.iter_mut().zip(row) {
+                            *o += p * r;
+                        }
+                    }
+                    attn.extend(o.into_iter().map(|o| o / l));
+                    k_new.extend(k);
+                    v_new.extend(v);
+                }
+                out.extend(self.w_o.chunks(h).zip(&x).map(|(row, x)| x + row.iter().zip(&attn).map(|(w, a)| wide(w) * a).sum::<f64>()));
             }
-            let out = self.w_o.chunks(h).zip(&x).map(|(row, x)| x + row.iter().zip(&attn).map(|(w, a)| f(w) * a).sum::<f64>()).collect();
             Reference { out, k_new, v_new }
         }
     }
 
     /// A step's buffers on a device, with both variants' scratch and a poisoned `out`.
-    pub struct Buffers {
-        pub x: Buffer<f16>,
-        pub norm_w: Buffer<f16>,
-        pub w_qkv: Buffer<f16>,
-        pub w_o: Buffer<f16>,
+    pub struct Buffers<T: DeviceRepr> {
+        pub hidden: usize,
+        pub max_len: usize,
+        pub batch: usize,
+        pub x: Buffer<T>,
+        pub norm_w: Buffer<T>,
+        pub w_qkv: Buffer<T>,
+        pub w_o: Buffer<T>,
         pub rope: Buffer<f32>,
-        pub k_cache: Buffer<f16>,
-        pub v_cache: Buffer<f16>,
-        pub out: Buffer<f16>,
-        partials: Buffer<f32>,
-        arrivals: Buffer<u32>,
-        xn: Buffer<f32>,
-        qkv: Buffer<f32>,
-        q: Buffer<f32>,
-        attn: Buffer<f32>,
+        pub positions: Buffer<u32>,
+        /// `positions`, on the host.
+        pub host_positions: Vec<u32>,
+        pub k_cache: Buffer<T>,
+        pub v_cache: Buffer<T>,
+        pub out: Buffer<T>,
+        /// The heads' attention outputs, `batch × hidden` (f32).
+        pub attn: Buffer<f32>,
     }
 
-    impl Buffers {
-        /// Uploads `step`; `arrivals` is zeroed once here, and every fused launch leaves it zero.
-        pub fn upload(gpu: &Gpu, step: &Step) -> Result<Self> {
-            let h = step.hidden;
+    impl<T: DecodeType> Buffers<T> {
+        /// Uploads `step`, with `out` and `attn` poisoned.
+        pub fn upload(gpu: &Gpu, step: &Step<T>) -> Result<Self> {
+            let (h, batch) = (step.hidden, step.batch());
+            let positions: Vec<u32> = step.positions.iter().map(|&p| p as u32).collect();
             Ok(Self {
+                hidden: h,
+                max_len: step.max_len,
+                batch,
                 x: gpu.upload(&step.x)?,
                 norm_w: gpu.upload(&step.norm_w)?,
                 w_qkv: gpu.upload(&step.w_qkv)?,
                 w_o: gpu.upload(&step.w_o)?,
                 rope: gpu.upload(&step.rope)?,
+                positions: gpu.upload(&positions)?,
+                host_positions: positions,
                 k_cache: gpu.upload(&step.k_cache)?,
                 v_cache: gpu.upload(&step.v_cache)?,
-                out: gpu.upload(&vec![f16::NAN; h])?,
-                partials: gpu.upload(&vec![f32::NAN; step.heads() * h])?,
-                arrivals: gpu.zeros(16)?,
-                xn: gpu.upload(&vec![f32::NAN; h])?,
-                qkv: gpu.upload(&vec![f32::NAN; 3 * h])?,
-                q: gpu.upload(&vec![f32::NAN; h])?,
-                attn: gpu.upload(&vec![f32::NAN; h])?,
+                out: gpu.upload(&vec![T::from_f32(f32::NAN); batch * h])?,
+                attn: gpu.upload(&vec![f32::NAN; batch * h])?,
             })
         }
 
-        /// Poisons `out` again.
+        /// Poisons `out` and `attn` again.
         pub fn poison(&mut self, gpu: &Gpu) -> Result<()> {
-            self.out = gpu.upload(&vec![f16::NAN; self.out.len()])?;
+            self.out = gpu.upload(&vec![T::from_f32(f32::NAN); self.out.len()])?;
+            self.attn = gpu.upload(&vec![f32::NAN; self.attn.len()])?;
             Ok(())
         }
 
-        /// `out`, then the cache rows written at `pos`, as f32.
-        pub fn results(&self, gpu: &Gpu, step: &Step) -> Result<Vec<f32>> {
+        /// `out`, then the cache rows written at each sequence's position (k, then v), as f32.
+        pub fn results(&self, gpu: &Gpu, step: &Step<T>) -> Result<Vec<f32>> {
             let mut values: Vec<f32> = gpu.download(&self.out)?.iter().map(|v| v.to_f32()).collect();
+            let heads = step.heads();
             for cache in [&self.k_cache, &self.v_cache] {
                 let cache = gpu.download(cache)?;
-                for head in 0..step.heads() {
-                    values.extend(cache[(head * step.max_len + step.pos) * HEAD_DIM..][..HEAD_DIM].iter().map(|v| v.to_f32()));
+                for (s, &pos) in step.positions.iter().enumerate() {
+                    for head in 0..heads {
+                        values.extend(cache[((s * heads + head) * step.max_len + pos) * HEAD_DIM..][..HEAD_DIM].iter().map(|v| v.to_f32()));
+                    }
                 }
             }
             Ok(values)
         }
     }
 
-    /// Both variants' kernels, loaded.
-    pub struct Launchers {
-        fused: decode_attention::Kernel,
+    /// The fused variant on `stream`: [`DecodeType::attention`] then [`DecodeType::o_proj`].
+    pub fn fused<T: DecodeType>(kernels: &T::Kernels, stream: &Stream, b: &mut Buffers<T>, cluster: u32) -> Result<()> {
+        T::attention(kernels, stream, b, cluster)?;
+        T::o_proj(kernels, stream, b)
+    }
+
+    /// The five separate kernels (f16, batch 1), loaded, with their f32 intermediates.
+    pub struct Separate {
         rms_norm: decode_rms_norm::Kernel,
         qkv: decode_qkv::Kernel,
         rope_append: decode_rope_append::Kernel,
         attend: decode_attend::Kernel,
-        o_proj: decode_o_proj::Kernel,
+        o_proj: decode_o_proj_f16::Kernel,
+        xn: Buffer<f32>,
+        qkv_out: Buffer<f32>,
+        q: Buffer<f32>,
     }
 
-    fn config(grid: usize, block: u32, cluster: Option<u32>, dynamic_smem_bytes: usize) -> LaunchConfig {
-        LaunchConfig { grid: (grid as u32).into(), block: block.into(), cluster: cluster.map(Into::into), dynamic_smem_bytes: dynamic_smem_bytes as u32 }
-    }
-
-    impl Launchers {
-        pub fn load(gpu: &Gpu) -> Result<Self> {
+    impl Separate {
+        /// Loads the kernels and allocates the intermediates for `hidden`.
+        pub fn load(gpu: &Gpu, hidden: usize) -> Result<Self> {
             Ok(Self {
-                fused: decode_attention::load(gpu)?,
                 rms_norm: decode_rms_norm::load(gpu)?,
                 qkv: decode_qkv::load(gpu)?,
                 rope_append: decode_rope_append::load(gpu)?,
                 attend: decode_attend::load(gpu)?,
-                o_proj: decode_o_proj::load(gpu)?,
+                o_proj: decode_o_proj_f16::load(gpu)?,
+                xn: gpu.upload(&vec![f32::NAN; hidden])?,
+                qkv_out: gpu.upload(&vec![f32::NAN; 3 * hidden])?,
+                q: gpu.upload(&vec![f32::NAN; hidden])?,
             })
         }
 
-        /// The fused kernel with clusters of `cluster` blocks (`hidden / cluster ≤ MAX_SLICE`).
-        pub fn fused(&self, gpu: &Gpu, b: &mut Buffers, step: &Step, cluster: u32) -> Result<()> {
-            assert!(step.hidden / cluster as usize <= MAX_SLICE && step.hidden.is_multiple_of(8 * cluster as usize), "cluster {cluster} does not fit hidden {}", step.hidden);
-            let c = config(step.heads() * cluster as usize, BLOCK, Some(cluster), 0);
-            self.fused.launch(gpu.stream(), &c, &b.x, &b.norm_w, &b.w_qkv, &b.w_o, &b.rope, &mut b.k_cache, &mut b.v_cache,
-                              &mut b.partials, &mut b.arrivals, &mut b.out, step.pos as u32, step.max_len as u32)
-        }
-
-        /// Most clusters of `cluster` blocks of the fused kernel resident at once (its grid
-        /// has `heads` of them).
-        pub fn fused_max_active_clusters(&self, gpu: &Gpu, step: &Step, cluster: u32) -> Result<u32> {
-            let plan = self.fused.raw().plan(&config(step.heads() * cluster as usize, BLOCK, Some(cluster), 0))?;
-            self.fused.raw().max_active_clusters(gpu.stream(), &plan)
-        }
-
-        /// The five separate kernels, the attention with clusters of `cluster` blocks.
-        pub fn separate(&self, gpu: &Gpu, b: &mut Buffers, step: &Step, cluster: u32) -> Result<()> {
-            let (s, h) = (gpu.stream(), step.hidden);
+        /// The five launches on `s`, the attention with clusters of `cluster` blocks.
+        pub fn launch(&mut self, s: &Stream, b: &mut Buffers<f16>, cluster: u32) -> Result<()> {
+            assert_eq!(b.batch, 1, "the separate kernels run batch 1");
+            let (h, heads, pos) = (b.hidden, b.hidden / HEAD_DIM, b.host_positions[0]);
             let rows_per_block = WARPS * QKV_ROWS;
-            self.rms_norm.launch(s, &config(1, BLOCK, None, 0), &b.x, &b.norm_w, &mut b.xn)?;
-            self.qkv.launch(s, &config(3 * h / rows_per_block, BLOCK, None, 4 * h), &b.xn, &b.w_qkv, &mut b.qkv)?;
-            self.rope_append.launch(s, &config(step.heads(), HEAD_DIM as u32, None, 0), &b.qkv, &b.rope, &mut b.q, &mut b.k_cache,
-                                    &mut b.v_cache, step.pos as u32, step.max_len as u32)?;
-            self.attend.launch(s, &config(step.heads() * cluster as usize, BLOCK, Some(cluster), 0), &b.q, &b.k_cache, &b.v_cache,
-                               &mut b.attn, step.pos as u32 + 1, step.max_len as u32)?;
-            self.o_proj.launch(s, &config(h / rows_per_block, BLOCK, None, 4 * h), &b.attn, &b.w_o, &b.x, &mut b.out)
+            self.rms_norm.launch(s, &config(1, BLOCK, None, 0), &b.x, &b.norm_w, &mut self.xn)?;
+            self.qkv.launch(s, &config(3 * h / rows_per_block, BLOCK, None, 4 * h), &self.xn, &b.w_qkv, &mut self.qkv_out)?;
+            self.rope_append.launch(s, &config(heads, HEAD_DIM as u32, None, 0), &self.qkv_out, &b.rope, &mut self.q, &mut b.k_cache,
+                                    &mut b.v_cache, pos, b.max_len as u32)?;
+            self.attend.launch(s, &config(heads * cluster as usize, BLOCK, Some(cluster), 0), &self.q, &b.k_cache, &b.v_cache,
+                               &mut b.attn, pos + 1, b.max_len as u32)?;
+            self.o_proj.launch(s, &o_proj_config(h, 1), &b.attn, &b.w_o, &b.x, &mut b.out, 1)
         }
     }
 
-    /// Runs both variants on fresh steps at several positions (the fused kernel's arrival
-    /// counters carried from one launch to the next) and compares `out` and the appended
-    /// k, v with the f64 reference.
-    pub fn run(gpu: &Gpu) -> Result<Report> {
-        let launchers = Launchers::load(gpu)?;
-        let (hidden, max_len, clusters) = crate::check::shape(gpu, (4096, 1040, [8, 16]), (256, 320, [2, 4]));
-        let positions = [0, 1, 77, max_len - 21];
+    /// Checks the fused variant of `T` at `batches` (fresh steps, each sequence at its own
+    /// position, clusters alternating over `clusters`) against the f64 reference, and with
+    /// `separate`, the five kernels too.
+    fn check<T: DecodeType>(gpu: &Gpu, batches: &[usize], separate: bool) -> Result<Report> {
+        let kernels = T::load(gpu)?;
+        let (hidden, max_len, clusters) = crate::check::shape(gpu, (4096, 1040, [4, 8]), (256, 320, [2, 4]));
         let (mut outs, mut refs) = (Vec::new(), Vec::new());
-        let mut arrivals = None;
-        for (i, &pos) in positions.iter().enumerate() {
-            let step = Step::random(hidden, max_len, pos);
-            let reference = step.reference();
-            let expected = || reference.out.iter().chain(&reference.k_new).chain(&reference.v_new).copied();
+        let mut runs = Vec::new();
+        for (i, &batch) in batches.iter().enumerate() {
+            let positions: Vec<usize> = (0..batch).map(|s| [0, 1, 77, max_len - 21][(i + s) % 4]).collect();
+            let step = Step::<T>::random(hidden, max_len, &positions);
+            let reference = step.reference().all();
             let cluster = clusters[i % 2];
             let mut b = Buffers::upload(gpu, &step)?;
-            if let Some(carried) = arrivals.take() {
-                b.arrivals = carried;
+            fused(&kernels, gpu.stream(), &mut b, cluster)?;
+            outs.extend(b.results(gpu, &step)?);
+            refs.extend(reference.iter().copied());
+            runs.push(format!("batch {batch} at {positions:?}, cluster {cluster}"));
+            if separate && batch == 1 {
+                let step = Step::<f16>::random(hidden, max_len, &positions);
+                let mut b = Buffers::upload(gpu, &step)?;
+                Separate::load(gpu, hidden)?.launch(gpu.stream(), &mut b, cluster)?;
+                outs.extend(b.results(gpu, &step)?);
+                refs.extend(step.reference().all());
             }
-            launchers.fused(gpu, &mut b, &step, cluster)?;
-            outs.extend(b.results(gpu, &step)?);
-            refs.extend(expected());
-            arrivals = Some(b.arrivals);
-
-            let mut b = Buffers::upload(gpu, &step)?;
-            launchers.separate(gpu, &mut b, &step, cluster)?;
-            outs.extend(b.results(gpu, &step)?);
-            refs.extend(expected());
         }
-        let shape = format!("hidden {hidden}, pos {positions:?}, clusters {clusters:?}");
-        Ok(Report::new(shape, &outs, &refs, 2e-3))
+        Ok(Report::new(format!("{}, hidden {hidden}: {}", T::NAME, runs.join("; ")), &outs, &refs, T::TOLERANCE))
+    }
+
+    /// Fused and separate, f16, batch 1 at positions 0, 1, 77 and near the end of the cache.
+    pub fn run(gpu: &Gpu) -> Result<Report> {
+        check::<f16>(gpu, &[1, 1, 1, 1], true)
+    }
+
+    /// Fused, bf16, batch 1 and 3.
+    pub fn run_bf16(gpu: &Gpu) -> Result<Report> {
+        check::<bf16>(gpu, &[1, 3], false)
+    }
+
+    /// Fused, f16, batches 2, 3 and 8, each sequence at its own position.
+    pub fn run_batch(gpu: &Gpu) -> Result<Report> {
+        check::<f16>(gpu, &[2, 3, 8], false)
     }
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
-pub use host::run;
+pub use host::{run, run_batch, run_bf16};

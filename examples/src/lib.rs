@@ -59,6 +59,8 @@ pub const EXAMPLES: &[(&str, check::Runner)] = &[
     ("07-primitive", cluster_primitive::run),
     ("08-fused-norms", fused_norms::run),
     ("09-decode-attention", decode_attention::run),
+    ("09-decode-bf16", decode_attention::run_bf16),
+    ("09-decode-batch", decode_attention::run_batch),
     ("10-mma-tile", gemm::run_tile),
     ("10-gemm-f16", gemm::f16_plain),
     ("10-gemm-f16-bias", gemm::f16_bias),

@@ -143,12 +143,18 @@ fn every_kernel_assembles_without_spills() {
         ("gelu_kernel", 0),
         ("add_residual", 0),
         ("rms_norm", 32),
-        ("decode_attention", 10544),
+        ("decode_attention_f16", 25152),
+        ("decode_attention_f16_b8", 25152),
+        ("decode_attention_bf16", 25152),
+        ("decode_attention_bf16_b8", 25152),
+        ("decode_o_proj_f16", 0),
+        ("decode_o_proj_f16_b8", 0),
+        ("decode_o_proj_bf16", 0),
+        ("decode_o_proj_bf16_b8", 0),
         ("decode_rms_norm", 128),
         ("decode_qkv", 0),
         ("decode_rope_append", 0),
-        ("decode_attend", 8864),
-        ("decode_o_proj", 0),
+        ("decode_attend", 8896),
         ("mma_tile", 3 * 512),
         ("gemm_f16", 0),
         ("gemm_f16_bias", 0),
@@ -175,26 +181,38 @@ fn every_kernel_assembles_without_spills() {
     assert_eq!(kernels.len(), expected_smem.len(), "kernels: {:?}", kernels.keys());
     for (name, smem) in expected_smem {
         let r = &kernels[name];
-        assert_eq!((r.spill_store_bytes, r.spill_load_bytes, r.stack_frame_bytes), (0, 0, 0), "`{name}` spills: {r:?}");
+        if name.starts_with("decode_attention_") && name.ends_with("_b8") {
+            // The batch-8 tile at 128 registers: two values spilled at entry and reloaded
+            // outside the streaming loops (16 bytes; `cuobjdump -sass` shows where).
+            assert!(r.spill_store_bytes <= 16 && r.spill_load_bytes <= 16 && r.stack_frame_bytes <= 8, "`{name}` spills: {r:?}");
+        } else {
+            assert_eq!((r.spill_store_bytes, r.spill_load_bytes, r.stack_frame_bytes), (0, 0, 0), "`{name}` spills: {r:?}");
+        }
         assert_eq!(r.static_smem_bytes, smem, "`{name}` static shared memory: {r:?}");
     }
     assert_eq!(kernels["block_sum"].barriers, 1);
     assert_eq!(argmax_scratch, 48 * 8, "argmax declares `shared(scratch: [u64; 48])`");
-    // Two blocks of 256 threads per SM: clusters of 8 over 32 heads are resident at once.
-    assert!(kernels["decode_attention"].registers <= 128, "{:?}", kernels["decode_attention"]);
+    // Two blocks of 256 threads per SM, so that clusters of 4 over 32 heads are resident at
+    // once; the batch-1 output projection fits two blocks per SM as well.
+    for name in ["decode_attention_f16", "decode_attention_f16_b8", "decode_attention_bf16", "decode_attention_bf16_b8", "decode_o_proj_f16", "decode_o_proj_bf16"] {
+        assert!(kernels[name].registers <= 128, "{name}: {:?}", kernels[name]);
+    }
 }
 
 #[test]
 fn decode_attention_streams_16_byte_vectors() {
-    let text = entry("decode_attention");
-    assert!(text.contains(".maxntid 256, 1, 1") && text.contains(".minnctapersm 2"), "launch bounds");
-    // Weights through the read-only path, the cache (written by this kernel) coherently.
-    assert!(text.contains("ld.global.nc.v4.b32"), "weights are not loaded 16 bytes at a time");
-    assert!(text.contains("ld.global.v4.b32"), "the cache is not loaded 16 bytes at a time");
-    for instruction in ["fence.acq_rel.gpu", "atom.global.add.u32", "ld.shared::cluster.v4.b32"] {
-        assert!(text.contains(instruction), "`decode_attention` lacks `{instruction}`");
+    for name in ["decode_attention_f16", "decode_attention_bf16_b8"] {
+        let text = entry(name);
+        assert!(text.contains(".maxntid 256, 1, 1") && text.contains(".minnctapersm 2"), "`{name}`: launch bounds");
+        // Weights through the read-only path, the cache (written by this kernel) coherently.
+        assert!(text.contains("ld.global.nc.v4.b32"), "`{name}`: weights are not loaded 16 bytes at a time");
+        assert!(text.contains("ld.global.v4.b32"), "`{name}`: the cache is not loaded 16 bytes at a time");
+        assert!(text.contains("ld.shared::cluster.v4.b32"), "`{name}`: the cluster reduction does not move 16-byte vectors");
+        // The sum over heads is the second launch's: no atomics, so the output is deterministic.
+        assert!(!text.contains("atom."), "`{name}` must not use atomics");
     }
-    assert!(!text.contains("atom.global.add.f32"), "the fused kernel must not use float atomics");
+    let text = entry("decode_o_proj_f16");
+    assert!(text.contains("ld.global.nc.v4.b32") && !text.contains("atom."), "`decode_o_proj_f16`: 16-byte weight loads, no atomics");
 }
 
 /// The GEMM kernels' entries, as (name, input type).

@@ -1,83 +1,101 @@
-//! The decode-step attention block of Llama-2-7B (hidden 4096, 32 heads of 128, fp16, batch 1)
-//! at KV lengths 1024, 4096 and 16384: the fused kernel of example 09 (one launch) with
-//! clusters of 8 and 16, and the same stages as five separate kernels.
+//! The decode-step attention block of Llama-2-7B (hidden 4096, 32 heads of 128) at KV lengths
+//! 1024, 4096 and 16384: example 09's fused kernels (two launches: a cluster per head up to
+//! the attention, then the output projection over the whole GPU) with clusters of 4 (also
+//! replayed from a CUDA graph of one step) and 8, the same stages as five separate kernels (f16, batch 1), the fused kernels on bf16, and at
+//! batch 8 (eight sequences, each with its own cache, all at the same length).
 //!
 //! Every variant is first checked at every length against the f64 reference of the whole
-//! block (fresh random weights and cache each run; `out` poisoned; relative error ≤ 2e-3 over
-//! `out` and the appended k, v) and run twice for bitwise-equal outputs; only a variant that
-//! passes is timed. Timing: CUDA events around a pass of 20 back-to-back steps, the median of
-//! 50 passes after 5 warm-up passes, µs per step. Weights (134 MB) plus cache exceed the 60 MB
-//! L2 at every length, so one set of buffers is used: each step reads them from HBM. Roofline
-//! = bytes that must move (weights, cache tokens 0..pos, the new k/v, x and out) / 4.3 TB/s.
+//! block (fresh random weights and caches each run; `out` poisoned; relative error over
+//! `out` and the appended k, v within 2e-3 for f16, 5e-3 for bf16) and run twice for
+//! bitwise-equal outputs; only a variant that passes is timed. Timing: CUDA events around a
+//! pass of 20 back-to-back steps, the median of 50 passes after 5 warm-up passes, µs per
+//! step. Weights (134 MB) plus caches exceed the 60 MB L2 at every length, so one set of
+//! buffers is used: each step reads them from HBM. Roofline = bytes that must move (weights,
+//! every sequence's cache tokens 0..pos, the new k/v, x and out) / 4.3 TB/s.
 //!
-//! `--dump DIR` also writes the L = 1024 inputs and the fused kernel's results as raw
+//! `--dump DIR` also writes the L = 1024 inputs and the fused f16 batch-1 results as raw
 //! little-endian files for `scripts/decode-torch.py --check DIR`.
 //!
 //! `cargo run --release -p clusterfuse-examples --bin decode-bench [-- --dump DIR]`
 
-use clusterfuse::f16;
-use clusterfuse::host::Gpu;
-use clusterfuse_examples::check::{Report, median, gpu_or_skip};
-use clusterfuse_examples::decode_attention::host::{Buffers, Launchers, Step};
-use clusterfuse_examples::decode_attention::HEAD_DIM;
+use clusterfuse::host::{Gpu, Stream};
+use clusterfuse::{bf16, f16};
+use clusterfuse_examples::check::{gpu_or_skip, median, Report};
+use clusterfuse_examples::decode_attention::host::{attention_config, fused, o_proj_config, Buffers, DecodeType, Separate, Step};
+use clusterfuse_examples::decode_attention::{EPS, HEAD_DIM, THETA};
 use std::error::Error;
 use std::path::{Path, PathBuf};
 
 const HIDDEN: usize = 4096;
 const LENGTHS: [usize; 3] = [1024, 4096, 16384];
-const CLUSTERS: [u32; 2] = [8, 16];
+const CLUSTERS: [u32; 2] = [4, 8];
 const SEPARATE_CLUSTER: u32 = 8;
+const BATCH: usize = 8;
 const PEAK_BYTES_PER_S: f64 = 4.3e12;
-const TOLERANCE: f64 = 2e-3;
 const STEPS_PER_PASS: usize = 20;
 const WARMUP: usize = 5;
 const REPS: usize = 50;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
-#[derive(Clone, Copy)]
-enum Variant {
-    Fused(u32),
-    Separate(u32),
-}
-
-impl Variant {
-    fn name(self) -> &'static str {
-        match self {
-            Variant::Fused(_) => "clusterfuse fused",
-            Variant::Separate(_) => "clusterfuse separate",
-        }
-    }
-
-    fn kernels(self) -> u32 {
-        match self {
-            Variant::Fused(_) => 1,
-            Variant::Separate(_) => 5,
-        }
-    }
-
-    fn cluster(self) -> u32 {
-        match self {
-            Variant::Fused(c) | Variant::Separate(c) => c,
-        }
-    }
-
-    fn launch(self, gpu: &Gpu, launchers: &Launchers, b: &mut Buffers, step: &Step) -> Result<()> {
-        match self {
-            Variant::Fused(c) => launchers.fused(gpu, b, step, c)?,
-            Variant::Separate(c) => launchers.separate(gpu, b, step, c)?,
-        }
-        Ok(())
-    }
-}
-
-
-/// Bytes one step must move at position `pos` (tokens `0 ..= pos` attended).
-fn bytes(step: &Step) -> f64 {
+/// Bytes one step must move (each sequence's tokens `0 ..= pos` attended).
+fn bytes<T>(step: &Step<T>) -> f64 {
     let h = step.hidden;
     let weights = (4 * h * h + h) * 2;
-    let cache = 2 * step.heads() * (step.pos + 1) * HEAD_DIM * 2;
-    (weights + cache + 2 * h * 2) as f64
+    let cache: usize = step.positions.iter().map(|p| 2 * step.heads() * (p + 1) * HEAD_DIM * 2).sum();
+    (weights + cache + 2 * step.batch() * h * 2) as f64
+}
+
+/// One table row: a variant of one type at one length.
+struct Row<'a, T: DecodeType> {
+    gpu: &'a Gpu,
+    step: &'a Step<T>,
+    expected: &'a [f64],
+    label: String,
+    kernels: u32,
+    /// Replay the step's launches from a CUDA graph instead of launching them.
+    graph: bool,
+}
+
+impl<T: DecodeType> Row<'_, T> {
+    /// Checks `launch` (twice, bitwise: launched, then as timed), times it, and returns the
+    /// table row with the first run's results, or a FAIL row.
+    fn measure(&self, mut launch: impl FnMut(&Stream, &mut Buffers<T>) -> clusterfuse::host::Result<()>) -> Result<(String, Option<Vec<f32>>)> {
+        let (gpu, step, len) = (self.gpu, self.step, self.step.positions[0] + 1);
+        let roofline_us = bytes(step) / PEAK_BYTES_PER_S * 1e6;
+        // Fresh buffers: a step rewrites the cache at `pos`, which a longer L reads.
+        let mut b = Buffers::upload(gpu, step)?;
+        launch(gpu.stream(), &mut b)?;
+        let first = b.results(gpu, step)?;
+        b.poison(gpu)?;
+        // Captured after `poison`, which reallocates `out` and `attn`: `b` is not changed again.
+        let graph = if self.graph { Some(gpu.capture(|s| launch(s, &mut b))?) } else { None };
+        let mut run = |b: &mut Buffers<T>| match &graph {
+            // SAFETY: the graph holds `b`'s buffers, alive and unchanged until `b` drops,
+            // after the graph.
+            Some(graph) => unsafe { graph.replay(gpu.stream()) },
+            None => launch(gpu.stream(), b),
+        };
+        run(&mut b)?;
+        let second = b.results(gpu, step)?;
+        let report = Report::new(format!("L {len}"), &first, self.expected, T::TOLERANCE);
+        let deterministic = first.iter().zip(&second).all(|(a, b)| a.to_bits() == b.to_bits());
+        if !report.passed() || !deterministic {
+            eprintln!("FAIL {} at L {len}: {report:?} deterministic: {deterministic}", self.label);
+            let row = format!("| {len} | {} | {} | FAIL | {roofline_us:.1} | – | {:.2e} |", self.label, self.kernels, report.rel_error);
+            return Ok((row, None));
+        }
+        let mut samples = Vec::new();
+        for rep in 0..WARMUP + REPS {
+            let ms = gpu.time_ms(|| (0..STEPS_PER_PASS).try_for_each(|_| run(&mut b)))?;
+            if rep >= WARMUP {
+                samples.push(ms * 1e3 / STEPS_PER_PASS as f64);
+            }
+        }
+        let us = median(samples);
+        let row = format!("| {len} | {} | {} | {us:.1} | {roofline_us:.1} | {:.0}% | {:.2e} |", self.label, self.kernels, roofline_us / us * 100.0, report.rel_error);
+        Ok((row, Some(first)))
+    }
 }
 
 fn write_f16(dir: &Path, name: &str, values: &[f16]) -> Result<()> {
@@ -86,23 +104,22 @@ fn write_f16(dir: &Path, name: &str, values: &[f16]) -> Result<()> {
     Ok(())
 }
 
-/// The step's inputs (cache tokens `0 .. pos` only) and a variant's `out` and appended k, v.
-fn dump(dir: &Path, step: &Step, results: &[f32]) -> Result<()> {
+/// A batch-1 f16 step's inputs (cache tokens `0 .. pos` only) and a variant's `out` and
+/// appended k, v.
+fn dump(dir: &Path, step: &Step<f16>, results: &[f32]) -> Result<()> {
     std::fs::create_dir_all(dir)?;
+    let pos = step.positions[0];
     let meta = format!(
-        "{{\"hidden\": {}, \"heads\": {}, \"head_dim\": {HEAD_DIM}, \"pos\": {}, \"eps\": {}, \"theta\": {}}}\n",
+        "{{\"dtype\": \"f16\", \"batch\": 1, \"hidden\": {}, \"heads\": {}, \"head_dim\": {HEAD_DIM}, \"pos\": {pos}, \"eps\": {EPS}, \"theta\": {THETA}}}\n",
         step.hidden,
         step.heads(),
-        step.pos,
-        clusterfuse_examples::decode_attention::EPS,
-        clusterfuse_examples::decode_attention::THETA
     );
     std::fs::write(dir.join("meta.json"), meta)?;
     for (name, values) in [("x", &step.x), ("norm_w", &step.norm_w), ("w_qkv", &step.w_qkv), ("w_o", &step.w_o)] {
         write_f16(dir, &format!("{name}.f16"), values)?;
     }
     for (name, cache) in [("k_cache", &step.k_cache), ("v_cache", &step.v_cache)] {
-        let valid: Vec<f16> = (0..step.heads()).flat_map(|h| cache[h * step.max_len * HEAD_DIM..][..step.pos * HEAD_DIM].iter().copied()).collect();
+        let valid: Vec<f16> = (0..step.heads()).flat_map(|h| cache[h * step.max_len * HEAD_DIM..][..pos * HEAD_DIM].iter().copied()).collect();
         write_f16(dir, &format!("{name}.f16"), &valid)?;
     }
     let halves: Vec<f16> = results.iter().map(|&v| f16::from_f32(v)).collect();
@@ -113,73 +130,76 @@ fn dump(dir: &Path, step: &Step, results: &[f32]) -> Result<()> {
     Ok(())
 }
 
+/// Rows of the fused kernels of `T` at `step`'s length, one per cluster size in `clusters`,
+/// launched and (with `graph`) also replayed from a CUDA graph of one step.
+fn fused_rows<T: DecodeType>(gpu: &Gpu, kernels: &T::Kernels, step: &Step<T>, expected: &[f64], clusters: &[u32], graph: bool, rows: &mut Vec<String>) -> Result<Option<Vec<f32>>> {
+    let mut first_results = None;
+    for &cluster in clusters {
+        for graph in [false, true].into_iter().filter(|&g| graph || !g) {
+            let how = if graph { ", CUDA graph" } else { "" };
+            let label = format!("clusterfuse fused (cluster {cluster}{how}), {}, batch {}", T::NAME, step.batch());
+            let row = Row { gpu, step, expected, label, kernels: 2, graph };
+            let (line, results) = row.measure(|s, b| fused(kernels, s, b, cluster))?;
+            rows.push(line);
+            first_results = first_results.or(results);
+        }
+    }
+    Ok(first_results)
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let dump_dir: Option<PathBuf> = args.iter().position(|a| a == "--dump").map(|i| args.get(i + 1).expect("--dump needs a directory").into());
     let Some(gpu) = gpu_or_skip("decode-bench") else {
         return Ok(());
     };
-    let launchers = Launchers::load(&gpu)?;
-    let max_len = LENGTHS[LENGTHS.len() - 1];
-    eprintln!("generating weights and a {max_len}-token cache ...");
-    let mut step = Step::random(HIDDEN, max_len, max_len - 1);
-    for cluster in CLUSTERS {
-        let resident = launchers.fused_max_active_clusters(&gpu, &step, cluster)?;
-        eprintln!("fused, clusters of {cluster}: {resident} resident at once (the grid has {})", step.heads());
-    }
-    let variants: Vec<Variant> = CLUSTERS.iter().map(|&c| Variant::Fused(c)).chain([Variant::Separate(SEPARATE_CLUSTER)]).collect();
-    let mut rows = Vec::new();
-    let mut failures = 0;
-    for len in LENGTHS {
-        step.set_pos(len - 1);
-        eprintln!("L = {len}: f64 reference ...");
-        let reference = step.reference();
-        let expected: Vec<f64> = reference.out.iter().chain(&reference.k_new).chain(&reference.v_new).copied().collect();
-        let roofline_us = bytes(&step) / PEAK_BYTES_PER_S * 1e6;
-        for &variant in &variants {
-            // Fresh buffers: a step rewrites the cache at `pos`, which a longer L reads.
-            let mut b = Buffers::upload(&gpu, &step)?;
-            variant.launch(&gpu, &launchers, &mut b, &step)?;
-            let first = b.results(&gpu, &step)?;
-            b.poison(&gpu)?;
-            variant.launch(&gpu, &launchers, &mut b, &step)?;
-            let second = b.results(&gpu, &step)?;
-            let report = Report::new(format!("L {len}"), &first, &expected, TOLERANCE);
-            let deterministic = first.iter().zip(&second).all(|(a, b)| a.to_bits() == b.to_bits());
-            let label = format!("{} (cluster {})", variant.name(), variant.cluster());
-            if !report.passed() || !deterministic {
-                failures += 1;
-                eprintln!("FAIL {label} at L {len}: {report:?} deterministic: {deterministic}");
-                rows.push(format!("| {len} | {label} | {} | FAIL | {roofline_us:.1} | – | {:.2e} |", variant.kernels(), report.rel_error));
-                continue;
-            }
-            if let (Some(dir), 1024, Variant::Fused(8)) = (&dump_dir, len, variant) {
-                dump(dir, &step, &first)?;
-            }
-            let mut samples = Vec::new();
-            for rep in 0..WARMUP + REPS {
-                let ms = gpu.time_ms(|| (0..STEPS_PER_PASS).try_for_each(|_| variant.launch(&gpu, &launchers, &mut b, &step)))?;
-                if rep >= WARMUP {
-                    samples.push(ms * 1e3 / STEPS_PER_PASS as f64);
-                }
-            }
-            let us = median(samples);
-            rows.push(format!(
-                "| {len} | {label} | {} | {us:.1} | {roofline_us:.1} | {:.0}% | {:.2e} |",
-                variant.kernels(),
-                roofline_us / us * 100.0,
-                report.rel_error
-            ));
+    let (f16_kernels, bf16_kernels) = (<f16 as DecodeType>::load(&gpu)?, <bf16 as DecodeType>::load(&gpu)?);
+    let mut separate = Separate::load(&gpu, HIDDEN)?;
+    let heads = HIDDEN / HEAD_DIM;
+    for batch in [1, BATCH] {
+        for cluster in CLUSTERS {
+            let resident = f16::max_active_clusters(&f16_kernels, &gpu, HIDDEN, batch, cluster)?;
+            let smem = attention_config(HIDDEN, batch, cluster).dynamic_smem_bytes;
+            eprintln!("fused 1/2, batch {batch}, clusters of {cluster}: {resident} resident at once (the grid has {heads}; {smem} B dynamic shared memory a block)");
         }
+        let o = o_proj_config(HIDDEN, batch);
+        eprintln!("fused 2/2, batch {batch}: {} blocks of {}, {} B dynamic shared memory a block", o.grid.x, o.block.x, o.dynamic_smem_bytes);
+    }
+    let max_len = LENGTHS[LENGTHS.len() - 1];
+    eprintln!("generating weights and {max_len}-token caches (f16 batch 1 and {BATCH}, bf16 batch 1) ...");
+    let mut f16_step = Step::<f16>::random(HIDDEN, max_len, &[max_len - 1]);
+    let mut bf16_step = Step::<bf16>::random(HIDDEN, max_len, &[max_len - 1]);
+    let mut batch_step = Step::<f16>::random(HIDDEN, max_len, &[max_len - 1; BATCH]);
+    let mut rows = Vec::new();
+    for len in LENGTHS {
+        eprintln!("L = {len}: f64 references and runs ...");
+        f16_step.set_positions(&[len - 1]);
+        let expected = f16_step.reference().all();
+        let first = fused_rows::<f16>(&gpu, &f16_kernels, &f16_step, &expected, &CLUSTERS[..1], true, &mut rows)?;
+        fused_rows::<f16>(&gpu, &f16_kernels, &f16_step, &expected, &CLUSTERS[1..], false, &mut rows)?;
+        if let (Some(dir), 1024, Some(first)) = (&dump_dir, len, first) {
+            dump(dir, &f16_step, &first)?;
+        }
+        let label = format!("clusterfuse separate (cluster {SEPARATE_CLUSTER}), f16, batch 1");
+        let row = Row { gpu: &gpu, step: &f16_step, expected: &expected, label, kernels: 5, graph: false };
+        rows.push(row.measure(|s, b| separate.launch(s, b, SEPARATE_CLUSTER))?.0);
+
+        bf16_step.set_positions(&[len - 1]);
+        let expected = bf16_step.reference().all();
+        fused_rows::<bf16>(&gpu, &bf16_kernels, &bf16_step, &expected, &CLUSTERS[..1], false, &mut rows)?;
+
+        batch_step.set_positions(&[len - 1; BATCH]);
+        let expected = batch_step.reference().all();
+        fused_rows::<f16>(&gpu, &f16_kernels, &batch_step, &expected, &CLUSTERS[..1], false, &mut rows)?;
     }
     println!(
-        "{} — Llama-2-7B decode attention block (hidden {HIDDEN}, {} heads × {HEAD_DIM}, fp16, batch 1); median of {REPS} passes of {STEPS_PER_PASS} steps (CUDA events), µs per step; roofline = bytes / {:.1} TB/s",
+        "{} — Llama-2-7B decode attention block (hidden {HIDDEN}, {heads} heads × {HEAD_DIM}); median of {REPS} passes of {STEPS_PER_PASS} steps (CUDA events), µs per step; roofline = bytes / {:.1} TB/s",
         gpu.name()?,
-        step.heads(),
         PEAK_BYTES_PER_S / 1e12
     );
     println!("| L | variant | kernels | µs | roofline µs | % of roofline | rel error vs f64 |");
     println!("|---|---|---|---|---|---|---|");
+    let failures = rows.iter().filter(|r| r.contains("FAIL")).count();
     for row in rows {
         println!("{row}");
     }
