@@ -184,7 +184,7 @@ pub fn check16<T, const N: usize>(ptr: *const T, len: usize, end: usize) {
 }
 
 #[inline(always)]
-fn vector_ptr<T, const N: usize>(base: *const T, len: usize, i: usize) -> *const T {
+pub(crate) fn vector_ptr<T, const N: usize>(base: *const T, len: usize, i: usize) -> *const T {
     const { assert!(N * size_of::<T>() == 16, "a 16-byte access needs N * size_of::<T>() == 16") };
     let ptr = base.wrapping_add(i * N);
     if (i + 1) * N > len || !(ptr as usize).is_multiple_of(16) {

@@ -114,6 +114,21 @@ impl<T: SharedWord> SharedSlice<T> {
         byte
     }
 
+    /// Starts copying elements `N * j .. N * j + N` of the kernel input `src` into elements
+    /// `N * i .. N * i + N` of this slice, 16 bytes without a register round trip
+    /// (`cp.async.cg`, through L2), so that a thread can have many in flight. The elements
+    /// land at [`wait_async_copies`]; a block barrier after it shows them to the block.
+    /// Traps when either side is out of bounds or misaligned.
+    #[inline(always)]
+    pub fn copy16_async<const N: usize>(self, i: usize, src: &[T], j: usize) {
+        let from = crate::global::vector_ptr::<T, N>(src.as_ptr(), src.len(), j);
+        let to = self.addr + self.vector_offset::<N>(i);
+        // SAFETY: both sides are in bounds and 16-byte aligned (checked above); `src` is a
+        // kernel input, which no thread writes during the kernel. Reading the destination
+        // before the wait is a race on plain data, as any unsynchronised shared access is.
+        unsafe { arch::cp_async_cg_shared_global_16(to, from.cast(), 16) }
+    }
+
     /// The view of elements `start .. start + len`; traps when that exceeds this view.
     #[inline(always)]
     pub fn slice(self, start: usize, len: usize) -> Self {
@@ -152,6 +167,14 @@ impl SharedSlice<u32> {
 pub struct DynamicShared {
     next: u32,
     end: u32,
+}
+
+/// Waits for this thread's [`SharedSlice::copy16_async`] copies (`cp.async.commit_group`,
+/// `cp.async.wait_group 0`).
+#[inline(always)]
+pub fn wait_async_copies() {
+    arch::cp_async_commit_group();
+    arch::cp_async_wait_group::<0>();
 }
 
 /// The dynamic shared memory given to this launch (`dynamic_smem_bytes` in the launch config).

@@ -68,15 +68,16 @@ impl AttentionBlock {
         Self { seq, heads, hidden: heads * HEAD_DIM, head, b, first, rows: QUERIES_PER_BLOCK.min(seq - first) }
     }
 
-    /// Copies rows `0 .. count` of `part` (0: Q, 1: K, 2: V) of this head, from token `from`
-    /// of the batch element on, into `tile`.
+    /// Starts copying rows `0 .. count` of `part` (0: Q, 1: K, 2: V) of this head, from token
+    /// `from` of the batch element on, into `tile` (asynchronously: every copy in flight at
+    /// once; they land at `shared::wait_async_copies`).
     #[inline(always)]
     fn stage(&self, qkv: &[f16], tile: SharedSlice<f16>, part: usize, from: usize, count: usize) {
         let (token_vectors, head_vectors, tile_vectors) = (3 * self.hidden / 8, HEAD_DIM / 8, TILE_STRIDE / 8);
         let base = (self.b * self.seq + from) * token_vectors + (part * self.hidden + self.head * HEAD_DIM) / 8;
         for i in (thread::rank_in_block() as usize..count * head_vectors).step_by(block::size() as usize) {
             let (row, v) = (i / head_vectors, i % head_vectors);
-            tile.store16(row * tile_vectors + v, global::load16::<f16, 8>(qkv, base + row * token_vectors + v));
+            tile.copy16_async::<8>(row * tile_vectors + v, qkv, base + row * token_vectors + v);
         }
     }
 
@@ -141,6 +142,7 @@ pub fn attention_scores(qkv: &[f16], scores: Out<f32>, seq: u32, heads: u32, sca
     let blk = AttentionBlock::new(seq, heads);
     blk.stage(qkv, keys, 1, 0, blk.seq);
     blk.stage(qkv, queries, 0, blk.first, blk.rows);
+    shared::wait_async_copies();
     block::sync();
     let Some(row0) = blk.warp_rows() else { return };
     let q = query_fragments(queries, row0);
@@ -160,6 +162,7 @@ pub fn attention_context(probs: &[f32], qkv: &[f16], out: Out<f16>, seq: u32, he
     let values = shared!([f16; MAX_SEQ * TILE_STRIDE]);
     let blk = AttentionBlock::new(seq, heads);
     blk.stage(qkv, values, 2, 0, blk.seq);
+    shared::wait_async_copies();
     block::sync();
     let Some(row0) = blk.warp_rows() else { return };
     let mut o = [FragC::ZERO; COLUMN_TILES];
@@ -187,6 +190,7 @@ pub fn attention(qkv: &[f16], out: Out<f16>, seq: u32, heads: u32, scale: f32) {
     blk.stage(qkv, queries, 0, blk.first, blk.rows);
     blk.stage(qkv, keys, 1, 0, blk.seq);
     blk.stage(qkv, values, 2, 0, blk.seq);
+    shared::wait_async_copies();
     block::sync();
     let Some(row0) = blk.warp_rows() else { return };
     let q = query_fragments(queries, row0);
