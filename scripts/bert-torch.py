@@ -7,8 +7,15 @@ eager and replayed from a CUDA graph (torch.cuda.CUDAGraph), batch 1-64. Latency
 forward passes after 3 warm-up (CUDA events); kernels: CUDA kernels of one eager pass
 (torch.profiler). Prints the markdown table of `bert-bench`.
 
-    python3 scripts/bert-torch.py
+With `--trace DIR`, one eager pass per batch size is also written to DIR as a clusterfuse
+launch trace (`torch-bNN.jsonl`: each kernel with its launch call's CPU times and its GPU
+times, from the profiler's correlated runtime and kernel events), for the same TKLQT and
+proximity analysis as clusterfuse's own: `clusterfuse-trace sweep DIR/torch-b*.jsonl`.
+
+    python3 scripts/bert-torch.py [--trace DIR]
 """
+import json
+import os
 import math
 import sys
 
@@ -62,7 +69,45 @@ def encoder(x, layers):
 
 
 
+def write_trace(fn, path, batch):
+    """Profiles one call of `fn` and writes it as a clusterfuse trace (see the module docs):
+    times in ns from the first launch call, a sync event at the end."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    chrome = path + ".chrome.json"
+    prof.export_chrome_trace(chrome)
+    with open(chrome) as f:
+        events = json.load(f)["traceEvents"]
+    os.remove(chrome)
+    calls = {e["args"]["correlation"]: e for e in events
+             if e.get("cat") in ("cuda_runtime", "cuda_driver") and "LaunchKernel" in e.get("name", "") and "correlation" in e.get("args", {})}
+    kernels = sorted((e for e in events if e.get("cat") == "kernel" and e["args"].get("correlation") in calls),
+                     key=lambda e: calls[e["args"]["correlation"]]["ts"])
+    origin = min(calls[k["args"]["correlation"]]["ts"] for k in kernels)
+    ns = lambda us: max(0, round((us - origin) * 1e3))
+    with open(path, "w") as out:
+        out.write(json.dumps({"label": f"PyTorch eager b={batch}", "batch": batch}) + "\n")
+        for k in kernels:
+            call = calls[k["args"]["correlation"]]
+            out.write(json.dumps({
+                "event": "launch", "kernel": k["name"][:120],
+                "grid": list(k["args"].get("grid", [1, 1, 1])), "block": list(k["args"].get("block", [1, 1, 1])),
+                "cpu_call_ns": ns(call["ts"]), "cpu_return_ns": ns(call["ts"] + call["dur"]),
+                "gpu_start_ns": ns(k["ts"]), "gpu_end_ns": ns(k["ts"] + k["dur"]),
+            }) + "\n")
+        end = max(max(k["ts"] + k["dur"] for k in kernels), max(c["ts"] + c["dur"] for c in calls.values()))
+        out.write(json.dumps({"event": "sync", "cpu_ns": ns(end)}) + "\n")
+    return len(kernels)
+
+
 def main():
+    trace_dir = sys.argv[sys.argv.index("--trace") + 1] if "--trace" in sys.argv else None
+    if trace_dir:
+        os.makedirs(trace_dir, exist_ok=True)
     if not torch.cuda.is_available():
         print("SKIPPED (bert-torch needs a CUDA GPU)")
         return
@@ -81,6 +126,9 @@ def main():
             replay = graphed(eager)
             print(f"| {batch} | {batch * SEQ} | torch graph | {count} | {time_us([replay], WARMUP, REPS):.1f} |", flush=True)
             del replay
+            if trace_dir:
+                path = os.path.join(trace_dir, f"torch-b{batch:02d}.jsonl")
+                print(f"wrote {path}: {write_trace(eager, path, batch)} launches", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

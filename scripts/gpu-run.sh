@@ -4,7 +4,7 @@
 # compute-sanitizer (memcheck, racecheck; at the emulator's shapes), then the benchmarks
 # (norms-torch.py, gemm-torch.py, decode-torch.py and bert-torch.py need PyTorch), after checking graphs
 # and the launch recorder they use; the TKLQT sweep leaves its traces and plots in $out/tklqt/,
-# the BERT case study (issue 7) in $out/bert/.
+# the BERT case study (issue 7) in $out/bert/, PyTorch's traces of it in $out/bert-torch/.
 # `gpu-run.sh check` or `gpu-run.sh bench` runs one half.
 # Logs go to ${OUT:-gpu-results}/.
 set -uo pipefail
@@ -48,6 +48,8 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
     step decode-torch python3 scripts/decode-torch.py
     step decode-torch-check python3 scripts/decode-torch.py --check "$dump"
     step bert-bench .gpu/bert-bench "$out/bert"
-    step bert-torch python3 scripts/bert-torch.py
+    step bert-torch python3 scripts/bert-torch.py --trace "$out/bert-torch"
+    step bert-torch-sweep .gpu/clusterfuse-trace sweep "$out"/bert-torch/torch-b*.jsonl --svg "$out/bert-torch"
+    step bert-torch-advice .gpu/clusterfuse-trace advise "$out/bert-torch/torch-b01.jsonl"
 fi
 exit $status
