@@ -18,7 +18,7 @@
 //! Shapes: any M and N; K a multiple of 8 (TMA needs rows of A and Bᵀ in multiples of 16
 //! bytes). The host rejects others before launching, with [`GemmError::Shape`].
 
-use crate::gemm::{Bias, BiasGelu, Epilogue, Plain, Residual, Scale};
+use crate::gemm::{gelu, Bias, BiasGelu, Epilogue, Plain, Residual, Scale};
 use clusterfuse::arch;
 use clusterfuse::prelude::*;
 use clusterfuse::tma::{Pipeline, PipelineState, TensorMap};
@@ -50,7 +50,7 @@ const CONSUMER_REGISTERS: u32 = 232;
 /// The block's 128 × 256 tile of `out = epilogue(a · bᵀ)` from the tensor maps of A and Bᵀ:
 /// the body of every kernel. Traps unless K is a positive multiple of 8 and `out` holds M × N.
 #[inline(always)]
-pub fn gemm<T: WgmmaInput + HalfFloat, E: Epilogue>(a_map: &[u64], b_map: &[u64], out: &Out<T>, m: u32, n: u32, k: u32, epilogue: E) {
+pub fn gemm<T: WgmmaInput + HalfFloat, E: TileEpilogue>(a_map: &[u64], b_map: &[u64], out: &Out<T>, m: u32, n: u32, k: u32, epilogue: E) {
     const { assert!(THREADS as u32 == (1 + CONSUMERS) * 128 && BM == 64 * CONSUMERS as usize && BK * 2 == 128) };
     let (m, n, k) = (m as usize, n as usize, k as usize);
     if out.len() < m * n || k == 0 || !k.is_multiple_of(8) {
@@ -102,6 +102,9 @@ pub fn gemm<T: WgmmaInput + HalfFloat, E: Epilogue>(a_map: &[u64], b_map: &[u64]
     let mut tile = first;
     while tile < tiles {
         let (bm, bn) = origin(tile);
+        // The epilogue's operands of a whole tile, read now so that they arrive during the
+        // main loop: one check per tile, then unchecked loads (`None` at C's edges).
+        let operands = if paired { epilogue.fetch(t, bm + rows, bn, m, n) } else { None };
         // The stage whose wgmmas may still run: freed once the next step's are issued and it is
         // waited for (`wait::<1>` leaves only the newest group running).
         let mut previous: Option<PipelineState<STAGES>> = None;
@@ -137,23 +140,198 @@ pub fn gemm<T: WgmmaInput + HalfFloat, E: Epilogue>(a_map: &[u64], b_map: &[u64]
         if let (Some(done), 0) = (previous, wg.thread_rank()) {
             pipeline.consumer_release(done);
         }
-        // Unrolled, so that `acc` is only indexed by constants and stays in registers.
-        unroll!(p in [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63] {
-            let (r, c) = AccM64N256::position(t, 2 * p);
-            let (row, col) = (bm + rows + r, bn + c);
-            let value = |i: usize, col: usize| T::from_f32(epilogue.apply(acc.values[i], row, col, n));
-            if row < m && col + 1 < n && paired {
-                out.store_pair(row * n + col, [value(2 * p, col), value(2 * p + 1, col + 1)]);
-            } else if row < m {
-                if col < n {
-                    out.set(row * n + col, value(2 * p, col));
+        // Unrolled, so that `acc` and the operands are only indexed by constants and stay in
+        // registers.
+        if let Some(operands) = &operands {
+            let (r, c) = AccM64N256::position(t, 0);
+            let first = (bm + rows + r) * n + bn + c;
+            // Four chunks of 16 pairs: each chunk's operands are read together (their loads
+            // overlap), then applied and stored.
+            unroll!(q in [0 1 2 3] {
+                let chunk = epilogue.chunk(operands, q);
+                unroll!(i in [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15] {
+                    let p = 16 * q + i;
+                    let [x, y] = epilogue.apply_pair(operands, &chunk, p, [acc.values[2 * p], acc.values[2 * p + 1]]);
+                    // SAFETY: the tile lies inside C (`fetch` returned operands), which `out`
+                    // holds (checked on entry); pair p sits 8 (p % 2) rows and 8 (p / 2)
+                    // columns from the thread's first value, at an even column; N even and
+                    // `out` 4-byte aligned (`paired`) keep it aligned.
+                    unsafe { out.store_pair_unchecked(first + 8 * (p % 2) * n + 8 * (p / 2), T::pair_from_f32(x, y)) };
+                });
+            });
+        } else {
+            unroll!(p in [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63] {
+                let (r, c) = AccM64N256::position(t, 2 * p);
+                let (row, col) = (bm + rows + r, bn + c);
+                let value = |i: usize, col: usize| T::from_f32(epilogue.apply(acc.values[i], row, col, n));
+                if row < m && col + 1 < n && paired {
+                    out.store_pair(row * n + col, [value(2 * p, col), value(2 * p + 1, col + 1)]);
+                } else if row < m {
+                    if col < n {
+                        out.set(row * n + col, value(2 * p, col));
+                    }
+                    if col + 1 < n {
+                        out.set(row * n + col + 1, value(2 * p + 1, col + 1));
+                    }
                 }
-                if col + 1 < n {
-                    out.set(row * n + col + 1, value(2 * p + 1, col + 1));
-                }
-            }
-        });
+            });
+        }
         tile += grid;
+    }
+}
+
+/// An [`Epilogue`] as the kernels apply it to a whole tile: its operands for one thread's
+/// values, read in 4-byte pairs before the tile's main loop so that their latency hides
+/// behind it, then applied to pairs of accumulators. Tiles at C's edges take
+/// [`Epilogue::apply`], value by value.
+pub trait TileEpilogue: Epilogue {
+    /// Warpgroup thread `t`'s operands of a 64 × 256 block.
+    type Operands: Copy;
+
+    /// Thread `t`'s operands of the 64 × 256 block at (`row`, `col`) of an M × N C, or `None`
+    /// unless the block lies inside C and the operands are 4-byte aligned.
+    fn fetch(&self, t: u32, row: usize, col: usize, m: usize, n: usize) -> Option<Self::Operands>;
+
+    /// Operands read in the epilogue, for accumulator pairs `16 q .. 16 q + 16`.
+    type Chunk: Copy;
+
+    /// The operands of chunk `q` (< 4), read together before any of the chunk's stores.
+    fn chunk(&self, operands: &Self::Operands, q: usize) -> Self::Chunk;
+
+    /// The outputs of the thread's accumulators `2 p` and `2 p + 1` (`p` < 64, in chunk
+    /// `p / 16`).
+    fn apply_pair(&self, operands: &Self::Operands, chunk: &Self::Chunk, p: usize, acc: [f32; 2]) -> [f32; 2];
+}
+
+/// Whether the 64 × 256 block at (`row`, `col`) lies inside an M × N matrix.
+#[inline(always)]
+fn inside(row: usize, col: usize, m: usize, n: usize) -> bool {
+    row + 64 <= m && col + BN <= n
+}
+
+/// Whether `values` holds `len` elements from a 4-byte-aligned start, with rows of an even `n`.
+#[inline(always)]
+fn pairs<T>(values: &[T], len: usize, n: usize) -> bool {
+    values.len() >= len && n.is_multiple_of(2) && (values.as_ptr() as usize).is_multiple_of(4)
+}
+
+/// Thread `t`'s 32 column pairs of a `bias` row from column `col` (accumulator pair `p`
+/// holds columns of pair `p / 2`).
+///
+/// # Safety
+/// 1. `col + 256 <= bias.len()` and `bias[col]` is 4-byte aligned, `col` even.
+#[inline(always)]
+unsafe fn bias_pairs<T: Copy>(bias: &[T], t: u32, col: usize) -> [[T; 2]; 32] {
+    core::array::from_fn(|j| {
+        let c = col + AccM64N256::position(t, 4 * j).1;
+        // SAFETY: c + 2 <= col + 256 (invariant 1); c is even, so aligned.
+        unsafe { global::load_pair_unchecked(bias, c) }
+    })
+}
+
+impl TileEpilogue for Plain {
+    type Operands = ();
+    type Chunk = ();
+
+    #[inline(always)]
+    fn fetch(&self, _: u32, row: usize, col: usize, m: usize, n: usize) -> Option<()> {
+        inside(row, col, m, n).then_some(())
+    }
+
+    #[inline(always)]
+    fn chunk(&self, _: &(), _: usize) {}
+
+    #[inline(always)]
+    fn apply_pair(&self, _: &(), _: &(), _: usize, acc: [f32; 2]) -> [f32; 2] {
+        acc
+    }
+}
+
+impl TileEpilogue for Scale {
+    type Operands = ();
+    type Chunk = ();
+
+    #[inline(always)]
+    fn fetch(&self, _: u32, row: usize, col: usize, m: usize, n: usize) -> Option<()> {
+        inside(row, col, m, n).then_some(())
+    }
+
+    #[inline(always)]
+    fn chunk(&self, _: &(), _: usize) {}
+
+    #[inline(always)]
+    fn apply_pair(&self, _: &(), _: &(), _: usize, acc: [f32; 2]) -> [f32; 2] {
+        acc.map(|a| self.0 * a)
+    }
+}
+
+impl<T: HalfFloat> TileEpilogue for Bias<'_, T> {
+    type Operands = [[T; 2]; 32];
+    type Chunk = ();
+
+    #[inline(always)]
+    fn fetch(&self, t: u32, row: usize, col: usize, m: usize, n: usize) -> Option<Self::Operands> {
+        // SAFETY: col + 256 <= n <= bias.len(), the bias aligned and `col` a multiple of 256.
+        (inside(row, col, m, n) && pairs(self.0, n, n)).then(|| unsafe { bias_pairs(self.0, t, col) })
+    }
+
+    #[inline(always)]
+    fn chunk(&self, _: &Self::Operands, _: usize) {}
+
+    #[inline(always)]
+    fn apply_pair(&self, bias: &Self::Operands, _: &(), p: usize, acc: [f32; 2]) -> [f32; 2] {
+        let b = bias[p / 2];
+        [acc[0] + b[0].to_f32(), acc[1] + b[1].to_f32()]
+    }
+}
+
+impl<T: HalfFloat> TileEpilogue for BiasGelu<'_, T> {
+    type Operands = [[T; 2]; 32];
+    type Chunk = ();
+
+    #[inline(always)]
+    fn fetch(&self, t: u32, row: usize, col: usize, m: usize, n: usize) -> Option<Self::Operands> {
+        // SAFETY: as for `Bias`.
+        (inside(row, col, m, n) && pairs(self.0, n, n)).then(|| unsafe { bias_pairs(self.0, t, col) })
+    }
+
+    #[inline(always)]
+    fn chunk(&self, _: &Self::Operands, _: usize) {}
+
+    #[inline(always)]
+    fn apply_pair(&self, bias: &Self::Operands, _: &(), p: usize, acc: [f32; 2]) -> [f32; 2] {
+        let b = bias[p / 2];
+        [gelu(acc[0] + b[0].to_f32()), gelu(acc[1] + b[1].to_f32())]
+    }
+}
+
+impl<T: HalfFloat> TileEpilogue for Residual<'_, T> {
+    /// The index of the thread's first value, and N: the values are read in the epilogue
+    /// (held through the main loop they would spill), a chunk at a time.
+    type Operands = (usize, usize);
+    type Chunk = [[T; 2]; 16];
+
+    #[inline(always)]
+    fn fetch(&self, t: u32, row: usize, col: usize, m: usize, n: usize) -> Option<Self::Operands> {
+        let (r, c) = AccM64N256::position(t, 0);
+        (inside(row, col, m, n) && pairs(self.0, m * n, n)).then_some(((row + r) * n + col + c, n))
+    }
+
+    #[inline(always)]
+    fn chunk(&self, &(first, n): &Self::Operands, q: usize) -> Self::Chunk {
+        core::array::from_fn(|i| {
+            // Pair p sits 8 (p % 2) rows and 8 (p / 2) columns from the thread's first.
+            let p = 16 * q + i;
+            // SAFETY: the pair lies inside the M × N residual (`fetch` checked the block),
+            // 4-byte aligned (N even, the start aligned, `first` even).
+            unsafe { global::load_pair_unchecked(self.0, first + 8 * (p % 2) * n + 8 * (p / 2)) }
+        })
+    }
+
+    #[inline(always)]
+    fn apply_pair(&self, _: &Self::Operands, residual: &Self::Chunk, p: usize, acc: [f32; 2]) -> [f32; 2] {
+        let r = residual[p % 16];
+        [acc[0] + r[0].to_f32(), acc[1] + r[1].to_f32()]
     }
 }
 
@@ -199,6 +377,7 @@ macro_rules! wgmma_kernels {
 
 wgmma_kernels! {
     bf16: wgmma_bf16, wgmma_bf16_bias, wgmma_bf16_bias_gelu, wgmma_bf16_residual, wgmma_bf16_scale;
+    f16: wgmma_f16, wgmma_f16_bias, wgmma_f16_bias_gelu, wgmma_f16_residual, wgmma_f16_scale;
 }
 
 /// One TMA load, to check the 128-byte swizzle: the 8 × 64 bf16 box at (column `c0`, row
