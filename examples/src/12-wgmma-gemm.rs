@@ -417,7 +417,8 @@ mod host {
     use crate::check::{shape, Report};
     use crate::gemm::{EpilogueKind, GemmError, HostOperands, Operands};
     use clusterfuse::host::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
-    use clusterfuse::host::{Buffer, Error, Result, Swizzle, TensorMap};
+    use clusterfuse::host::cudarc::driver::DeviceRepr;
+    use clusterfuse::host::{Buffer, Error, Result, Swizzle, TensorMap, TmaElement};
 
     /// The launch configuration of an M × N × K GEMM on at most `blocks` blocks (the SMs), or
     /// why the kernels cannot compute it.
@@ -455,7 +456,7 @@ mod host {
 
     impl<'a> Maps<'a> {
         /// Tensor maps of `a` and `bt` for an M × N × K GEMM.
-        pub fn new(gpu: &Gpu, a: &'a Buffer<bf16>, bt: &'a Buffer<bf16>, (m, n, k): (usize, usize, usize)) -> std::result::Result<Self, GemmError> {
+        pub fn new<T: TmaElement>(gpu: &Gpu, a: &'a Buffer<T>, bt: &'a Buffer<T>, (m, n, k): (usize, usize, usize)) -> std::result::Result<Self, GemmError> {
             config(m, n, k, 1)?;
             Ok(Self {
                 a: gpu.tensor_map_2d(a, (m, k), (BM as u32, BK as u32), Swizzle::B128)?,
@@ -467,17 +468,92 @@ mod host {
     /// Blocks the emulator runs (so that each computes several tiles, as on a GPU).
     const EMULATOR_BLOCKS: usize = 2;
 
-    /// The five bf16 kernels, loaded, and the device's SM count.
-    pub struct Kernels {
-        sms: usize,
-        plain: wgmma_bf16::Kernel,
-        bias: wgmma_bf16_bias::Kernel,
-        bias_gelu: wgmma_bf16_bias_gelu::Kernel,
-        residual: wgmma_bf16_residual::Kernel,
-        scale: wgmma_bf16_scale::Kernel,
+    /// An element type of the kernels, `f16` or `bf16`: its five kernels.
+    pub trait WgmmaType: HalfFloat + TmaElement + DeviceRepr {
+        /// The type's name in reports.
+        const NAME: &'static str;
+        /// Its five kernels, loaded.
+        type Loaded;
+        /// Loads the five kernels.
+        fn load(gpu: &Gpu) -> Result<Self::Loaded>;
+        /// Launches the epilogue's kernel on checked buffers.
+        #[allow(clippy::too_many_arguments)]
+        fn launch(
+            loaded: &Self::Loaded,
+            gpu: &Gpu,
+            config: &LaunchConfig,
+            epilogue: EpilogueKind,
+            maps: &Maps<'_>,
+            x: &Operands<Self>,
+            out: &mut Buffer<Self>,
+            m: u32,
+            n: u32,
+            k: u32,
+        ) -> Result<()>;
     }
 
-    impl Kernels {
+    macro_rules! wgmma_type {
+        ($($t:ident, $loaded:ident: $plain:ident, $bias:ident, $bias_gelu:ident, $residual:ident, $scale:ident;)*) => {$(
+            #[doc = concat!("The five ", stringify!($t), " kernels, loaded.")]
+            pub struct $loaded {
+                plain: $plain::Kernel,
+                bias: $bias::Kernel,
+                bias_gelu: $bias_gelu::Kernel,
+                residual: $residual::Kernel,
+                scale: $scale::Kernel,
+            }
+
+            impl WgmmaType for $t {
+                const NAME: &'static str = stringify!($t);
+                type Loaded = $loaded;
+
+                fn load(gpu: &Gpu) -> Result<$loaded> {
+                    Ok($loaded {
+                        plain: $plain::load(gpu)?,
+                        bias: $bias::load(gpu)?,
+                        bias_gelu: $bias_gelu::load(gpu)?,
+                        residual: $residual::load(gpu)?,
+                        scale: $scale::load(gpu)?,
+                    })
+                }
+
+                fn launch(
+                    loaded: &$loaded,
+                    gpu: &Gpu,
+                    config: &LaunchConfig,
+                    epilogue: EpilogueKind,
+                    maps: &Maps<'_>,
+                    x: &Operands<$t>,
+                    out: &mut Buffer<$t>,
+                    m: u32,
+                    n: u32,
+                    k: u32,
+                ) -> Result<()> {
+                    let (s, a, b) = (gpu.stream(), maps.a.words(), maps.b.words());
+                    match epilogue {
+                        EpilogueKind::None => loaded.plain.launch(s, config, a, b, out, m, n, k),
+                        EpilogueKind::Bias => loaded.bias.launch(s, config, a, b, &x.bias, out, m, n, k),
+                        EpilogueKind::BiasGelu => loaded.bias_gelu.launch(s, config, a, b, &x.bias, out, m, n, k),
+                        EpilogueKind::Residual => loaded.residual.launch(s, config, a, b, &x.residual, out, m, n, k),
+                        EpilogueKind::Scale => loaded.scale.launch(s, config, a, b, out, x.alpha, m, n, k),
+                    }
+                }
+            }
+        )*};
+    }
+
+    wgmma_type! {
+        bf16, Bf16Kernels: wgmma_bf16, wgmma_bf16_bias, wgmma_bf16_bias_gelu, wgmma_bf16_residual, wgmma_bf16_scale;
+        f16, F16Kernels: wgmma_f16, wgmma_f16_bias, wgmma_f16_bias_gelu, wgmma_f16_residual, wgmma_f16_scale;
+    }
+
+    /// The five kernels of one element type, loaded, and the device's SM count.
+    pub struct Kernels<T: WgmmaType> {
+        sms: usize,
+        loaded: T::Loaded,
+    }
+
+    impl<T: WgmmaType> Kernels<T> {
         /// Loads the five kernels.
         pub fn load(gpu: &Gpu) -> Result<Self> {
             let sms = match gpu.context() {
@@ -486,26 +562,18 @@ mod host {
                     .map_err(|source| Error::Driver { call: "cuDeviceGetAttribute", kernel: None, source })? as usize,
                 None => EMULATOR_BLOCKS,
             };
-            Ok(Self {
-                sms,
-                plain: wgmma_bf16::load(gpu)?,
-                bias: wgmma_bf16_bias::load(gpu)?,
-                bias_gelu: wgmma_bf16_bias_gelu::load(gpu)?,
-                residual: wgmma_bf16_residual::load(gpu)?,
-                scale: wgmma_bf16_scale::load(gpu)?,
-            })
+            Ok(Self { sms, loaded: T::load(gpu)? })
         }
 
         /// `out = epilogue(a · bᵀ)` for an M × N × K GEMM whose A and Bᵀ `maps` describe
         /// (bias, residual and alpha from `x`), after checking the shape and buffers.
-        #[allow(clippy::too_many_arguments)]
         pub fn launch(
             &self,
             gpu: &Gpu,
             epilogue: EpilogueKind,
             maps: &Maps<'_>,
-            x: &Operands<bf16>,
-            out: &mut Buffer<bf16>,
+            x: &Operands<T>,
+            out: &mut Buffer<T>,
             (m, n, k): (usize, usize, usize),
         ) -> std::result::Result<(), GemmError> {
             let config = config(m, n, k, self.sms)?;
@@ -517,39 +585,29 @@ mod host {
                 }
             };
             need("C", out.len(), m * n)?;
-            let (s, (a, b), (m, n, k)) = (gpu.stream(), (maps.a.words(), maps.b.words()), (m as u32, n as u32, k as u32));
             match epilogue {
-                EpilogueKind::None => self.plain.launch(s, &config, a, b, out, m, n, k)?,
-                EpilogueKind::Bias => {
-                    need("bias", x.bias.len(), n as usize)?;
-                    self.bias.launch(s, &config, a, b, &x.bias, out, m, n, k)?
-                }
-                EpilogueKind::BiasGelu => {
-                    need("bias", x.bias.len(), n as usize)?;
-                    self.bias_gelu.launch(s, &config, a, b, &x.bias, out, m, n, k)?
-                }
-                EpilogueKind::Residual => {
-                    need("residual", x.residual.len(), (m * n) as usize)?;
-                    self.residual.launch(s, &config, a, b, &x.residual, out, m, n, k)?
-                }
-                EpilogueKind::Scale => self.scale.launch(s, &config, a, b, out, x.alpha, m, n, k)?,
+                EpilogueKind::Bias | EpilogueKind::BiasGelu => need("bias", x.bias.len(), n)?,
+                EpilogueKind::Residual => need("residual", x.residual.len(), m * n)?,
+                EpilogueKind::None | EpilogueKind::Scale => {}
             }
-            Ok(())
+            Ok(T::launch(&self.loaded, gpu, &config, epilogue, maps, x, out, m as u32, n as u32, k as u32)?)
         }
     }
 
     /// Checks one epilogue against its f64 reference, on every output: M, N off the tile
-    /// sizes and K off the k-step (on the emulator: two blocks, two tiles each; two row tiles, the second 22 rows; two
-    /// column tiles, the second 7 columns, N odd so that the stores go one at a time; six
-    /// k-steps, the last 8 deep, so that the four-stage pipeline wraps; on a GPU N is even and
-    /// the stores are paired).
-    pub fn run(gpu: &Gpu, epilogue: EpilogueKind) -> Result<Report> {
-        let (m, n, k) = shape(gpu, (1000, 1032, 1048), (150, 263, 328));
-        let host = HostOperands::<bf16>::random(m, n, k);
+    /// sizes and K off the k-step (on the emulator: two blocks, two tiles each; two row tiles,
+    /// the second 22 rows; two column tiles, the second 7 columns for bf16 (N odd, so that the
+    /// stores go one at a time) and 8 for f16 (N even: the first tile takes the unchecked
+    /// path, the others the checked one, paired); six k-steps, the last 8 deep, so that the
+    /// four-stage pipeline wraps; on a GPU N is even and the stores are paired).
+    pub fn run<T: WgmmaType>(gpu: &Gpu, epilogue: EpilogueKind, tolerance: f64) -> Result<Report> {
+        let odd = usize::from(T::NAME == "bf16");
+        let (m, n, k) = shape(gpu, (1000, 1032, 1048), (150, 264 - odd, 328));
+        let host = HostOperands::<T>::random(m, n, k);
         let x = Operands::upload(gpu, &host)?;
         let bt = gpu.upload(&transpose(&host.b, k, n))?;
-        let mut out = gpu.upload(&vec![bf16::NAN; m * n])?;
-        let kernels = Kernels::load(gpu)?;
+        let mut out = gpu.upload(&vec![T::from_f32(f32::NAN); m * n])?;
+        let kernels = Kernels::<T>::load(gpu)?;
         let unsupported = |err: GemmError| match err {
             GemmError::Launch(err) => err,
             GemmError::Shape(what) => unreachable!("the example's shapes are supported: {what}"),
@@ -559,7 +617,7 @@ mod host {
         let out: Vec<f32> = gpu.download(&out)?.into_iter().map(HalfFloat::to_f32).collect();
         let reference: Vec<f64> =
             (0..m * n).map(|i| epilogue.reference(host.dot(i / n, i % n, n, k), i / n, i % n, n, &host)).collect();
-        Ok(Report::new(format!("{m} × {n} × {k}, bf16, {}", epilogue.name()), &out, &reference, crate::gemm::BF16_TOLERANCE))
+        Ok(Report::new(format!("{m} × {n} × {k}, {}, {}", T::NAME, epilogue.name()), &out, &reference, tolerance))
     }
 
     /// Dynamic shared memory of [`tma_box`]: the tile, its barrier, and room to align them.
@@ -586,19 +644,24 @@ mod host {
     }
 
     macro_rules! runners {
-        ($($name:ident => $kind:ident;)*) => {$(
-            #[doc = concat!("Example runner: epilogue ", stringify!($kind), ".")]
+        ($($name:ident => $t:ident, $kind:ident, $tolerance:ident;)*) => {$(
+            #[doc = concat!("Example runner: ", stringify!($t), ", epilogue ", stringify!($kind), ".")]
             pub fn $name(gpu: &Gpu) -> Result<Report> {
-                run(gpu, EpilogueKind::$kind)
+                run::<$t>(gpu, EpilogueKind::$kind, crate::gemm::$tolerance)
             }
         )*};
     }
 
     runners! {
-        plain => None;
-        bias => Bias;
-        bias_gelu => BiasGelu;
-        residual => Residual;
-        scale => Scale;
+        plain => bf16, None, BF16_TOLERANCE;
+        bias => bf16, Bias, BF16_TOLERANCE;
+        bias_gelu => bf16, BiasGelu, BF16_TOLERANCE;
+        residual => bf16, Residual, BF16_TOLERANCE;
+        scale => bf16, Scale, BF16_TOLERANCE;
+        f16_plain => f16, None, F16_TOLERANCE;
+        f16_bias => f16, Bias, F16_TOLERANCE;
+        f16_bias_gelu => f16, BiasGelu, F16_TOLERANCE;
+        f16_residual => f16, Residual, F16_TOLERANCE;
+        f16_scale => f16, Scale, F16_TOLERANCE;
     }
 }
