@@ -67,9 +67,10 @@ pub fn gemm<T: WgmmaInput + HalfFloat, E: TileEpilogue>(a_map: &[u64], b_map: &[
     let wg = Warpgroup::current();
     // Persistent: block b computes tiles b, b + grid, b + 2·grid, … (row-major over the tiles
     // of C), so that a block's epilogue overlaps the producer's loads for its next tile.
-    let (tiles_n, k_steps) = (n.div_ceil(BN), k.div_ceil(BK));
-    let (tiles, first, grid) = (m.div_ceil(BM) * tiles_n, block::index_x() as usize, arch::nctaid_x() as usize);
-    let origin = |tile: usize| (tile / tiles_n * BM, tile % tiles_n * BN);
+    // Tile numbers in 32 bits (M · N < 2^32), sparing registers in the consumers' loop.
+    let (tiles_n, k_steps) = (n.div_ceil(BN) as u32, k.div_ceil(BK));
+    let (tiles, first, grid) = (m.div_ceil(BM) as u32 * tiles_n, block::index_x(), arch::nctaid_x());
+    let origin = |tile: u32| ((tile / tiles_n) as usize * BM, (tile % tiles_n) as usize * BN);
     if wg.index() == 0 {
         wg.lower_registers::<PRODUCER_REGISTERS>();
         if wg.thread_rank() == 0 {
@@ -221,12 +222,20 @@ fn pairs<T>(values: &[T], len: usize, n: usize) -> bool {
 /// # Safety
 /// 1. `col + 256 <= bias.len()` and `bias[col]` is 4-byte aligned, `col` even.
 #[inline(always)]
-unsafe fn bias_pairs<T: Copy>(bias: &[T], t: u32, col: usize) -> [[T; 2]; 32] {
+unsafe fn bias_pairs<T: Copy>(bias: &[T], t: u32, col: usize) -> [u32; 32] {
     core::array::from_fn(|j| {
         let c = col + AccM64N256::position(t, 4 * j).1;
-        // SAFETY: c + 2 <= col + 256 (invariant 1); c is even, so aligned.
-        unsafe { global::load_pair_unchecked(bias, c) }
+        // SAFETY: c + 2 <= col + 256 (invariant 1); c is even, so aligned. Kept packed
+        // (32 registers, not 64) through the main loop.
+        unsafe { core::mem::transmute_copy(&global::load_pair_unchecked(bias, c)) }
     })
+}
+
+/// The pair of `T` packed in `bits` by [`bias_pairs`], widened.
+#[inline(always)]
+fn unpack<T: HalfFloat>(bits: u32) -> [f32; 2] {
+    // SAFETY: `bits` holds two 2-byte `T` (`load_pair_unchecked`'s result).
+    unsafe { core::mem::transmute_copy::<u32, [T; 2]>(&bits) }.map(T::to_f32)
 }
 
 impl TileEpilogue for Plain {
@@ -266,7 +275,7 @@ impl TileEpilogue for Scale {
 }
 
 impl<T: HalfFloat> TileEpilogue for Bias<'_, T> {
-    type Operands = [[T; 2]; 32];
+    type Operands = [u32; 32];
     type Chunk = ();
 
     #[inline(always)]
@@ -280,13 +289,13 @@ impl<T: HalfFloat> TileEpilogue for Bias<'_, T> {
 
     #[inline(always)]
     fn apply_pair(&self, bias: &Self::Operands, _: &(), p: usize, acc: [f32; 2]) -> [f32; 2] {
-        let b = bias[p / 2];
-        [acc[0] + b[0].to_f32(), acc[1] + b[1].to_f32()]
+        let b = unpack::<T>(bias[p / 2]);
+        [acc[0] + b[0], acc[1] + b[1]]
     }
 }
 
 impl<T: HalfFloat> TileEpilogue for BiasGelu<'_, T> {
-    type Operands = [[T; 2]; 32];
+    type Operands = [u32; 32];
     type Chunk = ();
 
     #[inline(always)]
@@ -300,8 +309,8 @@ impl<T: HalfFloat> TileEpilogue for BiasGelu<'_, T> {
 
     #[inline(always)]
     fn apply_pair(&self, bias: &Self::Operands, _: &(), p: usize, acc: [f32; 2]) -> [f32; 2] {
-        let b = bias[p / 2];
-        [gelu(acc[0] + b[0].to_f32()), gelu(acc[1] + b[1].to_f32())]
+        let b = unpack::<T>(bias[p / 2]);
+        [gelu(acc[0] + b[0]), gelu(acc[1] + b[1])]
     }
 }
 
