@@ -1,5 +1,5 @@
 //! 12 — a GEMM on Hopper's warpgroup tensor cores: `C = epilogue(A·Bᵀ)` for row-major A (M × K)
-//! and Bᵀ (N × K, as `nn.Linear` stores its weight), bf16 in, f32 accumulate, bf16 out.
+//! and Bᵀ (N × K, as `nn.Linear` stores its weight), bf16 or f16 in, f32 accumulate, same out.
 //!
 //! The kernel is persistent: at most one block per SM, each computing 128 × 256 tiles of C
 //! in turn, stepping through K 64 at a time through a four-stage shared-memory [`Pipeline`]
@@ -12,8 +12,10 @@
 //! `wgmma.mma_async.m64n256k16` on its 64 rows straight from shared memory (descriptors, no
 //! `ldmatrix`), then waits for the previous step's (one group stays in flight) and frees that
 //! step's stage on its *empty* mbarrier. The epilogue is example 10's — none, bias,
-//! bias + GELU, residual, scaling — a type parameter, so each kind is its own kernel; the
-//! stores, two columns at a time, are masked to M × N.
+//! bias + GELU, residual, scaling — a type parameter, so each kind is its own kernel. A tile
+//! inside C is checked once ([`TileEpilogue::fetch`]): its bias is read before its main loop,
+//! its residual in overlapping chunks, and its stores, two columns at a time, go unchecked
+//! and branch-free; tiles at C's edges mask every store to M × N.
 //!
 //! Shapes: any M and N; K a multiple of 8 (TMA needs rows of A and Bᵀ in multiples of 16
 //! bytes). The host rejects others before launching, with [`GemmError::Shape`].
