@@ -82,9 +82,20 @@ impl<'a, T: Copy> Out<'a, T> {
         if i + 2 > self.len || !(ptr as usize).is_multiple_of(4) {
             out_of_bounds()
         }
-        // SAFETY: in bounds and 4-byte aligned (checked above); the memory is writable
-        // (invariant 1); `[T; 2]` is 4 bytes of plain data.
-        unsafe { (ptr as *mut u32).write(core::mem::transmute_copy(&values)) }
+        // SAFETY: in bounds and 4-byte aligned (checked above).
+        unsafe { self.store_pair_unchecked(i, values) }
+    }
+
+    /// [`Out::store_pair`] without its checks, for a caller that checked a whole tile once.
+    ///
+    /// # Safety
+    /// 1. `i + 2 <= self.len()`.
+    /// 2. Element `i` is 4-byte aligned.
+    #[inline(always)]
+    pub unsafe fn store_pair_unchecked(&self, i: usize, values: [T; 2]) {
+        const { assert!(size_of::<T>() == 2, "a pair store moves two 2-byte values") };
+        // The memory is writable (invariant 1); `[T; 2]` is 4 bytes of plain data.
+        (self.ptr.add(i) as *mut u32).write(core::mem::transmute_copy(&values))
     }
 
     /// Stores elements `N * i .. N * i + N` in one 16-byte `st.global.v4`; `[T; N]` must be
@@ -191,6 +202,18 @@ pub(crate) fn vector_ptr<T, const N: usize>(base: *const T, len: usize, i: usize
         out_of_bounds()
     }
     ptr
+}
+
+/// Elements `i` and `i + 1` of a kernel input of a 2-byte `T` in one 4-byte load, unchecked,
+/// for a caller that checked a whole tile once.
+///
+/// # Safety
+/// 1. `i + 2 <= input.len()`.
+/// 2. Element `i` is 4-byte aligned.
+#[inline(always)]
+pub unsafe fn load_pair_unchecked<T: Copy>(input: &[T], i: usize) -> [T; 2] {
+    const { assert!(size_of::<T>() == 2, "a pair load moves two 2-byte values") };
+    core::mem::transmute_copy(&(input.as_ptr().add(i) as *const u32).read())
 }
 
 /// Elements `N * i .. N * i + N` of a kernel input in one 16-byte `ld.global.nc.v4`;

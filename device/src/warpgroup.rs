@@ -108,6 +108,9 @@ pub trait WgmmaInput: sealed::Sealed + SharedWord {
     /// # Safety
     /// As [`Warpgroup::mma_m64n256k16`].
     unsafe fn wgmma_m64n256k16(a: u64, b: u64, d: &mut [f32; 128], accumulate: bool);
+
+    /// `x` and `y` rounded to this type in one `cvt.rn.{T}x2.f32`, `x` first in memory.
+    fn pair_from_f32(x: f32, y: f32) -> [Self; 2];
 }
 
 impl WgmmaInput for bf16 {
@@ -115,12 +118,24 @@ impl WgmmaInput for bf16 {
     unsafe fn wgmma_m64n256k16(a: u64, b: u64, d: &mut [f32; 128], accumulate: bool) {
         arch::wgmma_mma_async_m64n256k16_f32_bf16_bf16(a, b, d, accumulate)
     }
+
+    #[inline(always)]
+    fn pair_from_f32(x: f32, y: f32) -> [Self; 2] {
+        // SAFETY: two 2-byte values, the first in the lower half (little-endian).
+        unsafe { core::mem::transmute::<u32, [Self; 2]>(arch::cvt_rn_bf16x2_f32(y, x)) }
+    }
 }
 
 impl WgmmaInput for f16 {
     #[inline(always)]
     unsafe fn wgmma_m64n256k16(a: u64, b: u64, d: &mut [f32; 128], accumulate: bool) {
         arch::wgmma_mma_async_m64n256k16_f32_f16_f16(a, b, d, accumulate)
+    }
+
+    #[inline(always)]
+    fn pair_from_f32(x: f32, y: f32) -> [Self; 2] {
+        // SAFETY: two 2-byte values, the first in the lower half (little-endian).
+        unsafe { core::mem::transmute::<u32, [Self; 2]>(arch::cvt_rn_f16x2_f32(y, x)) }
     }
 }
 

@@ -1,5 +1,5 @@
 //! 12 — a GEMM on Hopper's warpgroup tensor cores: `C = epilogue(A·Bᵀ)` for row-major A (M × K)
-//! and Bᵀ (N × K, as `nn.Linear` stores its weight), bf16 in, f32 accumulate, bf16 out.
+//! and Bᵀ (N × K, as `nn.Linear` stores its weight), bf16 or f16 in, f32 accumulate, same out.
 //!
 //! The kernel is persistent: at most one block per SM, each computing 128 × 256 tiles of C
 //! in turn, stepping through K 64 at a time through a four-stage shared-memory [`Pipeline`]
@@ -12,13 +12,15 @@
 //! `wgmma.mma_async.m64n256k16` on its 64 rows straight from shared memory (descriptors, no
 //! `ldmatrix`), then waits for the previous step's (one group stays in flight) and frees that
 //! step's stage on its *empty* mbarrier. The epilogue is example 10's — none, bias,
-//! bias + GELU, residual, scaling — a type parameter, so each kind is its own kernel; the
-//! stores, two columns at a time, are masked to M × N.
+//! bias + GELU, residual, scaling — a type parameter, so each kind is its own kernel. A tile
+//! inside C is checked once ([`TileEpilogue::fetch`]): its bias is read before its main loop,
+//! its residual in overlapping chunks, and its stores, two columns at a time, go unchecked
+//! and branch-free; tiles at C's edges mask every store to M × N.
 //!
 //! Shapes: any M and N; K a multiple of 8 (TMA needs rows of A and Bᵀ in multiples of 16
 //! bytes). The host rejects others before launching, with [`GemmError::Shape`].
 
-use crate::gemm::{Bias, BiasGelu, Epilogue, Plain, Residual, Scale};
+use crate::gemm::{gelu, Bias, BiasGelu, Epilogue, Plain, Residual, Scale};
 use clusterfuse::arch;
 use clusterfuse::prelude::*;
 use clusterfuse::tma::{Pipeline, PipelineState, TensorMap};
@@ -50,7 +52,7 @@ const CONSUMER_REGISTERS: u32 = 232;
 /// The block's 128 × 256 tile of `out = epilogue(a · bᵀ)` from the tensor maps of A and Bᵀ:
 /// the body of every kernel. Traps unless K is a positive multiple of 8 and `out` holds M × N.
 #[inline(always)]
-pub fn gemm<T: WgmmaInput + HalfFloat, E: Epilogue>(a_map: &[u64], b_map: &[u64], out: &Out<T>, m: u32, n: u32, k: u32, epilogue: E) {
+pub fn gemm<T: WgmmaInput + HalfFloat, E: TileEpilogue>(a_map: &[u64], b_map: &[u64], out: &Out<T>, m: u32, n: u32, k: u32, epilogue: E) {
     const { assert!(THREADS as u32 == (1 + CONSUMERS) * 128 && BM == 64 * CONSUMERS as usize && BK * 2 == 128) };
     let (m, n, k) = (m as usize, n as usize, k as usize);
     if out.len() < m * n || k == 0 || !k.is_multiple_of(8) {
@@ -67,9 +69,10 @@ pub fn gemm<T: WgmmaInput + HalfFloat, E: Epilogue>(a_map: &[u64], b_map: &[u64]
     let wg = Warpgroup::current();
     // Persistent: block b computes tiles b, b + grid, b + 2·grid, … (row-major over the tiles
     // of C), so that a block's epilogue overlaps the producer's loads for its next tile.
-    let (tiles_n, k_steps) = (n.div_ceil(BN), k.div_ceil(BK));
-    let (tiles, first, grid) = (m.div_ceil(BM) * tiles_n, block::index_x() as usize, arch::nctaid_x() as usize);
-    let origin = |tile: usize| (tile / tiles_n * BM, tile % tiles_n * BN);
+    // Tile numbers in 32 bits (M · N < 2^32), sparing registers in the consumers' loop.
+    let (tiles_n, k_steps) = (n.div_ceil(BN) as u32, k.div_ceil(BK));
+    let (tiles, first, grid) = (m.div_ceil(BM) as u32 * tiles_n, block::index_x(), arch::nctaid_x());
+    let origin = |tile: u32| ((tile / tiles_n) as usize * BM, (tile % tiles_n) as usize * BN);
     if wg.index() == 0 {
         wg.lower_registers::<PRODUCER_REGISTERS>();
         if wg.thread_rank() == 0 {
@@ -102,6 +105,9 @@ pub fn gemm<T: WgmmaInput + HalfFloat, E: Epilogue>(a_map: &[u64], b_map: &[u64]
     let mut tile = first;
     while tile < tiles {
         let (bm, bn) = origin(tile);
+        // The epilogue's operands of a whole tile, read now so that they arrive during the
+        // main loop: one check per tile, then unchecked loads (`None` at C's edges).
+        let operands = if paired { epilogue.fetch(t, bm + rows, bn, m, n) } else { None };
         // The stage whose wgmmas may still run: freed once the next step's are issued and it is
         // waited for (`wait::<1>` leaves only the newest group running).
         let mut previous: Option<PipelineState<STAGES>> = None;
@@ -137,23 +143,206 @@ pub fn gemm<T: WgmmaInput + HalfFloat, E: Epilogue>(a_map: &[u64], b_map: &[u64]
         if let (Some(done), 0) = (previous, wg.thread_rank()) {
             pipeline.consumer_release(done);
         }
-        // Unrolled, so that `acc` is only indexed by constants and stays in registers.
-        unroll!(p in [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63] {
-            let (r, c) = AccM64N256::position(t, 2 * p);
-            let (row, col) = (bm + rows + r, bn + c);
-            let value = |i: usize, col: usize| T::from_f32(epilogue.apply(acc.values[i], row, col, n));
-            if row < m && col + 1 < n && paired {
-                out.store_pair(row * n + col, [value(2 * p, col), value(2 * p + 1, col + 1)]);
-            } else if row < m {
-                if col < n {
-                    out.set(row * n + col, value(2 * p, col));
+        // Unrolled, so that `acc` and the operands are only indexed by constants and stay in
+        // registers.
+        if let Some(operands) = &operands {
+            let (r, c) = AccM64N256::position(t, 0);
+            let first = (bm + rows + r) * n + bn + c;
+            // Four chunks of 16 pairs: each chunk's operands are read together (their loads
+            // overlap), then applied and stored.
+            unroll!(q in [0 1 2 3] {
+                let chunk = epilogue.chunk(operands, q);
+                unroll!(i in [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15] {
+                    let p = 16 * q + i;
+                    let [x, y] = epilogue.apply_pair(operands, &chunk, p, [acc.values[2 * p], acc.values[2 * p + 1]]);
+                    // SAFETY: the tile lies inside C (`fetch` returned operands), which `out`
+                    // holds (checked on entry); pair p sits 8 (p % 2) rows and 8 (p / 2)
+                    // columns from the thread's first value, at an even column; N even and
+                    // `out` 4-byte aligned (`paired`) keep it aligned.
+                    unsafe { out.store_pair_unchecked(first + 8 * (p % 2) * n + 8 * (p / 2), T::pair_from_f32(x, y)) };
+                });
+            });
+        } else {
+            unroll!(p in [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63] {
+                let (r, c) = AccM64N256::position(t, 2 * p);
+                let (row, col) = (bm + rows + r, bn + c);
+                let value = |i: usize, col: usize| T::from_f32(epilogue.apply(acc.values[i], row, col, n));
+                if row < m && col + 1 < n && paired {
+                    out.store_pair(row * n + col, [value(2 * p, col), value(2 * p + 1, col + 1)]);
+                } else if row < m {
+                    if col < n {
+                        out.set(row * n + col, value(2 * p, col));
+                    }
+                    if col + 1 < n {
+                        out.set(row * n + col + 1, value(2 * p + 1, col + 1));
+                    }
                 }
-                if col + 1 < n {
-                    out.set(row * n + col + 1, value(2 * p + 1, col + 1));
-                }
-            }
-        });
+            });
+        }
         tile += grid;
+    }
+}
+
+/// An [`Epilogue`] as the kernels apply it to a whole tile: its operands for one thread's
+/// values, read in 4-byte pairs before the tile's main loop so that their latency hides
+/// behind it, then applied to pairs of accumulators. Tiles at C's edges take
+/// [`Epilogue::apply`], value by value.
+pub trait TileEpilogue: Epilogue {
+    /// Warpgroup thread `t`'s operands of a 64 × 256 block.
+    type Operands: Copy;
+
+    /// Thread `t`'s operands of the 64 × 256 block at (`row`, `col`) of an M × N C, or `None`
+    /// unless the block lies inside C and the operands are 4-byte aligned.
+    fn fetch(&self, t: u32, row: usize, col: usize, m: usize, n: usize) -> Option<Self::Operands>;
+
+    /// Operands read in the epilogue, for accumulator pairs `16 q .. 16 q + 16`.
+    type Chunk: Copy;
+
+    /// The operands of chunk `q` (< 4), read together before any of the chunk's stores.
+    fn chunk(&self, operands: &Self::Operands, q: usize) -> Self::Chunk;
+
+    /// The outputs of the thread's accumulators `2 p` and `2 p + 1` (`p` < 64, in chunk
+    /// `p / 16`).
+    fn apply_pair(&self, operands: &Self::Operands, chunk: &Self::Chunk, p: usize, acc: [f32; 2]) -> [f32; 2];
+}
+
+/// Whether the 64 × 256 block at (`row`, `col`) lies inside an M × N matrix.
+#[inline(always)]
+fn inside(row: usize, col: usize, m: usize, n: usize) -> bool {
+    row + 64 <= m && col + BN <= n
+}
+
+/// Whether `values` holds `len` elements from a 4-byte-aligned start, with rows of an even `n`.
+#[inline(always)]
+fn pairs<T>(values: &[T], len: usize, n: usize) -> bool {
+    values.len() >= len && n.is_multiple_of(2) && (values.as_ptr() as usize).is_multiple_of(4)
+}
+
+/// Thread `t`'s 32 column pairs of a `bias` row from column `col` (accumulator pair `p`
+/// holds columns of pair `p / 2`).
+///
+/// # Safety
+/// 1. `col + 256 <= bias.len()` and `bias[col]` is 4-byte aligned, `col` even.
+#[inline(always)]
+unsafe fn bias_pairs<T: Copy>(bias: &[T], t: u32, col: usize) -> [u32; 32] {
+    core::array::from_fn(|j| {
+        let c = col + AccM64N256::position(t, 4 * j).1;
+        // SAFETY: c + 2 <= col + 256 (invariant 1); c is even, so aligned. Kept packed
+        // (32 registers, not 64) through the main loop.
+        unsafe { core::mem::transmute_copy(&global::load_pair_unchecked(bias, c)) }
+    })
+}
+
+/// The pair of `T` packed in `bits` by [`bias_pairs`], widened.
+#[inline(always)]
+fn unpack<T: HalfFloat>(bits: u32) -> [f32; 2] {
+    // SAFETY: `bits` holds two 2-byte `T` (`load_pair_unchecked`'s result).
+    unsafe { core::mem::transmute_copy::<u32, [T; 2]>(&bits) }.map(T::to_f32)
+}
+
+impl TileEpilogue for Plain {
+    type Operands = ();
+    type Chunk = ();
+
+    #[inline(always)]
+    fn fetch(&self, _: u32, row: usize, col: usize, m: usize, n: usize) -> Option<()> {
+        inside(row, col, m, n).then_some(())
+    }
+
+    #[inline(always)]
+    fn chunk(&self, _: &(), _: usize) {}
+
+    #[inline(always)]
+    fn apply_pair(&self, _: &(), _: &(), _: usize, acc: [f32; 2]) -> [f32; 2] {
+        acc
+    }
+}
+
+impl TileEpilogue for Scale {
+    type Operands = ();
+    type Chunk = ();
+
+    #[inline(always)]
+    fn fetch(&self, _: u32, row: usize, col: usize, m: usize, n: usize) -> Option<()> {
+        inside(row, col, m, n).then_some(())
+    }
+
+    #[inline(always)]
+    fn chunk(&self, _: &(), _: usize) {}
+
+    #[inline(always)]
+    fn apply_pair(&self, _: &(), _: &(), _: usize, acc: [f32; 2]) -> [f32; 2] {
+        acc.map(|a| self.0 * a)
+    }
+}
+
+impl<T: HalfFloat> TileEpilogue for Bias<'_, T> {
+    type Operands = [u32; 32];
+    type Chunk = ();
+
+    #[inline(always)]
+    fn fetch(&self, t: u32, row: usize, col: usize, m: usize, n: usize) -> Option<Self::Operands> {
+        // SAFETY: col + 256 <= n <= bias.len(), the bias aligned and `col` a multiple of 256.
+        (inside(row, col, m, n) && pairs(self.0, n, n)).then(|| unsafe { bias_pairs(self.0, t, col) })
+    }
+
+    #[inline(always)]
+    fn chunk(&self, _: &Self::Operands, _: usize) {}
+
+    #[inline(always)]
+    fn apply_pair(&self, bias: &Self::Operands, _: &(), p: usize, acc: [f32; 2]) -> [f32; 2] {
+        let b = unpack::<T>(bias[p / 2]);
+        [acc[0] + b[0], acc[1] + b[1]]
+    }
+}
+
+impl<T: HalfFloat> TileEpilogue for BiasGelu<'_, T> {
+    type Operands = [u32; 32];
+    type Chunk = ();
+
+    #[inline(always)]
+    fn fetch(&self, t: u32, row: usize, col: usize, m: usize, n: usize) -> Option<Self::Operands> {
+        // SAFETY: as for `Bias`.
+        (inside(row, col, m, n) && pairs(self.0, n, n)).then(|| unsafe { bias_pairs(self.0, t, col) })
+    }
+
+    #[inline(always)]
+    fn chunk(&self, _: &Self::Operands, _: usize) {}
+
+    #[inline(always)]
+    fn apply_pair(&self, bias: &Self::Operands, _: &(), p: usize, acc: [f32; 2]) -> [f32; 2] {
+        let b = unpack::<T>(bias[p / 2]);
+        [gelu(acc[0] + b[0]), gelu(acc[1] + b[1])]
+    }
+}
+
+impl<T: HalfFloat> TileEpilogue for Residual<'_, T> {
+    /// The index of the thread's first value, and N: the values are read in the epilogue
+    /// (held through the main loop they would spill), a chunk at a time.
+    type Operands = (usize, usize);
+    type Chunk = [[T; 2]; 16];
+
+    #[inline(always)]
+    fn fetch(&self, t: u32, row: usize, col: usize, m: usize, n: usize) -> Option<Self::Operands> {
+        let (r, c) = AccM64N256::position(t, 0);
+        (inside(row, col, m, n) && pairs(self.0, m * n, n)).then_some(((row + r) * n + col + c, n))
+    }
+
+    #[inline(always)]
+    fn chunk(&self, &(first, n): &Self::Operands, q: usize) -> Self::Chunk {
+        core::array::from_fn(|i| {
+            // Pair p sits 8 (p % 2) rows and 8 (p / 2) columns from the thread's first.
+            let p = 16 * q + i;
+            // SAFETY: the pair lies inside the M × N residual (`fetch` checked the block),
+            // 4-byte aligned (N even, the start aligned, `first` even).
+            unsafe { global::load_pair_unchecked(self.0, first + 8 * (p % 2) * n + 8 * (p / 2)) }
+        })
+    }
+
+    #[inline(always)]
+    fn apply_pair(&self, _: &Self::Operands, residual: &Self::Chunk, p: usize, acc: [f32; 2]) -> [f32; 2] {
+        let r = residual[p % 16];
+        [acc[0] + r[0].to_f32(), acc[1] + r[1].to_f32()]
     }
 }
 
@@ -199,6 +388,7 @@ macro_rules! wgmma_kernels {
 
 wgmma_kernels! {
     bf16: wgmma_bf16, wgmma_bf16_bias, wgmma_bf16_bias_gelu, wgmma_bf16_residual, wgmma_bf16_scale;
+    f16: wgmma_f16, wgmma_f16_bias, wgmma_f16_bias_gelu, wgmma_f16_residual, wgmma_f16_scale;
 }
 
 /// One TMA load, to check the 128-byte swizzle: the 8 × 64 bf16 box at (column `c0`, row
@@ -238,7 +428,8 @@ mod host {
     use crate::check::{shape, Report};
     use crate::gemm::{EpilogueKind, GemmError, HostOperands, Operands};
     use clusterfuse::host::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
-    use clusterfuse::host::{Buffer, Error, Result, Swizzle, TensorMap};
+    use clusterfuse::host::cudarc::driver::DeviceRepr;
+    use clusterfuse::host::{Buffer, Error, Result, Swizzle, TensorMap, TmaElement};
 
     /// The launch configuration of an M × N × K GEMM on at most `blocks` blocks (the SMs), or
     /// why the kernels cannot compute it.
@@ -276,7 +467,7 @@ mod host {
 
     impl<'a> Maps<'a> {
         /// Tensor maps of `a` and `bt` for an M × N × K GEMM.
-        pub fn new(gpu: &Gpu, a: &'a Buffer<bf16>, bt: &'a Buffer<bf16>, (m, n, k): (usize, usize, usize)) -> std::result::Result<Self, GemmError> {
+        pub fn new<T: TmaElement>(gpu: &Gpu, a: &'a Buffer<T>, bt: &'a Buffer<T>, (m, n, k): (usize, usize, usize)) -> std::result::Result<Self, GemmError> {
             config(m, n, k, 1)?;
             Ok(Self {
                 a: gpu.tensor_map_2d(a, (m, k), (BM as u32, BK as u32), Swizzle::B128)?,
@@ -288,17 +479,92 @@ mod host {
     /// Blocks the emulator runs (so that each computes several tiles, as on a GPU).
     const EMULATOR_BLOCKS: usize = 2;
 
-    /// The five bf16 kernels, loaded, and the device's SM count.
-    pub struct Kernels {
-        sms: usize,
-        plain: wgmma_bf16::Kernel,
-        bias: wgmma_bf16_bias::Kernel,
-        bias_gelu: wgmma_bf16_bias_gelu::Kernel,
-        residual: wgmma_bf16_residual::Kernel,
-        scale: wgmma_bf16_scale::Kernel,
+    /// An element type of the kernels, `f16` or `bf16`: its five kernels.
+    pub trait WgmmaType: HalfFloat + TmaElement + DeviceRepr {
+        /// The type's name in reports.
+        const NAME: &'static str;
+        /// Its five kernels, loaded.
+        type Loaded;
+        /// Loads the five kernels.
+        fn load(gpu: &Gpu) -> Result<Self::Loaded>;
+        /// Launches the epilogue's kernel on checked buffers.
+        #[allow(clippy::too_many_arguments)]
+        fn launch(
+            loaded: &Self::Loaded,
+            gpu: &Gpu,
+            config: &LaunchConfig,
+            epilogue: EpilogueKind,
+            maps: &Maps<'_>,
+            x: &Operands<Self>,
+            out: &mut Buffer<Self>,
+            m: u32,
+            n: u32,
+            k: u32,
+        ) -> Result<()>;
     }
 
-    impl Kernels {
+    macro_rules! wgmma_type {
+        ($($t:ident, $loaded:ident: $plain:ident, $bias:ident, $bias_gelu:ident, $residual:ident, $scale:ident;)*) => {$(
+            #[doc = concat!("The five ", stringify!($t), " kernels, loaded.")]
+            pub struct $loaded {
+                plain: $plain::Kernel,
+                bias: $bias::Kernel,
+                bias_gelu: $bias_gelu::Kernel,
+                residual: $residual::Kernel,
+                scale: $scale::Kernel,
+            }
+
+            impl WgmmaType for $t {
+                const NAME: &'static str = stringify!($t);
+                type Loaded = $loaded;
+
+                fn load(gpu: &Gpu) -> Result<$loaded> {
+                    Ok($loaded {
+                        plain: $plain::load(gpu)?,
+                        bias: $bias::load(gpu)?,
+                        bias_gelu: $bias_gelu::load(gpu)?,
+                        residual: $residual::load(gpu)?,
+                        scale: $scale::load(gpu)?,
+                    })
+                }
+
+                fn launch(
+                    loaded: &$loaded,
+                    gpu: &Gpu,
+                    config: &LaunchConfig,
+                    epilogue: EpilogueKind,
+                    maps: &Maps<'_>,
+                    x: &Operands<$t>,
+                    out: &mut Buffer<$t>,
+                    m: u32,
+                    n: u32,
+                    k: u32,
+                ) -> Result<()> {
+                    let (s, a, b) = (gpu.stream(), maps.a.words(), maps.b.words());
+                    match epilogue {
+                        EpilogueKind::None => loaded.plain.launch(s, config, a, b, out, m, n, k),
+                        EpilogueKind::Bias => loaded.bias.launch(s, config, a, b, &x.bias, out, m, n, k),
+                        EpilogueKind::BiasGelu => loaded.bias_gelu.launch(s, config, a, b, &x.bias, out, m, n, k),
+                        EpilogueKind::Residual => loaded.residual.launch(s, config, a, b, &x.residual, out, m, n, k),
+                        EpilogueKind::Scale => loaded.scale.launch(s, config, a, b, out, x.alpha, m, n, k),
+                    }
+                }
+            }
+        )*};
+    }
+
+    wgmma_type! {
+        bf16, Bf16Kernels: wgmma_bf16, wgmma_bf16_bias, wgmma_bf16_bias_gelu, wgmma_bf16_residual, wgmma_bf16_scale;
+        f16, F16Kernels: wgmma_f16, wgmma_f16_bias, wgmma_f16_bias_gelu, wgmma_f16_residual, wgmma_f16_scale;
+    }
+
+    /// The five kernels of one element type, loaded, and the device's SM count.
+    pub struct Kernels<T: WgmmaType> {
+        sms: usize,
+        loaded: T::Loaded,
+    }
+
+    impl<T: WgmmaType> Kernels<T> {
         /// Loads the five kernels.
         pub fn load(gpu: &Gpu) -> Result<Self> {
             let sms = match gpu.context() {
@@ -307,26 +573,18 @@ mod host {
                     .map_err(|source| Error::Driver { call: "cuDeviceGetAttribute", kernel: None, source })? as usize,
                 None => EMULATOR_BLOCKS,
             };
-            Ok(Self {
-                sms,
-                plain: wgmma_bf16::load(gpu)?,
-                bias: wgmma_bf16_bias::load(gpu)?,
-                bias_gelu: wgmma_bf16_bias_gelu::load(gpu)?,
-                residual: wgmma_bf16_residual::load(gpu)?,
-                scale: wgmma_bf16_scale::load(gpu)?,
-            })
+            Ok(Self { sms, loaded: T::load(gpu)? })
         }
 
         /// `out = epilogue(a · bᵀ)` for an M × N × K GEMM whose A and Bᵀ `maps` describe
         /// (bias, residual and alpha from `x`), after checking the shape and buffers.
-        #[allow(clippy::too_many_arguments)]
         pub fn launch(
             &self,
             gpu: &Gpu,
             epilogue: EpilogueKind,
             maps: &Maps<'_>,
-            x: &Operands<bf16>,
-            out: &mut Buffer<bf16>,
+            x: &Operands<T>,
+            out: &mut Buffer<T>,
             (m, n, k): (usize, usize, usize),
         ) -> std::result::Result<(), GemmError> {
             let config = config(m, n, k, self.sms)?;
@@ -338,39 +596,29 @@ mod host {
                 }
             };
             need("C", out.len(), m * n)?;
-            let (s, (a, b), (m, n, k)) = (gpu.stream(), (maps.a.words(), maps.b.words()), (m as u32, n as u32, k as u32));
             match epilogue {
-                EpilogueKind::None => self.plain.launch(s, &config, a, b, out, m, n, k)?,
-                EpilogueKind::Bias => {
-                    need("bias", x.bias.len(), n as usize)?;
-                    self.bias.launch(s, &config, a, b, &x.bias, out, m, n, k)?
-                }
-                EpilogueKind::BiasGelu => {
-                    need("bias", x.bias.len(), n as usize)?;
-                    self.bias_gelu.launch(s, &config, a, b, &x.bias, out, m, n, k)?
-                }
-                EpilogueKind::Residual => {
-                    need("residual", x.residual.len(), (m * n) as usize)?;
-                    self.residual.launch(s, &config, a, b, &x.residual, out, m, n, k)?
-                }
-                EpilogueKind::Scale => self.scale.launch(s, &config, a, b, out, x.alpha, m, n, k)?,
+                EpilogueKind::Bias | EpilogueKind::BiasGelu => need("bias", x.bias.len(), n)?,
+                EpilogueKind::Residual => need("residual", x.residual.len(), m * n)?,
+                EpilogueKind::None | EpilogueKind::Scale => {}
             }
-            Ok(())
+            Ok(T::launch(&self.loaded, gpu, &config, epilogue, maps, x, out, m as u32, n as u32, k as u32)?)
         }
     }
 
     /// Checks one epilogue against its f64 reference, on every output: M, N off the tile
-    /// sizes and K off the k-step (on the emulator: two blocks, two tiles each; two row tiles, the second 22 rows; two
-    /// column tiles, the second 7 columns, N odd so that the stores go one at a time; six
-    /// k-steps, the last 8 deep, so that the four-stage pipeline wraps; on a GPU N is even and
-    /// the stores are paired).
-    pub fn run(gpu: &Gpu, epilogue: EpilogueKind) -> Result<Report> {
-        let (m, n, k) = shape(gpu, (1000, 1032, 1048), (150, 263, 328));
-        let host = HostOperands::<bf16>::random(m, n, k);
+    /// sizes and K off the k-step (on the emulator: two blocks, two tiles each; two row tiles,
+    /// the second 22 rows; two column tiles, the second 7 columns for bf16 (N odd, so that the
+    /// stores go one at a time) and 8 for f16 (N even: the first tile takes the unchecked
+    /// path, the others the checked one, paired); six k-steps, the last 8 deep, so that the
+    /// four-stage pipeline wraps; on a GPU N is even and the stores are paired).
+    pub fn run<T: WgmmaType>(gpu: &Gpu, epilogue: EpilogueKind, tolerance: f64) -> Result<Report> {
+        let odd = usize::from(T::NAME == "bf16");
+        let (m, n, k) = shape(gpu, (1000, 1032, 1048), (150, 264 - odd, 328));
+        let host = HostOperands::<T>::random(m, n, k);
         let x = Operands::upload(gpu, &host)?;
         let bt = gpu.upload(&transpose(&host.b, k, n))?;
-        let mut out = gpu.upload(&vec![bf16::NAN; m * n])?;
-        let kernels = Kernels::load(gpu)?;
+        let mut out = gpu.upload(&vec![T::from_f32(f32::NAN); m * n])?;
+        let kernels = Kernels::<T>::load(gpu)?;
         let unsupported = |err: GemmError| match err {
             GemmError::Launch(err) => err,
             GemmError::Shape(what) => unreachable!("the example's shapes are supported: {what}"),
@@ -380,7 +628,7 @@ mod host {
         let out: Vec<f32> = gpu.download(&out)?.into_iter().map(HalfFloat::to_f32).collect();
         let reference: Vec<f64> =
             (0..m * n).map(|i| epilogue.reference(host.dot(i / n, i % n, n, k), i / n, i % n, n, &host)).collect();
-        Ok(Report::new(format!("{m} × {n} × {k}, bf16, {}", epilogue.name()), &out, &reference, crate::gemm::BF16_TOLERANCE))
+        Ok(Report::new(format!("{m} × {n} × {k}, {}, {}", T::NAME, epilogue.name()), &out, &reference, tolerance))
     }
 
     /// Dynamic shared memory of [`tma_box`]: the tile, its barrier, and room to align them.
@@ -407,19 +655,24 @@ mod host {
     }
 
     macro_rules! runners {
-        ($($name:ident => $kind:ident;)*) => {$(
-            #[doc = concat!("Example runner: epilogue ", stringify!($kind), ".")]
+        ($($name:ident => $t:ident, $kind:ident, $tolerance:ident;)*) => {$(
+            #[doc = concat!("Example runner: ", stringify!($t), ", epilogue ", stringify!($kind), ".")]
             pub fn $name(gpu: &Gpu) -> Result<Report> {
-                run(gpu, EpilogueKind::$kind)
+                run::<$t>(gpu, EpilogueKind::$kind, crate::gemm::$tolerance)
             }
         )*};
     }
 
     runners! {
-        plain => None;
-        bias => Bias;
-        bias_gelu => BiasGelu;
-        residual => Residual;
-        scale => Scale;
+        plain => bf16, None, BF16_TOLERANCE;
+        bias => bf16, Bias, BF16_TOLERANCE;
+        bias_gelu => bf16, BiasGelu, BF16_TOLERANCE;
+        residual => bf16, Residual, BF16_TOLERANCE;
+        scale => bf16, Scale, BF16_TOLERANCE;
+        f16_plain => f16, None, F16_TOLERANCE;
+        f16_bias => f16, Bias, F16_TOLERANCE;
+        f16_bias_gelu => f16, BiasGelu, F16_TOLERANCE;
+        f16_residual => f16, Residual, F16_TOLERANCE;
+        f16_scale => f16, Scale, F16_TOLERANCE;
     }
 }

@@ -79,4 +79,9 @@ pub const EXAMPLES: &[(&str, check::Runner)] = &[
     ("12-wgmma-bf16-gelu", wgmma_gemm::bias_gelu),
     ("12-wgmma-bf16-resid", wgmma_gemm::residual),
     ("12-wgmma-bf16-scale", wgmma_gemm::scale),
+    ("12-wgmma-f16", wgmma_gemm::f16_plain),
+    ("12-wgmma-f16-bias", wgmma_gemm::f16_bias),
+    ("12-wgmma-f16-gelu", wgmma_gemm::f16_bias_gelu),
+    ("12-wgmma-f16-resid", wgmma_gemm::f16_residual),
+    ("12-wgmma-f16-scale", wgmma_gemm::f16_scale),
 ];

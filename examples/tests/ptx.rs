@@ -177,6 +177,11 @@ fn every_kernel_assembles_without_spills() {
         ("wgmma_bf16_bias_gelu", 0),
         ("wgmma_bf16_residual", 0),
         ("wgmma_bf16_scale", 0),
+        ("wgmma_f16", 0),
+        ("wgmma_f16_bias", 0),
+        ("wgmma_f16_bias_gelu", 0),
+        ("wgmma_f16_residual", 0),
+        ("wgmma_f16_scale", 0),
     ];
     assert_eq!(kernels.len(), expected_smem.len(), "kernels: {:?}", kernels.keys());
     for (name, smem) in expected_smem {
@@ -277,15 +282,28 @@ fn gemm_sass_has_hmma_ldsm_and_ldgsts() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-const WGMMA_KERNELS: [&str; 5] = ["wgmma_bf16", "wgmma_bf16_bias", "wgmma_bf16_bias_gelu", "wgmma_bf16_residual", "wgmma_bf16_scale"];
+/// The wgmma GEMM kernels, as (name, input type).
+const WGMMA_KERNELS: [(&str, &str); 10] = [
+    ("wgmma_bf16", "bf16"),
+    ("wgmma_bf16_bias", "bf16"),
+    ("wgmma_bf16_bias_gelu", "bf16"),
+    ("wgmma_bf16_residual", "bf16"),
+    ("wgmma_bf16_scale", "bf16"),
+    ("wgmma_f16", "f16"),
+    ("wgmma_f16_bias", "f16"),
+    ("wgmma_f16_bias_gelu", "f16"),
+    ("wgmma_f16_residual", "f16"),
+    ("wgmma_f16_scale", "f16"),
+];
 
 #[test]
 fn wgmma_gemm_uses_tma_wgmma_and_setmaxnreg() {
-    for kernel in WGMMA_KERNELS {
+    for (kernel, t) in WGMMA_KERNELS {
         let text = entry(kernel);
         assert!(text.contains(".maxntid 384, 1, 1"), "`{kernel}`: launch bound");
+        let mma = format!("wgmma.mma_async.sync.aligned.m64n256k16.f32.{t}.{t}");
         for instruction in [
-            "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16",
+            mma.as_str(),
             "wgmma.fence.sync.aligned",
             "wgmma.commit_group.sync.aligned",
             "wgmma.wait_group.sync.aligned 0",
@@ -302,7 +320,7 @@ fn wgmma_gemm_uses_tma_wgmma_and_setmaxnreg() {
     // 384 threads at 168 registers fill the SM's 64 K; setmaxnreg moves them to the consumers.
     let (kernels, report) = resources_and_report();
     assert!(!report.contains("C7515"), "ptxas serialises wgmma: {}", report.lines().filter(|l| l.contains("C7515")).collect::<Vec<_>>().join("\n"));
-    for kernel in WGMMA_KERNELS {
+    for (kernel, _) in WGMMA_KERNELS {
         assert!(kernels[kernel].registers <= 168, "`{kernel}`: {:?}", kernels[kernel]);
     }
 }
@@ -310,13 +328,39 @@ fn wgmma_gemm_uses_tma_wgmma_and_setmaxnreg() {
 #[test]
 fn wgmma_gemm_sass_has_hgmma_and_utmaldg() {
     let (sass, dir) = sass_of_examples("hgmma");
-    for kernel in WGMMA_KERNELS {
+    for (kernel, t) in WGMMA_KERNELS {
         let sass = sass(kernel);
         // Four m64n256k16 per k-step of 64, and the two tile loads.
-        assert_eq!(sass.matches("HGMMA.64x256x16.F32.BF16").count(), 4, "`{kernel}`: HGMMA per k-step");
+        let hgmma = format!("HGMMA.64x256x16.F32{}", if t == "bf16" { ".BF16" } else { " " });
+        assert_eq!(sass.matches(&hgmma).count(), 4, "`{kernel}`: HGMMA per k-step");
         assert!(sass.contains("UTMALDG.2D"), "`{kernel}` lacks TMA loads (UTMALDG)");
         assert!(sass.contains("USETMAXREG"), "`{kernel}` lacks setmaxnreg");
         assert!(!sass.contains("LDL") && !sass.contains("STL"), "`{kernel}` touches local memory");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A tile inside C takes the unchecked epilogue: after the last wgmma, one branch (to the
+/// checked path at C's edges), then the thread's 64 paired stores with no branch between
+/// them, and no scalar 2-byte loads; the bias is read in 32 4-byte loads before the tile's
+/// main loop, the residual in 4-byte loads among the stores.
+#[test]
+fn wgmma_gemm_epilogue_is_straight_line() {
+    let (sass, dir) = sass_of_examples("epilogue");
+    for (kernel, _) in WGMMA_KERNELS {
+        let sass = sass(kernel);
+        let lines: Vec<&str> = sass.lines().collect();
+        let last_mma = lines.iter().position(|l| l.contains("WARPGROUP.DEPBAR.LE gsb0, 0x0")).expect("a final wgmma wait");
+        let after = &lines[last_mma..];
+        let choice = after.iter().position(|l| l.contains("BRA")).expect("the branch to the checked path");
+        let fast = &after[choice + 1..];
+        let stores = fast.iter().take_while(|l| !l.contains("BRA")).filter(|l| l.contains("STG.E ")).count();
+        assert_eq!(stores, 64, "`{kernel}`: paired stores before the next branch");
+        let loads = fast.iter().take_while(|l| !l.contains("BRA")).filter(|l| l.contains("LDG")).count();
+        assert_eq!(loads, if kernel.ends_with("residual") { 64 } else { 0 }, "`{kernel}`: loads in the unchecked epilogue");
+        let prefetch = lines[..last_mma].iter().filter(|l| l.contains("LDG.E ")).count();
+        let bias = kernel.ends_with("bias") || kernel.ends_with("bias_gelu");
+        assert!(!bias || prefetch >= 32, "`{kernel}`: {prefetch} 4-byte loads before the main loop's end");
     }
     std::fs::remove_dir_all(&dir).ok();
 }
