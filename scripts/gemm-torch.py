@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch side of the GEMM benchmark: cuBLAS through torch.matmul, bf16 in / bf16 out, on the
 shapes of `gemm-bench`, timed as it times clusterfuse: CUDA events around a pass of `calls`
-back-to-back calls (about 1 ms of work at 300 TFLOP/s, 1-200 calls), 3 warm-up passes, median of
+back-to-back calls (about 1 ms of work at 300 TFLOP/s, 20-200 calls), 3 warm-up passes, median of
 20, time per call; TFLOP/s counts 2*M*N*K. Epilogues: none (`a @ b`) and bias + GELU
 (`F.gelu(a @ b + bias, approximate="tanh")`, eager: cuBLAS then separate kernels). Prints the
 same markdown columns (the error column is against an f64 reference on 256 sampled entries).
@@ -59,7 +59,7 @@ def main():
         b = torch.empty(k, n, device=dev, dtype=torch.bfloat16).uniform_(-1, 1)
         bias = torch.empty(n, device=dev, dtype=torch.bfloat16).uniform_(-1, 1)
         flops = 2 * m * n * k
-        calls = max(1, min(200, math.ceil(3e8 / flops)))
+        calls = max(20, min(200, math.ceil(3e8 / flops)))
         variants = {
             "none": lambda: torch.matmul(a, b),
             "bias+gelu": lambda: F.gelu(torch.matmul(a, b) + bias, approximate="tanh"),

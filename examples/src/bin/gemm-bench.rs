@@ -93,8 +93,9 @@ fn bench() -> Result<bool> {
         let x = Operands::upload(&gpu, &host)?;
         let mut out = gpu.upload(&vec![bf16::NAN; m * n])?;
         let flops = 2.0 * (m * n * k) as f64;
-        // About 1 ms of work per pass at 300 TFLOP/s, at least one call.
-        let calls = (3e8 / flops).ceil().clamp(1.0, 200.0) as usize;
+        // About 1 ms of work per pass at 300 TFLOP/s, and at least 20 calls, so that small
+        // GEMMs are timed back to back rather than one launch after an idle GPU.
+        let calls = (3e8 / flops).ceil().clamp(20.0, 200.0) as usize;
         let bt = gpu.upload(&wgmma_gemm::transpose(&host.b, k, n))?;
         let maps = Maps::new(&gpu, &x.a, &bt, (m, n, k))?;
         for epilogue in [EpilogueKind::None, EpilogueKind::BiasGelu] {
