@@ -785,6 +785,49 @@ pub fn cvt_rn_f16x2_f32(a: f32, b: f32) -> u32 {
     }
 }
 
+/// The halves of an f16x2 register, low first, widened to f32 on the host (the emulator).
+#[cfg(not(target_arch = "nvptx64"))]
+fn f16x2_halves(x: u32) -> [f32; 2] {
+    [crate::f16::from_bits(x as u16).to_f32(), crate::f16::from_bits((x >> 16) as u16).to_f32()]
+}
+
+/// `add.rn.f16x2` (sm_53+): the pairs of f16 of `a` and `b` added, each sum rounded to f16.
+#[inline(always)]
+pub fn add_rn_f16x2(a: u32, b: u32) -> u32 {
+    gpu_or_emulator! {
+        gpu: {
+            let d: u32;
+            // SAFETY: arithmetic only.
+            unsafe { ptx!("add.rn.f16x2 {d}, {a}, {b};", d = out(reg32) d, a = in(reg32) a, b = in(reg32) b, options(pure, nomem, nostack)) };
+            d
+        },
+        // The sum of two f16 is exact in f32, so rounding it once is `add.rn`'s result.
+        emulator: {
+            let (a, b) = (f16x2_halves(a), f16x2_halves(b));
+            cvt_rn_f16x2_f32(a[1] + b[1], a[0] + b[0])
+        },
+    }
+}
+
+/// `fma.rn.f16x2` (sm_53+): `a · b + c` on the pairs of f16, each rounded once to f16.
+#[inline(always)]
+pub fn fma_rn_f16x2(a: u32, b: u32, c: u32) -> u32 {
+    gpu_or_emulator! {
+        gpu: {
+            let d: u32;
+            // SAFETY: arithmetic only.
+            unsafe { ptx!("fma.rn.f16x2 {d}, {a}, {b}, {c};", d = out(reg32) d, a = in(reg32) a, b = in(reg32) b, c = in(reg32) c, options(pure, nomem, nostack)) };
+            d
+        },
+        // a · b is exact in f32; the sum is taken in f64 and rounded through f32 to f16.
+        emulator: {
+            let (a, b, c) = (f16x2_halves(a), f16x2_halves(b), f16x2_halves(c));
+            let fma = |i: usize| ((a[i] * b[i]) as f64 + c[i] as f64) as f32;
+            cvt_rn_f16x2_f32(fma(1), fma(0))
+        },
+    }
+}
+
 /// `cvt.rn.bf16x2.f32` (sm_80+): `a` and `b` rounded to bf16 and packed, `a` in the upper half.
 #[inline(always)]
 pub fn cvt_rn_bf16x2_f32(a: f32, b: f32) -> u32 {

@@ -8,6 +8,7 @@
 //! keep several rows per SM in flight. GELU's exact erf costs one `ex2` and a polynomial per
 //! value.
 
+use clusterfuse::arch::{add_rn_f16x2, cvt_rn_f16x2_f32, fma_rn_f16x2};
 use clusterfuse::prelude::*;
 
 /// Halves per 16-byte vector.
@@ -139,24 +140,38 @@ impl<'a> Run<'a> {
         Self { x, offset, vectors: row.vectors }
     }
 
-    /// Vector `offset + row.column(k)` in f32, or zeros where `row` has no vector `k`.
+    /// Vector `offset + row.column(k)` as four f16x2, or zeros where `row` has no vector `k`.
     #[inline(always)]
-    fn get(&self, row: &Row, k: usize) -> [f32; 8] {
+    fn halves(&self, row: &Row, k: usize) -> [u32; 4] {
         let column = row.column(k);
         if column >= self.vectors as usize {
-            return [0.0; 8];
+            return [0; 4];
         }
         // SAFETY: `offset + column < offset + vectors`, which `new` found in bounds of the
         // aligned `x`.
-        let halves: [f16; 8] = unsafe { global::load16_unchecked(self.x, self.offset + column) };
-        halves.map(|h| h.to_f32())
+        let h: [f16; 8] = unsafe { global::load16_unchecked(self.x, self.offset + column) };
+        core::array::from_fn(|i| h[2 * i].to_bits() as u32 | (h[2 * i + 1].to_bits() as u32) << 16)
     }
 
-    /// Every vector of `row`, each load issued before the first value is used.
+    /// Every vector of `row` as f16x2, each load issued before the first value is used.
     #[inline(always)]
-    fn all(&self, row: &Row) -> [[f32; 8]; VECTORS] {
-        core::array::from_fn(|k| self.get(row, k))
+    fn all(&self, row: &Row) -> [[u32; 4]; VECTORS] {
+        core::array::from_fn(|k| self.halves(row, k))
     }
+
+    /// Every vector of `self + other` in f16 (`add.rn.f16x2`: what adding two fp16 tensors
+    /// gives in PyTorch), widened to f32.
+    #[inline(always)]
+    fn plus(&self, other: &Run, row: &Row) -> [[f32; 8]; VECTORS] {
+        let (a, b) = (self.all(row), other.all(row));
+        core::array::from_fn(|k| widen(core::array::from_fn(|i| add_rn_f16x2(a[k][i], b[k][i]))))
+    }
+}
+
+/// Eight f16, as four f16x2 (the first in the low half), widened to f32.
+#[inline(always)]
+fn widen(halves: [u32; 4]) -> [f32; 8] {
+    core::array::from_fn(|e| f16::from_bits((halves[e / 2] >> (16 * (e % 2))) as u16).to_f32())
 }
 
 /// This thread's vectors of its block's row of `x` (`hidden` values a row), in f32, all loads
@@ -164,11 +179,11 @@ impl<'a> Run<'a> {
 #[inline(always)]
 pub fn load_row(x: &[f16], hidden: u32) -> Row {
     let mut row = Row::new(hidden);
-    row.values = Run::new(x, row.start, &row).all(&row);
+    row.values = Run::new(x, row.start, &row).all(&row).map(widen);
     row
 }
 
-/// A per-column parameter (bias, γ, β, weight) of `row`'s length, checked once; [`Run::get`]
+/// A per-column parameter (bias, γ, β, weight) of `row`'s length, checked once; [`Run::halves`]
 /// reads its vector `column(k)`.
 #[inline(always)]
 fn columns<'a>(param: &'a [f16], row: &Row) -> Run<'a> {
@@ -228,16 +243,17 @@ pub fn gelu(x: f32) -> f32 {
 pub mod layernorm_gelu {
     use super::*;
 
-    /// y = x + b, kept in registers.
+    /// y = x + b in f16, kept in registers.
     #[stage(thread)]
     pub fn add_bias(x: Global<&[f16]>, b: Global<&[f16]>) -> Registers<Row> {
-        let mut y = load_row(x, b.len() as u32);
-        let b = columns(b, &y).all(&y);
-        y.map(|k, e, v| v + b[k][e]);
+        let mut y = Row::new(b.len() as u32);
+        y.values = Run::new(x, y.start, &y).plus(&columns(b, &y), &y);
         y
     }
 
-    /// (y − μ) / √(σ² + ε) · γ + β, the mean and then the variance reduced over the block.
+    /// (y − μ) / √(σ² + ε) · γ + β, the mean and then the variance reduced over the block;
+    /// the affine step in f16 (`fma.rn.f16x2`), whose result PyTorch's fp16 LayerNorm also
+    /// rounds to f16.
     #[stage(block)]
     pub fn layer_norm(mut y: Registers<Row>, gamma: Global<&[f16]>, beta: Global<&[f16]>, hidden: u32) -> Registers<Row> {
         // A slot per warp of the block (at most 8) for each sum.
@@ -246,11 +262,11 @@ pub mod layernorm_gelu {
         let mean = row_sum(y.fold(|s, v| s + v), sums) * inverse;
         y.map(|_, _, v| v - mean);
         let rstd = math::rsqrt(row_sum(y.fold(|s, d| d.fma(d, s)), squares) * inverse + EPS);
-        // γ and β a vector at a time, into as few registers as possible.
+        // γ and β a vector at a time, as loaded, into as few registers as possible.
         let (gamma, beta) = (columns(gamma, &y), columns(beta, &y));
         y.map_vectors(|row, k, d| {
-            let (g, b) = (gamma.get(row, k), beta.get(row, k));
-            core::array::from_fn(|e| (d[e] * rstd).fma(g[e], b[e]))
+            let (g, b) = (gamma.halves(row, k), beta.halves(row, k));
+            widen(core::array::from_fn(|i| fma_rn_f16x2(cvt_rn_f16x2_f32(d[2 * i + 1] * rstd, d[2 * i] * rstd), g[i], b[i])))
         });
         y
     }
@@ -277,12 +293,11 @@ pub mod layernorm_gelu {
 pub mod add_rmsnorm {
     use super::*;
 
-    /// h = f16(x + r): the next layer's residual, written out and kept in registers.
+    /// h = x + r in f16: the next layer's residual, written out and kept in registers.
     #[stage(thread)]
     pub fn add_residual(x: Global<&[f16]>, r: Global<&[f16]>, residual_out: Global<Out<f16>>, hidden: u32) -> Registers<Row> {
-        let (mut h, r) = (load_row(x, hidden), load_row(r, hidden));
-        let r = r.values;
-        h.map(|k, e, v| f16::from_f32(v + r[k][e]).to_f32());
+        let mut h = Row::new(hidden);
+        h.values = Run::new(x, h.start, &h).plus(&Run::new(r, h.start, &h), &h);
         store_row(h, residual_out);
         h
     }
@@ -294,7 +309,7 @@ pub mod add_rmsnorm {
         let weight = columns(weight, &h);
         let rstd = math::rsqrt(row_sum(h.fold(|s, v| v.fma(v, s)), squares) / hidden as f32 + EPS);
         h.map_vectors(|row, k, h| {
-            let w = weight.get(row, k);
+            let w = widen(weight.halves(row, k));
             core::array::from_fn(|e| h[e] * rstd * w[e])
         });
         store_row(h, out);
@@ -366,12 +381,13 @@ pub mod reference {
         r.copysign(x)
     }
 
-    /// GELU(LayerNorm(x + b) · γ + β), row by row.
+    /// GELU(LayerNorm(x + b) · γ + β), row by row, of x and b in f16 (their sum rounded to f16).
     pub fn layernorm_gelu(x: &[f32], b: &[f32], gamma: &[f32], beta: &[f32], eps: f64) -> Vec<f64> {
         let hidden = b.len();
         x.chunks(hidden)
             .flat_map(|row| {
-                let y: Vec<f64> = row.iter().zip(b).map(|(&x, &b)| x as f64 + b as f64).collect();
+                // x + b in f16, as the kernels and PyTorch add two fp16 tensors.
+                let y: Vec<f64> = row.iter().zip(b).map(|(&x, &b)| super::f16::from_f32(x + b).to_f32() as f64).collect();
                 let mean = y.iter().sum::<f64>() / hidden as f64;
                 let var = y.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / hidden as f64;
                 let rstd = 1.0 / (var + eps).sqrt();
