@@ -5,9 +5,12 @@
 //! (`block = ⌈hidden / 1024⌉ · 32`, at most 256 threads): each thread issues the loads of its
 //! up to four 16-byte vectors at once and keeps the row in registers, so x is read from
 //! global memory once, and a warp has 2 KB of loads in flight; small blocks of few registers
-//! keep several rows per SM in flight. GELU's exact erf costs one `ex2` and a polynomial per
-//! value.
+//! keep several rows per SM in flight. Where PyTorch's fp16 semantics round to f16 anyway, the
+//! kernels compute on f16 pairs (f16x2): x + b and x + r, LayerNorm's affine step, and GELU's
+//! last step, so that bias, γ and β are never widened to f32. The sums and GELU's exact erf
+//! (one `ex2` and a polynomial per value) stay in f32.
 
+use clusterfuse::arch::{add_rn_f16x2, cvt_rn_f16x2_f32, fma_rn_f16x2, max_f16x2, max_nan_f16x2};
 use clusterfuse::prelude::*;
 
 /// Halves per 16-byte vector.
@@ -139,24 +142,38 @@ impl<'a> Run<'a> {
         Self { x, offset, vectors: row.vectors }
     }
 
-    /// Vector `offset + row.column(k)` in f32, or zeros where `row` has no vector `k`.
+    /// Vector `offset + row.column(k)` as four f16x2, or zeros where `row` has no vector `k`.
     #[inline(always)]
-    fn get(&self, row: &Row, k: usize) -> [f32; 8] {
+    fn halves(&self, row: &Row, k: usize) -> [u32; 4] {
         let column = row.column(k);
         if column >= self.vectors as usize {
-            return [0.0; 8];
+            return [0; 4];
         }
         // SAFETY: `offset + column < offset + vectors`, which `new` found in bounds of the
         // aligned `x`.
-        let halves: [f16; 8] = unsafe { global::load16_unchecked(self.x, self.offset + column) };
-        halves.map(|h| h.to_f32())
+        let h: [f16; 8] = unsafe { global::load16_unchecked(self.x, self.offset + column) };
+        core::array::from_fn(|i| h[2 * i].to_bits() as u32 | (h[2 * i + 1].to_bits() as u32) << 16)
     }
 
-    /// Every vector of `row`, each load issued before the first value is used.
+    /// Every vector of `row` as f16x2, each load issued before the first value is used.
     #[inline(always)]
-    fn all(&self, row: &Row) -> [[f32; 8]; VECTORS] {
-        core::array::from_fn(|k| self.get(row, k))
+    fn all(&self, row: &Row) -> [[u32; 4]; VECTORS] {
+        core::array::from_fn(|k| self.halves(row, k))
     }
+
+    /// Every vector of `self + other` in f16 (`add.rn.f16x2`: what adding two fp16 tensors
+    /// gives in PyTorch), widened to f32.
+    #[inline(always)]
+    fn plus(&self, other: &Run, row: &Row) -> [[f32; 8]; VECTORS] {
+        let (a, b) = (self.all(row), other.all(row));
+        core::array::from_fn(|k| widen(core::array::from_fn(|i| add_rn_f16x2(a[k][i], b[k][i]))))
+    }
+}
+
+/// Eight f16, as four f16x2 (the first in the low half), widened to f32.
+#[inline(always)]
+fn widen(halves: [u32; 4]) -> [f32; 8] {
+    core::array::from_fn(|e| f16::from_bits((halves[e / 2] >> (16 * (e % 2))) as u16).to_f32())
 }
 
 /// This thread's vectors of its block's row of `x` (`hidden` values a row), in f32, all loads
@@ -164,26 +181,35 @@ impl<'a> Run<'a> {
 #[inline(always)]
 pub fn load_row(x: &[f16], hidden: u32) -> Row {
     let mut row = Row::new(hidden);
-    row.values = Run::new(x, row.start, &row).all(&row);
+    row.values = Run::new(x, row.start, &row).all(&row).map(widen);
     row
 }
 
-/// A per-column parameter (bias, γ, β, weight) of `row`'s length, checked once; [`Run::get`]
+/// A per-column parameter (bias, γ, β, weight) of `row`'s length, checked once; [`Run::halves`]
 /// reads its vector `column(k)`.
 #[inline(always)]
 fn columns<'a>(param: &'a [f16], row: &Row) -> Run<'a> {
     Run::new(param, 0, row)
 }
 
-/// Writes this thread's vectors of the row to `out` in f16, 16 bytes at once.
+/// Writes this thread's vectors of the row to `out` in f16 (rounded), 16 bytes at once.
 #[inline(always)]
 pub fn store_row(row: Row, out: &Out<f16>) {
+    store_vectors(&row, out, |k| core::array::from_fn(|i| cvt_rn_f16x2_f32(row.values[k][2 * i + 1], row.values[k][2 * i])));
+}
+
+/// Writes `f(k)`, four f16x2, as this thread's vector `k` of the row to `out`, for each `k`
+/// that the row has.
+#[inline(always)]
+fn store_vectors(row: &Row, out: &Out<f16>, f: impl Fn(usize) -> [u32; 4]) {
     global::check16::<f16, 8>(out.as_mut_ptr(), out.len(), row.start + row.vectors as usize);
     each_vector(|k| {
         if row.has(k) {
+            let pairs = f(k);
+            let halves = core::array::from_fn(|e| f16::from_bits((pairs[e / 2] >> (16 * (e % 2))) as u16));
             // SAFETY: `has(k)`: below `start + vectors`, which `check16` found in bounds of the
             // aligned `out`.
-            unsafe { out.store16_rounded_unchecked(row.start + row.column(k), row.values[k]) };
+            unsafe { out.store16_unchecked::<8>(row.start + row.column(k), halves) };
         }
     });
 }
@@ -212,13 +238,30 @@ const GELU_TAIL: f32 = 5.5;
 /// under which, evaluated in f32, erf is within 2.5e-7 absolute and ½·erfc within 3e-5 relative.
 const GELU_LOG2_Q: [f32; 9] = [-0.9999997, -1.1511207, -0.4590786, -0.052887313, 0.0076123774, -0.0005349694, -3.303273e-5, 9.736938e-6, -5.663563e-7];
 
+/// q = ½·erfc(a/√2) = 2^P(a) for `a` in [0, 5.5]: one `ex2`.
+#[inline(always)]
+fn erfc_half(a: f32) -> f32 {
+    math::exp2(GELU_LOG2_Q[..8].iter().rev().fold(GELU_LOG2_Q[8], |p, &c| p.fma(a, c)))
+}
+
 /// GELU with the exact erf, as BERT and `torch.nn.functional.gelu` define it:
-/// x·Φ(x) = max(x, 0) − |x|·q, where q = ½·erfc(|x|/√2) = 2^P(|x|). No branch, one `ex2`.
+/// x·Φ(x) = max(x, 0) − a·q, where a = min(|x|, 5.5) and q = ½·erfc(a/√2). No branch.
 #[inline(always)]
 pub fn gelu(x: f32) -> f32 {
     let a = x.abs().min(GELU_TAIL);
-    let p = GELU_LOG2_Q[..8].iter().rev().fold(GELU_LOG2_Q[8], |p, &c| p.fma(a, c));
-    (-a).fma(math::exp2(p), math::maximum(x, 0.0))
+    (-a).fma(erfc_half(a), math::maximum(x, 0.0))
+}
+
+/// [`gelu`] of a pair of f16 (an f16x2), in f16: −a and max(x, 0) in f16x2, which hold them
+/// exactly, q in f32 and rounded to f16, then one `fma.rn.f16x2`: within 1.5 ulp of f16 (an
+/// f32 GELU rounded once is within half an ulp).
+#[inline(always)]
+pub fn gelu_f16x2(x: u32) -> u32 {
+    // −min(|x|, 5.5) = max(−|x|, −5.5), −|x| by setting the sign bits; a NaN becomes −5.5.
+    const MINUS_TAIL: u32 = 0xc580_c580;
+    let minus_a = max_f16x2(x | 0x8000_8000, MINUS_TAIL);
+    let q = |shift: u32| erfc_half(-f16::from_bits((minus_a >> shift) as u16).to_f32());
+    fma_rn_f16x2(minus_a, cvt_rn_f16x2_f32(q(16), q(0)), max_nan_f16x2(x, 0))
 }
 
 /// `out = GELU(LayerNorm(x + b) · γ + β)` for `rows × hidden` (row-major; hidden a multiple of
@@ -228,16 +271,17 @@ pub fn gelu(x: f32) -> f32 {
 pub mod layernorm_gelu {
     use super::*;
 
-    /// y = x + b, kept in registers.
+    /// y = x + b in f16, kept in registers.
     #[stage(thread)]
     pub fn add_bias(x: Global<&[f16]>, b: Global<&[f16]>) -> Registers<Row> {
-        let mut y = load_row(x, b.len() as u32);
-        let b = columns(b, &y).all(&y);
-        y.map(|k, e, v| v + b[k][e]);
+        let mut y = Row::new(b.len() as u32);
+        y.values = Run::new(x, y.start, &y).plus(&columns(b, &y), &y);
         y
     }
 
-    /// (y − μ) / √(σ² + ε) · γ + β, the mean and then the variance reduced over the block.
+    /// (y − μ) / √(σ² + ε) · γ + β, the mean and then the variance reduced over the block;
+    /// the affine step in f16 (`fma.rn.f16x2`), whose result PyTorch's fp16 LayerNorm also
+    /// rounds to f16.
     #[stage(block)]
     pub fn layer_norm(mut y: Registers<Row>, gamma: Global<&[f16]>, beta: Global<&[f16]>, hidden: u32) -> Registers<Row> {
         // A slot per warp of the block (at most 8) for each sum.
@@ -246,20 +290,25 @@ pub mod layernorm_gelu {
         let mean = row_sum(y.fold(|s, v| s + v), sums) * inverse;
         y.map(|_, _, v| v - mean);
         let rstd = math::rsqrt(row_sum(y.fold(|s, d| d.fma(d, s)), squares) * inverse + EPS);
-        // γ and β a vector at a time, into as few registers as possible.
+        // γ and β a vector at a time, as loaded. Absent vectors too (zeros, which they keep):
+        // with no choice between z and zeros, `gelu_out`'s rounding undoes z's widening.
         let (gamma, beta) = (columns(gamma, &y), columns(beta, &y));
-        y.map_vectors(|row, k, d| {
-            let (g, b) = (gamma.get(row, k), beta.get(row, k));
-            core::array::from_fn(|e| (d[e] * rstd).fma(g[e], b[e]))
+        y.values = core::array::from_fn(|k| {
+            let (d, g, b) = (y.values[k], gamma.halves(&y, k), beta.halves(&y, k));
+            widen(core::array::from_fn(|i| fma_rn_f16x2(cvt_rn_f16x2_f32(d[2 * i + 1] * rstd, d[2 * i] * rstd), g[i], b[i])))
         });
         y
     }
 
-    /// out = GELU(z), written as f16.
+    /// out = GELU(z) of z in f16 (as `layer_norm` rounds it, or as loaded), written as f16.
     #[stage(thread)]
-    pub fn gelu_out(mut z: Registers<Row>, out: Global<Out<f16>>) {
-        z.map(|_, _, v| gelu(v));
-        store_row(z, out);
+    pub fn gelu_out(z: Registers<Row>, out: Global<Out<f16>>) {
+        // Rounding z to f16 undoes its widening (LLVM folds the pair), so z is as loaded.
+        let pairs = |k: usize| -> [u32; 4] {
+            let h = z.values[k].map(f16::from_f32);
+            core::array::from_fn(|i| gelu_f16x2(h[2 * i].to_bits() as u32 | (h[2 * i + 1].to_bits() as u32) << 16))
+        };
+        store_vectors(&z, out, pairs);
     }
 
     /// Launch arguments; the body is the dataflow the macro checks.
@@ -277,12 +326,11 @@ pub mod layernorm_gelu {
 pub mod add_rmsnorm {
     use super::*;
 
-    /// h = f16(x + r): the next layer's residual, written out and kept in registers.
+    /// h = x + r in f16: the next layer's residual, written out and kept in registers.
     #[stage(thread)]
     pub fn add_residual(x: Global<&[f16]>, r: Global<&[f16]>, residual_out: Global<Out<f16>>, hidden: u32) -> Registers<Row> {
-        let (mut h, r) = (load_row(x, hidden), load_row(r, hidden));
-        let r = r.values;
-        h.map(|k, e, v| f16::from_f32(v + r[k][e]).to_f32());
+        let mut h = Row::new(hidden);
+        h.values = Run::new(x, h.start, &h).plus(&Run::new(r, h.start, &h), &h);
         store_row(h, residual_out);
         h
     }
@@ -294,7 +342,7 @@ pub mod add_rmsnorm {
         let weight = columns(weight, &h);
         let rstd = math::rsqrt(row_sum(h.fold(|s, v| v.fma(v, s)), squares) / hidden as f32 + EPS);
         h.map_vectors(|row, k, h| {
-            let w = weight.get(row, k);
+            let w = widen(weight.halves(row, k));
             core::array::from_fn(|e| h[e] * rstd * w[e])
         });
         store_row(h, out);
@@ -366,12 +414,13 @@ pub mod reference {
         r.copysign(x)
     }
 
-    /// GELU(LayerNorm(x + b) · γ + β), row by row.
+    /// GELU(LayerNorm(x + b) · γ + β), row by row, of x and b in f16 (their sum rounded to f16).
     pub fn layernorm_gelu(x: &[f32], b: &[f32], gamma: &[f32], beta: &[f32], eps: f64) -> Vec<f64> {
         let hidden = b.len();
         x.chunks(hidden)
             .flat_map(|row| {
-                let y: Vec<f64> = row.iter().zip(b).map(|(&x, &b)| x as f64 + b as f64).collect();
+                // x + b in f16, as the kernels and PyTorch add two fp16 tensors.
+                let y: Vec<f64> = row.iter().zip(b).map(|(&x, &b)| super::f16::from_f32(x + b).to_f32() as f64).collect();
                 let mean = y.iter().sum::<f64>() / hidden as f64;
                 let var = y.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / hidden as f64;
                 let rstd = 1.0 / (var + eps).sqrt();
@@ -446,7 +495,8 @@ pub fn run(gpu: &Gpu) -> clusterfuse::host::Result<crate::check::Report> {
 
 #[cfg(all(test, not(target_arch = "nvptx64")))]
 mod tests {
-    use super::{gelu, reference};
+    use super::{gelu, gelu_f16x2, reference};
+    use clusterfuse::prelude::f16;
 
     /// The branch-free GELU against x·½(1 + erf(x/√2)) in f64, over x in [-12, 12]: within the
     /// error of an erf good to 3e-7 (the fit's 2.5e-7, plus f32 rounding).
@@ -461,5 +511,28 @@ mod tests {
             .fold(0.0, f64::max);
         assert!(worst < 3e-7, "GELU error {worst:e} × max(|x|, 1)");
         assert!(gelu(f32::NAN).is_nan());
+    }
+
+    /// The f16x2 GELU on every f16 against the f64 one: within 1.5 ulp of f16 (q's rounding
+    /// and the result's), plus the tail's 1.2e-7 below x = -5.5; NaN stays NaN.
+    #[test]
+    fn gelu_f16x2_is_within_one_and_a_half_ulp_on_every_f16() {
+        for bits in 0..=u16::MAX {
+            let x = f16::from_bits(bits);
+            // The same x in both halves, swapped into the other half for the high one.
+            let pair = gelu_f16x2(bits as u32 | (bits as u32) << 16);
+            let (lo, hi) = (f16::from_bits(pair as u16).to_f32(), f16::from_bits((pair >> 16) as u16).to_f32());
+            let x = x.to_f32() as f64;
+            if x.is_nan() {
+                assert!(lo.is_nan() && hi.is_nan(), "GELU(NaN)");
+                continue;
+            }
+            let exact = if x.is_infinite() { x.max(0.0) } else { x * 0.5 * (1.0 + reference::erf(x / std::f64::consts::SQRT_2)) };
+            let ulp = 2f64.powi(exact.abs().log2().floor().max(-24.0) as i32 - 10).max(2f64.powi(-24));
+            for got in [lo, hi] {
+                let error = if exact.is_infinite() { if got as f64 == exact { 0.0 } else { f64::INFINITY } } else { (got as f64 - exact).abs() };
+                assert!(error <= 1.5 * ulp + 1.2e-7, "GELU({x}) = {got}, not {exact}");
+            }
+        }
     }
 }
