@@ -785,48 +785,47 @@ pub fn cvt_rn_f16x2_f32(a: f32, b: f32) -> u32 {
     }
 }
 
-/// The two halves of an f16x2 register, low first; an f16x2 of two halves.
-fn f16x2_split(x: u32) -> [u16; 2] {
-    [x as u16, (x >> 16) as u16]
-}
-fn f16x2_join([lo, hi]: [u16; 2]) -> u32 {
-    lo as u32 | (hi as u32) << 16
+/// The halves of an f16x2 register, low first, widened to f32 on the host (the emulator).
+#[cfg(not(target_arch = "nvptx64"))]
+fn f16x2_halves(x: u32) -> [f32; 2] {
+    [crate::f16::from_bits(x as u16).to_f32(), crate::f16::from_bits((x >> 16) as u16).to_f32()]
 }
 
-macro_rules! f16x2_op {
-    ($($(#[$doc:meta])* $name:ident($($arg:ident),*) => $ptx:literal, |$($x:ident),*| $emulated:expr;)*) => {$(
-        $(#[$doc])*
-        #[inline(always)]
-        pub fn $name($($arg: u32),*) -> u32 {
-            gpu_or_emulator! {
-                gpu: {
-                    let d: u32;
-                    // SAFETY: arithmetic only.
-                    unsafe { ptx!(concat!($ptx, " {d}, ", half_op!(@ops $($arg),*), ";"), d = out(reg32) d, $($arg = in(reg32) $arg),*, options(pure, nomem, nostack)) };
-                    d
-                },
-                // Each half as the scalar instruction computes it.
-                emulator: {
-                    let ($($x),*) = ($(f16x2_split($arg)),*);
-                    f16x2_join([0, 1].map($emulated))
-                },
-            }
-        }
-    )*};
+/// `add.rn.f16x2` (sm_53+): the pairs of f16 of `a` and `b` added, each sum rounded to f16.
+#[inline(always)]
+pub fn add_rn_f16x2(a: u32, b: u32) -> u32 {
+    gpu_or_emulator! {
+        gpu: {
+            let d: u32;
+            // SAFETY: arithmetic only.
+            unsafe { ptx!("add.rn.f16x2 {d}, {a}, {b};", d = out(reg32) d, a = in(reg32) a, b = in(reg32) b, options(pure, nomem, nostack)) };
+            d
+        },
+        // The sum of two f16 is exact in f32, so rounding it once is `add.rn`'s result.
+        emulator: {
+            let (a, b) = (f16x2_halves(a), f16x2_halves(b));
+            cvt_rn_f16x2_f32(a[1] + b[1], a[0] + b[0])
+        },
+    }
 }
 
-f16x2_op! {
-    /// `add.rn.f16x2`: the pairs of f16 added, each sum rounded to f16.
-    add_rn_f16x2(a, b) => "add.rn.f16x2", |x, y| |i: usize| add_rn_f16(x[i], y[i]);
-    /// `fma.rn.f16x2`: `a · b + c` on the pairs of f16, each rounded once to f16.
-    fma_rn_f16x2(a, b, c) => "fma.rn.f16x2", |x, y, z| |i: usize| fma_rn_f16(x[i], y[i], z[i]);
-    /// `max.f16x2` (sm_80+): the larger of each pair; of a NaN and a number, the number.
-    max_f16x2(a, b) => "max.f16x2", |x, y| |i: usize| crate::f16::from_f32(crate::f16::from_bits(x[i]).to_f32().max(crate::f16::from_bits(y[i]).to_f32())).to_bits();
-    /// `max.NaN.f16x2` (sm_80+): the larger of each pair, NaN where either is NaN.
-    max_nan_f16x2(a, b) => "max.NaN.f16x2", |x, y| |i: usize| {
-        let (x, y) = (crate::f16::from_bits(x[i]).to_f32(), crate::f16::from_bits(y[i]).to_f32());
-        crate::f16::from_f32(if x.is_nan() || y.is_nan() { f32::NAN } else { x.max(y) }).to_bits()
-    };
+/// `fma.rn.f16x2` (sm_53+): `a · b + c` on the pairs of f16, each rounded once to f16.
+#[inline(always)]
+pub fn fma_rn_f16x2(a: u32, b: u32, c: u32) -> u32 {
+    gpu_or_emulator! {
+        gpu: {
+            let d: u32;
+            // SAFETY: arithmetic only.
+            unsafe { ptx!("fma.rn.f16x2 {d}, {a}, {b}, {c};", d = out(reg32) d, a = in(reg32) a, b = in(reg32) b, c = in(reg32) c, options(pure, nomem, nostack)) };
+            d
+        },
+        // a · b is exact in f32; the sum is taken in f64 and rounded through f32 to f16.
+        emulator: {
+            let (a, b, c) = (f16x2_halves(a), f16x2_halves(b), f16x2_halves(c));
+            let fma = |i: usize| ((a[i] * b[i]) as f64 + c[i] as f64) as f32;
+            cvt_rn_f16x2_f32(fma(1), fma(0))
+        },
+    }
 }
 
 /// `cvt.rn.bf16x2.f32` (sm_80+): `a` and `b` rounded to bf16 and packed, `a` in the upper half.

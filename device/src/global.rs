@@ -108,18 +108,6 @@ impl<'a, T: Copy> Out<'a, T> {
         unsafe { arch::st_global_v4_b32(ptr as *mut [u32; 4], core::mem::transmute_copy(&values)) }
     }
 
-    /// [`Out::store16`] without its checks, for a caller that checked a whole run of vectors
-    /// once.
-    ///
-    /// # Safety
-    /// 1. `N (i + 1) <= self.len()`.
-    /// 2. The buffer starts at a 16-byte-aligned address.
-    #[inline(always)]
-    pub unsafe fn store16_unchecked<const N: usize>(&self, i: usize, values: [T; N]) {
-        const { assert!(N * size_of::<T>() == 16, "a 16-byte access needs N * size_of::<T>() == 16") };
-        arch::st_global_v4_b32(self.ptr.add(N * i) as *mut [u32; 4], core::mem::transmute_copy(&values))
-    }
-
     /// Elements `N * i .. N * i + N` in one 16-byte `ld.global.v4` through the coherent path
     /// (an output may be read back where this kernel, ordered by a barrier or fence, wrote it;
     /// [`load16`] on inputs takes the read-only path instead). Traps when out of bounds or

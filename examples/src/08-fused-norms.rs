@@ -5,12 +5,10 @@
 //! (`block = ⌈hidden / 1024⌉ · 32`, at most 256 threads): each thread issues the loads of its
 //! up to four 16-byte vectors at once and keeps the row in registers, so x is read from
 //! global memory once, and a warp has 2 KB of loads in flight; small blocks of few registers
-//! keep several rows per SM in flight. Where PyTorch's fp16 semantics round to f16 anyway, the
-//! kernels compute on f16 pairs (f16x2): x + b and x + r, LayerNorm's affine step, and GELU's
-//! last step, so that bias, γ and β are never widened to f32. The sums and GELU's exact erf
-//! (one `ex2` and a polynomial per value) stay in f32.
+//! keep several rows per SM in flight. GELU's exact erf costs one `ex2` and a polynomial per
+//! value.
 
-use clusterfuse::arch::{add_rn_f16x2, cvt_rn_f16x2_f32, fma_rn_f16x2, max_f16x2, max_nan_f16x2};
+use clusterfuse::arch::{add_rn_f16x2, cvt_rn_f16x2_f32, fma_rn_f16x2};
 use clusterfuse::prelude::*;
 
 /// Halves per 16-byte vector.
@@ -192,24 +190,15 @@ fn columns<'a>(param: &'a [f16], row: &Row) -> Run<'a> {
     Run::new(param, 0, row)
 }
 
-/// Writes this thread's vectors of the row to `out` in f16 (rounded), 16 bytes at once.
+/// Writes this thread's vectors of the row to `out` in f16, 16 bytes at once.
 #[inline(always)]
 pub fn store_row(row: Row, out: &Out<f16>) {
-    store_vectors(&row, out, |k| core::array::from_fn(|i| cvt_rn_f16x2_f32(row.values[k][2 * i + 1], row.values[k][2 * i])));
-}
-
-/// Writes `f(k)`, four f16x2, as this thread's vector `k` of the row to `out`, for each `k`
-/// that the row has.
-#[inline(always)]
-fn store_vectors(row: &Row, out: &Out<f16>, f: impl Fn(usize) -> [u32; 4]) {
     global::check16::<f16, 8>(out.as_mut_ptr(), out.len(), row.start + row.vectors as usize);
     each_vector(|k| {
         if row.has(k) {
-            let pairs = f(k);
-            let halves = core::array::from_fn(|e| f16::from_bits((pairs[e / 2] >> (16 * (e % 2))) as u16));
             // SAFETY: `has(k)`: below `start + vectors`, which `check16` found in bounds of the
             // aligned `out`.
-            unsafe { out.store16_unchecked::<8>(row.start + row.column(k), halves) };
+            unsafe { out.store16_rounded_unchecked(row.start + row.column(k), row.values[k]) };
         }
     });
 }
@@ -238,30 +227,13 @@ const GELU_TAIL: f32 = 5.5;
 /// under which, evaluated in f32, erf is within 2.5e-7 absolute and ½·erfc within 3e-5 relative.
 const GELU_LOG2_Q: [f32; 9] = [-0.9999997, -1.1511207, -0.4590786, -0.052887313, 0.0076123774, -0.0005349694, -3.303273e-5, 9.736938e-6, -5.663563e-7];
 
-/// q = ½·erfc(a/√2) = 2^P(a) for `a` in [0, 5.5]: one `ex2`.
-#[inline(always)]
-fn erfc_half(a: f32) -> f32 {
-    math::exp2(GELU_LOG2_Q[..8].iter().rev().fold(GELU_LOG2_Q[8], |p, &c| p.fma(a, c)))
-}
-
 /// GELU with the exact erf, as BERT and `torch.nn.functional.gelu` define it:
-/// x·Φ(x) = max(x, 0) − a·q, where a = min(|x|, 5.5) and q = ½·erfc(a/√2). No branch.
+/// x·Φ(x) = max(x, 0) − |x|·q, where q = ½·erfc(|x|/√2) = 2^P(|x|). No branch, one `ex2`.
 #[inline(always)]
 pub fn gelu(x: f32) -> f32 {
     let a = x.abs().min(GELU_TAIL);
-    (-a).fma(erfc_half(a), math::maximum(x, 0.0))
-}
-
-/// [`gelu`] of a pair of f16 (an f16x2), in f16: −a and max(x, 0) in f16x2, which hold them
-/// exactly, q in f32 and rounded to f16, then one `fma.rn.f16x2`: within 1.5 ulp of f16 (an
-/// f32 GELU rounded once is within half an ulp).
-#[inline(always)]
-pub fn gelu_f16x2(x: u32) -> u32 {
-    // −min(|x|, 5.5) = max(−|x|, −5.5), −|x| by setting the sign bits; a NaN becomes −5.5.
-    const MINUS_TAIL: u32 = 0xc580_c580;
-    let minus_a = max_f16x2(x | 0x8000_8000, MINUS_TAIL);
-    let q = |shift: u32| erfc_half(-f16::from_bits((minus_a >> shift) as u16).to_f32());
-    fma_rn_f16x2(minus_a, cvt_rn_f16x2_f32(q(16), q(0)), max_nan_f16x2(x, 0))
+    let p = GELU_LOG2_Q[..8].iter().rev().fold(GELU_LOG2_Q[8], |p, &c| p.fma(a, c));
+    (-a).fma(math::exp2(p), math::maximum(x, 0.0))
 }
 
 /// `out = GELU(LayerNorm(x + b) · γ + β)` for `rows × hidden` (row-major; hidden a multiple of
@@ -290,25 +262,20 @@ pub mod layernorm_gelu {
         let mean = row_sum(y.fold(|s, v| s + v), sums) * inverse;
         y.map(|_, _, v| v - mean);
         let rstd = math::rsqrt(row_sum(y.fold(|s, d| d.fma(d, s)), squares) * inverse + EPS);
-        // γ and β a vector at a time, as loaded. Absent vectors too (zeros, which they keep):
-        // with no choice between z and zeros, `gelu_out`'s rounding undoes z's widening.
+        // γ and β a vector at a time, as loaded, into as few registers as possible.
         let (gamma, beta) = (columns(gamma, &y), columns(beta, &y));
-        y.values = core::array::from_fn(|k| {
-            let (d, g, b) = (y.values[k], gamma.halves(&y, k), beta.halves(&y, k));
+        y.map_vectors(|row, k, d| {
+            let (g, b) = (gamma.halves(row, k), beta.halves(row, k));
             widen(core::array::from_fn(|i| fma_rn_f16x2(cvt_rn_f16x2_f32(d[2 * i + 1] * rstd, d[2 * i] * rstd), g[i], b[i])))
         });
         y
     }
 
-    /// out = GELU(z) of z in f16 (as `layer_norm` rounds it, or as loaded), written as f16.
+    /// out = GELU(z), written as f16.
     #[stage(thread)]
-    pub fn gelu_out(z: Registers<Row>, out: Global<Out<f16>>) {
-        // Rounding z to f16 undoes its widening (LLVM folds the pair), so z is as loaded.
-        let pairs = |k: usize| -> [u32; 4] {
-            let h = z.values[k].map(f16::from_f32);
-            core::array::from_fn(|i| gelu_f16x2(h[2 * i].to_bits() as u32 | (h[2 * i + 1].to_bits() as u32) << 16))
-        };
-        store_vectors(&z, out, pairs);
+    pub fn gelu_out(mut z: Registers<Row>, out: Global<Out<f16>>) {
+        z.map(|_, _, v| gelu(v));
+        store_row(z, out);
     }
 
     /// Launch arguments; the body is the dataflow the macro checks.
@@ -495,8 +462,7 @@ pub fn run(gpu: &Gpu) -> clusterfuse::host::Result<crate::check::Report> {
 
 #[cfg(all(test, not(target_arch = "nvptx64")))]
 mod tests {
-    use super::{gelu, gelu_f16x2, reference};
-    use clusterfuse::prelude::f16;
+    use super::{gelu, reference};
 
     /// The branch-free GELU against x·½(1 + erf(x/√2)) in f64, over x in [-12, 12]: within the
     /// error of an erf good to 3e-7 (the fit's 2.5e-7, plus f32 rounding).
@@ -511,28 +477,5 @@ mod tests {
             .fold(0.0, f64::max);
         assert!(worst < 3e-7, "GELU error {worst:e} × max(|x|, 1)");
         assert!(gelu(f32::NAN).is_nan());
-    }
-
-    /// The f16x2 GELU on every f16 against the f64 one: within 1.5 ulp of f16 (q's rounding
-    /// and the result's), plus the tail's 1.2e-7 below x = -5.5; NaN stays NaN.
-    #[test]
-    fn gelu_f16x2_is_within_one_and_a_half_ulp_on_every_f16() {
-        for bits in 0..=u16::MAX {
-            let x = f16::from_bits(bits);
-            // The same x in both halves, swapped into the other half for the high one.
-            let pair = gelu_f16x2(bits as u32 | (bits as u32) << 16);
-            let (lo, hi) = (f16::from_bits(pair as u16).to_f32(), f16::from_bits((pair >> 16) as u16).to_f32());
-            let x = x.to_f32() as f64;
-            if x.is_nan() {
-                assert!(lo.is_nan() && hi.is_nan(), "GELU(NaN)");
-                continue;
-            }
-            let exact = if x.is_infinite() { x.max(0.0) } else { x * 0.5 * (1.0 + reference::erf(x / std::f64::consts::SQRT_2)) };
-            let ulp = 2f64.powi(exact.abs().log2().floor().max(-24.0) as i32 - 10).max(2f64.powi(-24));
-            for got in [lo, hi] {
-                let error = if exact.is_infinite() { if got as f64 == exact { 0.0 } else { f64::INFINITY } } else { (got as f64 - exact).abs() };
-                assert!(error <= 1.5 * ulp + 1.2e-7, "GELU({x}) = {got}, not {exact}");
-            }
-        }
     }
 }
