@@ -28,6 +28,13 @@
 //! warp per 2 rows (4 at batch 8), every block staging all heads' `attn` in shared memory
 //! after issuing its first `W_o` loads. No atomics anywhere: the output is deterministic.
 //!
+//! **Programmatic dependent launch** (optional, `fused(.., programmatic: true)`): fused 2/2
+//! is launched with `LaunchConfig::programmatic`; fused 1/2 calls `grid::launch_dependents`
+//! once its `W_qkv` stream is done (before the cluster reduction), so fused 2/2's blocks may
+//! start on the SMs' free slots and put their first `W_o` loads (half of `W_o` at batch 1)
+//! in flight while the attention runs; they call `grid::wait_for_prerequisites` before
+//! reading `attn`. Launched in stream order, the wait returns at once.
+//!
 //! Sizing at hidden 4096 (`ptxas -v`): fused 1/2 uses 128 registers (`min_blocks = 2`) and
 //! 25 KB of static plus 4 KB (clusters of 4) of dynamic shared memory, so two blocks fit on an
 //! SM and all 32 clusters of 4 should be resident at once (`decode-bench` prints
@@ -486,6 +493,9 @@ fn attention_heads<T: Packed, const B: usize, const R: usize, const V: usize>(
             });
         }
     }
+    // W_qkv is streamed: the output projection, launched programmatically after this kernel,
+    // may start and issue its W_o loads while the caches stream.
+    grid::launch_dependents();
     // The first keys and values of sequence 0 do not depend on q: at batch 1 they are in
     // flight across the cluster reduction (at tile 8, `ptxas` would spill them there).
     let early = B == 1;
@@ -597,6 +607,9 @@ fn o_proj<T: Packed, const B: usize, const R: usize, const V: usize>(attn: &[f32
         w
     };
     let mut w = load(0);
+    // W_o does not depend on the attention kernel: its first loads are in flight before
+    // `attn` is waited for.
+    grid::wait_for_prerequisites();
     let staged = shared::dynamic().take::<f32>(B * hidden);
     for i in block::stride_loop(0..B * row_vectors) {
         let (s, c) = (i / row_vectors, i % row_vectors);
@@ -789,8 +802,9 @@ pub mod host {
         fn load(gpu: &Gpu) -> Result<Self::Kernels>;
         /// Fused 1/2 at `b`'s batch, with clusters of `cluster`, on `stream`.
         fn attention(kernels: &Self::Kernels, stream: &Stream, b: &mut Buffers<Self>, cluster: u32) -> Result<()>;
-        /// Fused 2/2 at `b`'s batch, on `stream`.
-        fn o_proj(kernels: &Self::Kernels, stream: &Stream, b: &mut Buffers<Self>) -> Result<()>;
+        /// Fused 2/2 at `b`'s batch, on `stream`; with `programmatic`, a programmatic dependent
+        /// launch that starts streaming `W_o` while fused 1/2 finishes.
+        fn o_proj(kernels: &Self::Kernels, stream: &Stream, b: &mut Buffers<Self>, programmatic: bool) -> Result<()>;
         /// Most clusters of `cluster` blocks of fused 1/2 resident at once, at `batch`.
         fn max_active_clusters(kernels: &Self::Kernels, gpu: &Gpu, hidden: usize, batch: usize, cluster: u32) -> Result<u32>;
     }
@@ -804,7 +818,7 @@ pub mod host {
     }
 
     fn config(grid: usize, block: u32, cluster: Option<u32>, dynamic_smem_bytes: usize) -> LaunchConfig {
-        LaunchConfig { grid: (grid as u32).into(), block: block.into(), cluster: cluster.map(Into::into), dynamic_smem_bytes: dynamic_smem_bytes as u32 }
+        LaunchConfig { grid: (grid as u32).into(), block: block.into(), cluster: cluster.map(Into::into), dynamic_smem_bytes: dynamic_smem_bytes as u32, programmatic: false }
     }
 
     /// The batch tile of the kernels that run `batch` tokens.
@@ -848,8 +862,8 @@ pub mod host {
                     }
                 }
 
-                fn o_proj(k: &Self::Kernels, s: &Stream, b: &mut Buffers<Self>) -> Result<()> {
-                    let (c, batch) = (o_proj_config(b.hidden, b.batch), b.batch as u32);
+                fn o_proj(k: &Self::Kernels, s: &Stream, b: &mut Buffers<Self>, programmatic: bool) -> Result<()> {
+                    let (c, batch) = (LaunchConfig { programmatic, ..o_proj_config(b.hidden, b.batch) }, b.batch as u32);
                     if b.batch == 1 {
                         k.o_proj.launch(s, &c, &b.attn, &b.w_o, &b.x, &mut b.out, batch)
                     } else {
@@ -1089,10 +1103,11 @@ pub mod host {
         }
     }
 
-    /// The fused variant on `stream`: [`DecodeType::attention`] then [`DecodeType::o_proj`].
-    pub fn fused<T: DecodeType>(kernels: &T::Kernels, stream: &Stream, b: &mut Buffers<T>, cluster: u32) -> Result<()> {
+    /// The fused variant on `stream`: [`DecodeType::attention`] then [`DecodeType::o_proj`],
+    /// with `programmatic` launched programmatically after it.
+    pub fn fused<T: DecodeType>(kernels: &T::Kernels, stream: &Stream, b: &mut Buffers<T>, cluster: u32, programmatic: bool) -> Result<()> {
         T::attention(kernels, stream, b, cluster)?;
-        T::o_proj(kernels, stream, b)
+        T::o_proj(kernels, stream, b, programmatic)
     }
 
     /// The five separate kernels (f16, batch 1), loaded, with their f32 intermediates.
@@ -1138,7 +1153,8 @@ pub mod host {
     }
 
     /// Checks the fused variant of `T` at `batches` (fresh steps, each sequence at its own
-    /// position, clusters alternating over `clusters`) against the f64 reference, and with
+    /// position, clusters alternating over `clusters`, the output projection launched
+    /// programmatically in runs 1, 2, 5, 6, ...) against the f64 reference, and with
     /// `separate`, the five kernels too.
     fn check<T: DecodeType>(gpu: &Gpu, batches: &[usize], separate: bool) -> Result<Report> {
         let kernels = T::load(gpu)?;
@@ -1151,10 +1167,11 @@ pub mod host {
             let reference = step.reference().all();
             let cluster = clusters[i % 2];
             let mut b = Buffers::upload(gpu, &step)?;
-            fused(&kernels, gpu.stream(), &mut b, cluster)?;
+            let programmatic = (i + 1) / 2 % 2 == 1;
+            fused(&kernels, gpu.stream(), &mut b, cluster, programmatic)?;
             outs.extend(b.results(gpu, &step)?);
             refs.extend(reference.iter().copied());
-            runs.push(format!("batch {batch} at {positions:?}, cluster {cluster}"));
+            runs.push(format!("batch {batch} at {positions:?}, cluster {cluster}{}", if programmatic { ", PDL" } else { "" }));
             if separate && batch == 1 {
                 let step = Step::<f16>::random(hidden, max_len, &positions);
                 let mut b = Buffers::upload(gpu, &step)?;
