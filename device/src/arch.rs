@@ -233,6 +233,34 @@ pub fn barrier_cluster_wait_acquire() {
     }
 }
 
+/// `griddepcontrol.launch_dependents`: this block no longer holds back the kernel launched
+/// after this one with programmatic dependent launch; that kernel may start once every block
+/// of this grid has executed it or exited (PTX ISA 7.8, sm_90). It orders no memory: the
+/// dependent sees this grid's writes only after its `griddepcontrol.wait`. A no-op without a
+/// programmatic dependent, and on the emulator, which runs launches one after another.
+#[inline(always)]
+pub fn griddepcontrol_launch_dependents() {
+    gpu_or_emulator! {
+        // SAFETY: a scheduling hint; no memory-safety preconditions.
+        gpu: unsafe { ptx!("griddepcontrol.launch_dependents;", options(nostack)) },
+        emulator: (),
+    }
+}
+
+/// `griddepcontrol.wait`: waits until every prerequisite grid (the kernel this one was
+/// launched programmatically after) has completed and its memory operations are performed
+/// and visible to this grid (PTX ISA 7.8, sm_90). Returns at once in a kernel launched
+/// without programmatic serialization, and on the emulator, where the previous launch has
+/// finished before this one starts.
+#[inline(always)]
+pub fn griddepcontrol_wait() {
+    gpu_or_emulator! {
+        // SAFETY: waits only; the memory clobber keeps later loads and stores after it.
+        gpu: unsafe { ptx!("griddepcontrol.wait;", options(nostack)) },
+        emulator: (),
+    }
+}
+
 /// `mapa.shared::cluster.u32`: the distributed-shared address of the variable at shared
 /// address `addr` in the block of cluster rank `rank`.
 #[inline(always)]

@@ -102,7 +102,7 @@ pub fn run(gpu: &Gpu) -> clusterfuse::host::Result<crate::check::Report> {
         let x = random(blocks as usize * threads);
         let dx = gpu.upload(&x)?;
         let mut out = poisoned(gpu, blocks as usize)?;
-        let config = LaunchConfig { grid: blocks.into(), block: (threads as u32).into(), cluster: Some(size.into()), dynamic_smem_bytes: 0 };
+        let config = LaunchConfig { grid: blocks.into(), block: (threads as u32).into(), cluster: Some(size.into()), ..LaunchConfig::default() };
         sum_values.launch(gpu.stream(), &config, &dx, &mut out)?;
         outs.extend(gpu.download(&out)?);
         let per_cluster = size as usize * threads;
@@ -118,6 +118,7 @@ pub fn run(gpu: &Gpu) -> clusterfuse::host::Result<crate::check::Report> {
                     block: 256.into(),
                     cluster: Some(size.into()),
                     dynamic_smem_bytes: (n * 4) as u32,
+                    ..LaunchConfig::default()
                 };
                 reduce.launch(gpu.stream(), &config, &dx, &mut out, n as u32, op)?;
                 outs.extend(gpu.download(&out)?);
@@ -138,6 +139,7 @@ pub fn run(gpu: &Gpu) -> clusterfuse::host::Result<crate::check::Report> {
                 block: 256.into(),
                 cluster: Some(size.into()),
                 dynamic_smem_bytes: ((size as usize + 1) * m * 4 + 16) as u32,
+                ..LaunchConfig::default()
             };
             gather.launch(gpu.stream(), &config, &dx, &mut out, m as u32)?;
             outs.extend(gpu.download(&out)?);

@@ -181,6 +181,7 @@ mod host {
                 block: 256.into(),
                 cluster: Some(self.size.into()),
                 dynamic_smem_bytes: (arrays * self.n * elem_bytes + 16) as u32,
+                ..LaunchConfig::default()
             }
         }
 

@@ -112,6 +112,7 @@ pub fn run(gpu: &Gpu) -> clusterfuse::host::Result<crate::check::Report> {
                 block: 256.into(),
                 cluster: Some((size as u32).into()),
                 dynamic_smem_bytes: (n * 4) as u32,
+                ..LaunchConfig::default()
             };
             kernel.launch(gpu.stream(), &config, &dx, &mut value, &mut index, n as u32)?;
             let (value, index) = (gpu.download(&value)?, gpu.download(&index)?);

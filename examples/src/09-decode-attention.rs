@@ -28,17 +28,25 @@
 //! warp per 2 rows (4 at batch 8), every block staging all heads' `attn` in shared memory
 //! after issuing its first `W_o` loads. No atomics anywhere: the output is deterministic.
 //!
+//! **Programmatic dependent launch** (optional, `fused(.., programmatic: true)`): fused 2/2
+//! is launched with `LaunchConfig::programmatic`; fused 1/2 calls `grid::launch_dependents`
+//! once its `W_qkv` stream is done (before the cluster reduction), so fused 2/2's blocks may
+//! start on the SMs' free slots and put their first `W_o` loads (half of `W_o` at batch 1)
+//! in flight while the attention runs; they call `grid::wait_for_prerequisites` before
+//! reading `attn`. Launched in stream order, the wait returns at once.
+//!
 //! Sizing at hidden 4096 (`ptxas -v`): fused 1/2 uses 128 registers (`min_blocks = 2`) and
-//! 25 KB of static plus 4 KB (clusters of 4) of dynamic shared memory, so two blocks fit on an
+//! 25 KB of static plus 6 KB (clusters of 4) of dynamic shared memory, so two blocks fit on an
 //! SM and all 32 clusters of 4 should be resident at once (`decode-bench` prints
 //! `max_active_clusters`): 128 blocks of 256 threads, one wave, each keeping 16 16-byte loads per thread (64 KB) in flight in the
 //! projection and in the attention (8 tokens' K and V per group). Fused 2/2 uses 109
-//! registers and 16 KB: 256 blocks, two per SM, one wave, 16 loads per thread in flight.
+//! registers and 24 KB: 256 blocks, two per SM, one wave, 16 loads per thread in flight.
 //!
 //! Kernels take the batch tile as a constant: the `_b8` kernels run batches 2-8 (rows past
 //! the batch are zeros and not written), the others batch 1. At tile 8 the projection keeps 8
 //! loads per thread in flight (its 2 × 8 accumulators take the registers of the other 8) and
-//! the output projection runs 128 blocks of 4 rows a warp, one per SM (180 registers, 128 KB).
+//! the output projection runs 128 blocks of 4 rows a warp, one per SM (180 registers, 136 KB). Staged activations are padded so that
+//! the lanes' 16-byte shared loads are free of bank conflicts (see `staged`).
 //!
 //! **Separate** (five launches, f16, batch 1, f32 intermediates in global memory, as a
 //! framework would): [`decode_rms_norm`], [`decode_qkv`], [`decode_rope_append`],
@@ -168,18 +176,33 @@ fn dot8_f16(w: [f16; 8], x: [f32; 8], acc: f32) -> f32 {
     acc
 }
 
-/// Floats `8·i .. 8·i + 8` of `s`, in two 16-byte loads.
+/// Floats `4·q .. 4·q + 8` of `s` (from 16-byte unit `q`), in two 16-byte loads.
 #[inline(always)]
-fn load8(s: SharedSlice<f32>, i: usize) -> [f32; 8] {
-    let (lo, hi) = (s.load16::<4>(2 * i), s.load16::<4>(2 * i + 1));
+fn load8(s: SharedSlice<f32>, q: usize) -> [f32; 8] {
+    let (lo, hi) = (s.load16::<4>(q), s.load16::<4>(q + 1));
     [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
 }
 
-/// Stores `v` at floats `8·i .. 8·i + 8` of `s`.
+/// Stores `v` at floats `4·q .. 4·q + 8` of `s`.
 #[inline(always)]
-fn store8(s: SharedSlice<f32>, i: usize, v: [f32; 8]) {
-    s.store16(2 * i, [v[0], v[1], v[2], v[3]]);
-    s.store16(2 * i + 1, [v[4], v[5], v[6], v[7]]);
+fn store8(s: SharedSlice<f32>, q: usize, v: [f32; 8]) {
+    s.store16(q, [v[0], v[1], v[2], v[3]]);
+    s.store16(q + 1, [v[4], v[5], v[6], v[7]]);
+}
+
+/// 16-byte units per staged vector position: `B` tokens' 8 floats, then one unit of padding.
+const fn stage_units(b: usize) -> usize {
+    2 * b + 1
+}
+
+/// Where a tile of `B` tokens' activations is staged in shared memory: vector `c` (8 floats)
+/// of token `s` at 16-byte unit `c·(2B + 1) + 2s`. A lane's `B` vectors sit together (one
+/// base, constant offsets), and lanes `c` and `c + 1` are an odd number of units apart, so
+/// the 8 lanes of each phase of a 16-byte shared load hit 8 different bank groups (without
+/// the pad, at `B = 8`, lanes 256 bytes apart all hit the same 4 banks: 8-way conflicts).
+#[inline(always)]
+fn staged<const B: usize>(c: usize, s: usize) -> usize {
+    c * stage_units(B) + 2 * s
 }
 
 /// Sum over the 16 lanes of the caller's half-warp (every lane of the warp calls it).
@@ -363,7 +386,7 @@ fn qkv_row(r: usize, head: usize, hidden: usize) -> usize {
 /// per sequence, cos then sin of `pos·θ^(−2i/128)`, 64 each; caches: `batch × heads ×
 /// max_len × 128`, sequence `s`'s tokens `0 .. positions[s]` valid, the new one written at
 /// `positions[s]`; `attn`: `batch × hidden`. Grid `heads × C` blocks of 256, cluster `C`,
-/// `B · hidden / C · 4` bytes of dynamic shared memory.
+/// `(2B + 1) · hidden / C · 2` bytes of dynamic shared memory.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn attention_heads<T: Packed, const B: usize, const R: usize, const V: usize>(
@@ -412,9 +435,9 @@ fn attention_heads<T: Packed, const B: usize, const R: usize, const V: usize>(
     };
     let mut w = load(0);
 
-    // 2. x ⊙ norm_w for this block's columns, vector c of token s at c·B + s (zeros past the
-    //    batch), and Σ x² per token.
-    let xg = shared::dynamic().take::<f32>(B * vectors * 8);
+    // 2. x ⊙ norm_w for this block's columns, staged (see `staged`; zeros past the batch),
+    //    and Σ x² per token.
+    let xg = shared::dynamic().take::<f32>(stage_units(B) * vectors * 4);
     for i in block::stride_loop(0..B * vectors) {
         let (s, c) = (i / vectors, i % vectors);
         let mut v = [0.0f32; 8];
@@ -424,7 +447,7 @@ fn attention_heads<T: Packed, const B: usize, const R: usize, const V: usize>(
                 v[k] = xv[k].to_f32() * gv[k].to_f32();
             }
         }
-        store8(xg, c * B + s, v);
+        store8(xg, staged::<B>(c, s), v);
     }
     let mut squares = [0.0f32; B];
     unroll!(s in [0 1 2 3 4 5 6 7] {
@@ -457,7 +480,7 @@ fn attention_heads<T: Packed, const B: usize, const R: usize, const V: usize>(
             if j < V && c < vectors {
                 unroll!(s in [0 1 2 3 4 5 6 7] {
                     if s < B {
-                        let xs = load8(xg, c * B + s);
+                        let xs = load8(xg, staged::<B>(c, s));
                         unroll!(u in [0 1 2 3] {
                             if u < R {
                                 acc[u][s] = dot8::<T>(w[u][j], xs, acc[u][s]);
@@ -486,6 +509,9 @@ fn attention_heads<T: Packed, const B: usize, const R: usize, const V: usize>(
             });
         }
     }
+    // W_qkv is streamed: the output projection, launched programmatically after this kernel,
+    // may start and issue its W_o loads while the caches stream.
+    grid::launch_dependents();
     // The first keys and values of sequence 0 do not depend on q: at batch 1 they are in
     // flight across the cluster reduction (at tile 8, `ptxas` would spill them there).
     let early = B == 1;
@@ -568,8 +594,8 @@ fn attention_heads<T: Packed, const B: usize, const R: usize, const V: usize>(
 }
 
 /// `out = x + W_o · attn` for a batch tile of `B`: `R` rows per warp, `V` 16-byte vectors per
-/// lane per row per step; `attn` (f32, vector c of token s at c·B + s) staged in `B · hidden · 4` bytes of dynamic shared
-/// memory. Shapes: `attn`, `x`, `out`: `batch × hidden`; `w_o`: `hidden × hidden`. Grid
+/// lane per row per step; `attn` (f32) staged (see [`staged`]) in `(2B + 1) · hidden · 2` bytes
+/// of dynamic shared memory. Shapes: `attn`, `x`, `out`: `batch × hidden`; `w_o`: `hidden × hidden`. Grid
 /// `hidden / (8·R)` blocks of 256.
 #[inline(always)]
 fn o_proj<T: Packed, const B: usize, const R: usize, const V: usize>(attn: &[f32], w_o: &[T], x: &[T], out: &Out<T>, batch: u32) {
@@ -597,10 +623,13 @@ fn o_proj<T: Packed, const B: usize, const R: usize, const V: usize>(attn: &[f32
         w
     };
     let mut w = load(0);
-    let staged = shared::dynamic().take::<f32>(B * hidden);
+    // W_o does not depend on the attention kernel: its first loads are in flight before
+    // `attn` is waited for.
+    grid::wait_for_prerequisites();
+    let stage = shared::dynamic().take::<f32>(stage_units(B) * row_vectors * 4);
     for i in block::stride_loop(0..B * row_vectors) {
         let (s, c) = (i / row_vectors, i % row_vectors);
-        store8(staged, c * B + s, if s < batch { core::array::from_fn(|k| attn[8 * i + k]) } else { [0.0; 8] });
+        store8(stage, staged::<B>(c, s), if s < batch { core::array::from_fn(|k| attn[8 * i + k]) } else { [0.0; 8] });
     }
     block::sync();
     let mut acc = [[0.0f32; B]; R];
@@ -610,7 +639,7 @@ fn o_proj<T: Packed, const B: usize, const R: usize, const V: usize>(attn: &[f32
             if j < V && c < row_vectors {
                 unroll!(s in [0 1 2 3 4 5 6 7] {
                     if s < B {
-                        let xs = load8(staged, c * B + s);
+                        let xs = load8(stage, staged::<B>(c, s));
                         unroll!(u in [0 1 2 3] {
                             if u < R {
                                 acc[u][s] = dot8::<T>(w[u][j], xs, acc[u][s]);
@@ -703,7 +732,7 @@ fn gemv(w: &[f16], v: &[f32], done: impl Fn(usize, f32)) {
     let mut acc = [0.0f32; QKV_ROWS];
     let mut c = lane;
     while c < chunks {
-        let x = load8(staged, c);
+        let x = load8(staged, 2 * c);
         let ws: [[f16; 8]; QKV_ROWS] = core::array::from_fn(|u| global::load16::<f16, 8>(w, (row0 + u) * chunks + c));
         for u in 0..QKV_ROWS {
             acc[u] = dot8_f16(ws[u], x, acc[u]);
@@ -789,8 +818,9 @@ pub mod host {
         fn load(gpu: &Gpu) -> Result<Self::Kernels>;
         /// Fused 1/2 at `b`'s batch, with clusters of `cluster`, on `stream`.
         fn attention(kernels: &Self::Kernels, stream: &Stream, b: &mut Buffers<Self>, cluster: u32) -> Result<()>;
-        /// Fused 2/2 at `b`'s batch, on `stream`.
-        fn o_proj(kernels: &Self::Kernels, stream: &Stream, b: &mut Buffers<Self>) -> Result<()>;
+        /// Fused 2/2 at `b`'s batch, on `stream`; with `programmatic`, a programmatic dependent
+        /// launch that starts streaming `W_o` while fused 1/2 finishes.
+        fn o_proj(kernels: &Self::Kernels, stream: &Stream, b: &mut Buffers<Self>, programmatic: bool) -> Result<()>;
         /// Most clusters of `cluster` blocks of fused 1/2 resident at once, at `batch`.
         fn max_active_clusters(kernels: &Self::Kernels, gpu: &Gpu, hidden: usize, batch: usize, cluster: u32) -> Result<u32>;
     }
@@ -804,7 +834,7 @@ pub mod host {
     }
 
     fn config(grid: usize, block: u32, cluster: Option<u32>, dynamic_smem_bytes: usize) -> LaunchConfig {
-        LaunchConfig { grid: (grid as u32).into(), block: block.into(), cluster: cluster.map(Into::into), dynamic_smem_bytes: dynamic_smem_bytes as u32 }
+        LaunchConfig { grid: (grid as u32).into(), block: block.into(), cluster: cluster.map(Into::into), dynamic_smem_bytes: dynamic_smem_bytes as u32, programmatic: false }
     }
 
     /// The batch tile of the kernels that run `batch` tokens.
@@ -818,14 +848,14 @@ pub mod host {
     pub fn attention_config(hidden: usize, batch: usize, cluster: u32) -> LaunchConfig {
         let c = cluster as usize;
         assert!(hidden.is_multiple_of(HEAD_DIM) && hidden.is_multiple_of(8 * c), "cluster {cluster} does not divide hidden {hidden} into 16-byte vectors");
-        config(hidden / HEAD_DIM * c, BLOCK, Some(cluster), tile(batch) * hidden / c * 4)
+        config(hidden / HEAD_DIM * c, BLOCK, Some(cluster), stage_units(tile(batch)) * hidden / c * 2)
     }
 
     /// Fused 2/2's launch: `8 · O_ROWS` rows a block, all of `attn` in dynamic shared memory.
     pub fn o_proj_config(hidden: usize, batch: usize) -> LaunchConfig {
         let rows = WARPS * O_ROWS[usize::from(tile(batch) > 1)];
         assert!(hidden.is_multiple_of(rows), "hidden {hidden} is not a multiple of {rows}");
-        config(hidden / rows, BLOCK, None, tile(batch) * hidden * 4)
+        config(hidden / rows, BLOCK, None, stage_units(tile(batch)) * hidden * 2)
     }
 
     macro_rules! decode_type {
@@ -848,8 +878,8 @@ pub mod host {
                     }
                 }
 
-                fn o_proj(k: &Self::Kernels, s: &Stream, b: &mut Buffers<Self>) -> Result<()> {
-                    let (c, batch) = (o_proj_config(b.hidden, b.batch), b.batch as u32);
+                fn o_proj(k: &Self::Kernels, s: &Stream, b: &mut Buffers<Self>, programmatic: bool) -> Result<()> {
+                    let (c, batch) = (LaunchConfig { programmatic, ..o_proj_config(b.hidden, b.batch) }, b.batch as u32);
                     if b.batch == 1 {
                         k.o_proj.launch(s, &c, &b.attn, &b.w_o, &b.x, &mut b.out, batch)
                     } else {
@@ -1089,10 +1119,11 @@ pub mod host {
         }
     }
 
-    /// The fused variant on `stream`: [`DecodeType::attention`] then [`DecodeType::o_proj`].
-    pub fn fused<T: DecodeType>(kernels: &T::Kernels, stream: &Stream, b: &mut Buffers<T>, cluster: u32) -> Result<()> {
+    /// The fused variant on `stream`: [`DecodeType::attention`] then [`DecodeType::o_proj`],
+    /// with `programmatic` launched programmatically after it.
+    pub fn fused<T: DecodeType>(kernels: &T::Kernels, stream: &Stream, b: &mut Buffers<T>, cluster: u32, programmatic: bool) -> Result<()> {
         T::attention(kernels, stream, b, cluster)?;
-        T::o_proj(kernels, stream, b)
+        T::o_proj(kernels, stream, b, programmatic)
     }
 
     /// The five separate kernels (f16, batch 1), loaded, with their f32 intermediates.
@@ -1138,7 +1169,8 @@ pub mod host {
     }
 
     /// Checks the fused variant of `T` at `batches` (fresh steps, each sequence at its own
-    /// position, clusters alternating over `clusters`) against the f64 reference, and with
+    /// position, clusters alternating over `clusters`, the output projection launched
+    /// programmatically in runs 1, 2, 5, 6, ...) against the f64 reference, and with
     /// `separate`, the five kernels too.
     fn check<T: DecodeType>(gpu: &Gpu, batches: &[usize], separate: bool) -> Result<Report> {
         let kernels = T::load(gpu)?;
@@ -1151,10 +1183,11 @@ pub mod host {
             let reference = step.reference().all();
             let cluster = clusters[i % 2];
             let mut b = Buffers::upload(gpu, &step)?;
-            fused(&kernels, gpu.stream(), &mut b, cluster)?;
+            let programmatic = matches!(i % 4, 1 | 2);
+            fused(&kernels, gpu.stream(), &mut b, cluster, programmatic)?;
             outs.extend(b.results(gpu, &step)?);
             refs.extend(reference.iter().copied());
-            runs.push(format!("batch {batch} at {positions:?}, cluster {cluster}"));
+            runs.push(format!("batch {batch} at {positions:?}, cluster {cluster}{}", if programmatic { ", PDL" } else { "" }));
             if separate && batch == 1 {
                 let step = Step::<f16>::random(hidden, max_len, &positions);
                 let mut b = Buffers::upload(gpu, &step)?;

@@ -465,6 +465,7 @@ mod host {
             block: (THREADS as u32).into(),
             cluster: (splits > 1).then(|| Dim3::new(1, 1, splits)),
             dynamic_smem_bytes: SMEM_BYTES,
+            ..LaunchConfig::default()
         })
     }
 

@@ -220,6 +220,18 @@ fn decode_attention_streams_16_byte_vectors() {
     assert!(text.contains("ld.global.nc.v4.b32") && !text.contains("atom."), "`decode_o_proj_f16`: 16-byte weight loads, no atomics");
 }
 
+#[test]
+fn decode_o_proj_loads_w_o_before_waiting_for_the_attention() {
+    for name in ["decode_attention_f16", "decode_attention_bf16_b8"] {
+        assert_eq!(entry(name).matches("griddepcontrol.launch_dependents;").count(), 1, "`{name}` triggers its dependent once");
+    }
+    for name in ["decode_o_proj_f16", "decode_o_proj_bf16_b8"] {
+        let text = entry(name);
+        let wait = text.find("griddepcontrol.wait;").unwrap_or_else(|| panic!("`{name}` never waits for its prerequisite"));
+        assert!(text[..wait].contains("ld.global.nc.v4.b32"), "`{name}`: no W_o load is issued before the wait");
+    }
+}
+
 /// The GEMM kernels' entries, as (name, input type).
 fn gemm_kernels() -> Vec<(String, &'static str)> {
     let epilogues = ["", "_bias", "_bias_gelu", "_residual", "_scale"];

@@ -26,12 +26,19 @@ pub struct LaunchConfig {
     /// Dynamic shared memory per block, in bytes. Above 48 KB the kernel is opted in
     /// automatically.
     pub dynamic_smem_bytes: u32,
+    /// Programmatic dependent launch: the kernel may start before the previous kernel on its
+    /// stream has finished, once every block of that kernel has called
+    /// `grid::launch_dependents` (or exited); it must call `grid::wait_for_prerequisites`
+    /// before it touches anything the previous kernel writes. Sets
+    /// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`, also inside graph capture
+    /// (the edge becomes a programmatic one). The emulator runs launches one after another.
+    pub programmatic: bool,
 }
 
 impl Default for LaunchConfig {
-    /// One block of one thread, no cluster, no dynamic shared memory.
+    /// One block of one thread, no cluster, no dynamic shared memory, ordinary stream order.
     fn default() -> Self {
-        Self { grid: Dim3::default(), block: Dim3::default(), cluster: None, dynamic_smem_bytes: 0 }
+        Self { grid: Dim3::default(), block: Dim3::default(), cluster: None, dynamic_smem_bytes: 0, programmatic: false }
     }
 }
 
@@ -43,6 +50,8 @@ pub struct LaunchPlan {
     /// The effective cluster (declared or requested), if any.
     pub cluster: Option<Dim3>,
     pub dynamic_smem_bytes: u32,
+    /// Programmatic dependent launch (see [`LaunchConfig::programmatic`]).
+    pub programmatic: bool,
 }
 
 impl LaunchPlan {
@@ -83,7 +92,7 @@ pub enum LaunchError {
 /// Checks `config` for a kernel with `facts` that uses `static_smem` bytes of static shared
 /// memory on a device allowing `smem_limit` bytes per block.
 pub fn plan(facts: &KernelFacts, static_smem: u32, smem_limit: u32, config: &LaunchConfig) -> Result<LaunchPlan, LaunchError> {
-    let LaunchConfig { grid, block, dynamic_smem_bytes, .. } = *config;
+    let LaunchConfig { grid, block, dynamic_smem_bytes, programmatic, .. } = *config;
     for (what, dim) in [("grid", grid), ("block", block)] {
         if dim.to_array().contains(&0) {
             return Err(LaunchError::ZeroExtent { what, dim });
@@ -125,7 +134,7 @@ pub fn plan(facts: &KernelFacts, static_smem: u32, smem_limit: u32, config: &Lau
     if static_smem as u64 + dynamic_smem_bytes as u64 > smem_limit as u64 {
         return Err(LaunchError::SharedMemoryTooLarge { static_bytes: static_smem, dynamic_bytes: dynamic_smem_bytes, limit: smem_limit });
     }
-    Ok(LaunchPlan { grid, block, cluster, dynamic_smem_bytes })
+    Ok(LaunchPlan { grid, block, cluster, dynamic_smem_bytes, programmatic })
 }
 
 #[cfg(test)]

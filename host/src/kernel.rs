@@ -100,11 +100,10 @@ impl Kernel {
     pub fn max_active_clusters(&self, stream: &Stream, plan: &LaunchPlan) -> Result<u32> {
         let (cuda, stream) = (self.on_gpu()?, stream.cuda().ok_or(Error::WrongBackend)?);
         cuda.prepare(self.facts, plan)?;
-        let cluster = plan.cluster.unwrap_or_default();
-        let mut attribute = cluster_attribute(cluster);
-        let launch = launch_config(stream, plan, &mut attribute);
+        let mut attributes = [cluster_attribute(plan.cluster.unwrap_or_default())];
+        let launch = launch_config(stream, plan, &mut attributes);
         let mut count = 0i32;
-        // SAFETY: `launch` and the attribute it points to live across the call.
+        // SAFETY: `launch` and the attributes it points to live across the call.
         unsafe { sys::cuOccupancyMaxActiveClusters(&mut count, cuda.function.cu_function(), &launch) }
             .result()
             .driver("cuOccupancyMaxActiveClusters", Some(self.facts.name))?;
@@ -112,7 +111,8 @@ impl Kernel {
     }
 
     /// Launches with parameter slots `params` on a GPU: `cuLaunchKernel`, or
-    /// `cuLaunchKernelEx` with a cluster-dimension attribute when the plan has a cluster.
+    /// `cuLaunchKernelEx` with launch attributes when the plan has a cluster (its dimension)
+    /// or is programmatic (programmatic stream serialization).
     /// While a [`Recording`](crate::Recording) runs, the launch is logged; otherwise that
     /// costs one relaxed atomic load.
     ///
@@ -182,8 +182,9 @@ impl CudaKernel {
     unsafe fn submit(&self, kernel: &'static str, stream: &CudaStream, plan: &LaunchPlan, params: &mut [*mut c_void]) -> Result<()> {
         let function = self.function.cu_function();
         let (grid, block) = (plan.grid, plan.block);
-        let result = match plan.cluster {
-            None => sys::cuLaunchKernel(
+        let mut attributes = [cluster_attribute(Dim3::default()); 2];
+        let result = match launch_attributes(plan, &mut attributes) {
+            0 => sys::cuLaunchKernel(
                 function,
                 grid.x,
                 grid.y,
@@ -196,9 +197,8 @@ impl CudaKernel {
                 params.as_mut_ptr(),
                 std::ptr::null_mut(),
             ),
-            Some(cluster) => {
-                let mut attribute = cluster_attribute(cluster);
-                let launch = launch_config(stream, plan, &mut attribute);
+            count => {
+                let launch = launch_config(stream, plan, &mut attributes[..count]);
                 sys::cuLaunchKernelEx(&launch, function, params.as_mut_ptr(), std::ptr::null_mut())
             }
         };
@@ -239,7 +239,27 @@ fn cluster_attribute(cluster: Dim3) -> sys::CUlaunchAttribute {
     }
 }
 
-fn launch_config(stream: &CudaStream, plan: &LaunchPlan, attribute: &mut sys::CUlaunchAttribute) -> sys::CUlaunchConfig {
+/// Writes the launch attributes `plan` needs to the front of `attributes` and returns how
+/// many: the cluster dimension, and programmatic stream serialization (CUDA Programming
+/// Guide, "Programmatic Dependent Launch and Synchronization").
+fn launch_attributes(plan: &LaunchPlan, attributes: &mut [sys::CUlaunchAttribute; 2]) -> usize {
+    let mut count = 0;
+    if let Some(cluster) = plan.cluster {
+        attributes[count] = cluster_attribute(cluster);
+        count += 1;
+    }
+    if plan.programmatic {
+        attributes[count] = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue { programmaticStreamSerializationAllowed: 1 },
+        };
+        count += 1;
+    }
+    count
+}
+
+fn launch_config(stream: &CudaStream, plan: &LaunchPlan, attributes: &mut [sys::CUlaunchAttribute]) -> sys::CUlaunchConfig {
     sys::CUlaunchConfig {
         gridDimX: plan.grid.x,
         gridDimY: plan.grid.y,
@@ -249,7 +269,7 @@ fn launch_config(stream: &CudaStream, plan: &LaunchPlan, attribute: &mut sys::CU
         blockDimZ: plan.block.z,
         sharedMemBytes: plan.dynamic_smem_bytes,
         hStream: stream.cu_stream(),
-        attrs: attribute,
-        numAttrs: 1,
+        attrs: attributes.as_mut_ptr(),
+        numAttrs: attributes.len() as u32,
     }
 }

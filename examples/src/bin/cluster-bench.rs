@@ -51,7 +51,7 @@ fn sm_clock_mhz(gpu: &Gpu) -> Result<f64> {
 
 /// One block per SM, as many clusters of `size` as fit at once.
 fn fill(kernel: &clusterfuse::host::Kernel, gpu: &Gpu, size: u32, threads: u32, smem: u32) -> Result<LaunchConfig> {
-    let mut config = LaunchConfig { grid: size.into(), block: threads.into(), cluster: Some(size.into()), dynamic_smem_bytes: smem };
+    let mut config = LaunchConfig { grid: size.into(), block: threads.into(), cluster: Some(size.into()), dynamic_smem_bytes: smem, ..LaunchConfig::default() };
     let clusters = kernel.max_active_clusters(gpu.stream(), &kernel.plan(&config)?)?;
     if clusters == 0 {
         return Err(format!("no cluster of {size} blocks with {smem} B of shared memory fits").into());

@@ -1,7 +1,8 @@
 //! The decode-step attention block of Llama-2-7B (hidden 4096, 32 heads of 128) at KV lengths
 //! 1024, 4096 and 16384: example 09's fused kernels (two launches: a cluster per head up to
 //! the attention, then the output projection over the whole GPU) with clusters of 4 (also
-//! replayed from a CUDA graph of one step) and 8, the same stages as five separate kernels (f16, batch 1), the fused kernels on bf16, and at
+//! replayed from a CUDA graph of one step, and with the output projection a programmatic
+//! dependent launch, "PDL", launched and from a graph) and 8, the same stages as five separate kernels (f16, batch 1), the fused kernels on bf16, and at
 //! batch 8 (eight sequences, each with its own cache, all at the same length).
 //!
 //! Every variant is first checked at every length against the f64 reference of the whole
@@ -131,17 +132,35 @@ fn dump(dir: &Path, step: &Step<f16>, results: &[f32]) -> Result<()> {
 }
 
 /// Rows of the fused kernels of `T` at `step`'s length, one per cluster size in `clusters`,
-/// launched and (with `graph`) also replayed from a CUDA graph of one step.
-fn fused_rows<T: DecodeType>(gpu: &Gpu, kernels: &T::Kernels, step: &Step<T>, expected: &[f64], clusters: &[u32], graph: bool, rows: &mut Vec<String>) -> Result<Option<Vec<f32>>> {
+/// launched and (with `graph`) also replayed from a CUDA graph of one step, in stream order
+/// and (with `pdl`) with the output projection launched programmatically.
+#[allow(clippy::too_many_arguments)]
+fn fused_rows<T: DecodeType>(
+    gpu: &Gpu,
+    kernels: &T::Kernels,
+    step: &Step<T>,
+    expected: &[f64],
+    clusters: &[u32],
+    graph: bool,
+    pdl: bool,
+    rows: &mut Vec<String>,
+) -> Result<Option<Vec<f32>>> {
     let mut first_results = None;
     for &cluster in clusters {
-        for graph in [false, true].into_iter().filter(|&g| graph || !g) {
-            let how = if graph { ", CUDA graph" } else { "" };
-            let label = format!("clusterfuse fused (cluster {cluster}{how}), {}, batch {}", T::NAME, step.batch());
-            let row = Row { gpu, step, expected, label, kernels: 2, graph };
-            let (line, results) = row.measure(|s, b| fused(kernels, s, b, cluster))?;
-            rows.push(line);
-            first_results = first_results.or(results);
+        for programmatic in [false, true].into_iter().filter(|&p| pdl || !p) {
+            for graph in [false, true].into_iter().filter(|&g| graph || !g) {
+                let how = match (programmatic, graph) {
+                    (false, false) => "",
+                    (false, true) => ", CUDA graph",
+                    (true, false) => ", PDL",
+                    (true, true) => ", PDL, CUDA graph",
+                };
+                let label = format!("clusterfuse fused (cluster {cluster}{how}), {}, batch {}", T::NAME, step.batch());
+                let row = Row { gpu, step, expected, label, kernels: 2, graph };
+                let (line, results) = row.measure(|s, b| fused(kernels, s, b, cluster, programmatic))?;
+                rows.push(line);
+                first_results = first_results.or(results);
+            }
         }
     }
     Ok(first_results)
@@ -175,8 +194,8 @@ fn main() -> Result<()> {
         eprintln!("L = {len}: f64 references and runs ...");
         f16_step.set_positions(&[len - 1]);
         let expected = f16_step.reference().all();
-        let first = fused_rows::<f16>(&gpu, &f16_kernels, &f16_step, &expected, &CLUSTERS[..1], true, &mut rows)?;
-        fused_rows::<f16>(&gpu, &f16_kernels, &f16_step, &expected, &CLUSTERS[1..], false, &mut rows)?;
+        let first = fused_rows::<f16>(&gpu, &f16_kernels, &f16_step, &expected, &CLUSTERS[..1], true, true, &mut rows)?;
+        fused_rows::<f16>(&gpu, &f16_kernels, &f16_step, &expected, &CLUSTERS[1..], false, false, &mut rows)?;
         if let (Some(dir), 1024, Some(first)) = (&dump_dir, len, first) {
             dump(dir, &f16_step, &first)?;
         }
@@ -186,11 +205,11 @@ fn main() -> Result<()> {
 
         bf16_step.set_positions(&[len - 1]);
         let expected = bf16_step.reference().all();
-        fused_rows::<bf16>(&gpu, &bf16_kernels, &bf16_step, &expected, &CLUSTERS[..1], false, &mut rows)?;
+        fused_rows::<bf16>(&gpu, &bf16_kernels, &bf16_step, &expected, &CLUSTERS[..1], false, false, &mut rows)?;
 
         batch_step.set_positions(&[len - 1; BATCH]);
         let expected = batch_step.reference().all();
-        fused_rows::<f16>(&gpu, &f16_kernels, &batch_step, &expected, &CLUSTERS[..1], false, &mut rows)?;
+        fused_rows::<f16>(&gpu, &f16_kernels, &batch_step, &expected, &CLUSTERS[..1], false, true, &mut rows)?;
     }
     println!(
         "{} — Llama-2-7B decode attention block (hidden {HIDDEN}, {heads} heads × {HEAD_DIM}); median of {REPS} passes of {STEPS_PER_PASS} steps (CUDA events), µs per step; roofline = bytes / {:.1} TB/s",
