@@ -205,6 +205,29 @@ fn staged<const B: usize>(c: usize, s: usize) -> usize {
     c * stage_units(B) + 2 * s
 }
 
+/// `acc[u][s] += w[u][j] · x_s` for every row `u < R` of this thread's loaded weights and
+/// every token `s < B`, `x_s` being staged vector `c` of token `s` (see [`staged`]). Called
+/// with a constant `j` from an unrolled loop, so every register array index is a constant.
+#[inline(always)]
+fn accumulate<T: Packed, const B: usize, const R: usize, const V: usize>(
+    acc: &mut [[f32; B]; R],
+    w: &[[[u32; 4]; V]; R],
+    j: usize,
+    stage: SharedSlice<f32>,
+    c: usize,
+) {
+    unroll!(s in [0 1 2 3 4 5 6 7] {
+        if s < B {
+            let xs = load8(stage, staged::<B>(c, s));
+            unroll!(u in [0 1 2 3] {
+                if u < R {
+                    acc[u][s] = dot8::<T>(w[u][j], xs, acc[u][s]);
+                }
+            });
+        }
+    });
+}
+
 /// Sum over the 16 lanes of the caller's half-warp (every lane of the warp calls it).
 #[inline(always)]
 fn group_sum(value: f32) -> f32 {
@@ -478,16 +501,7 @@ fn attention_heads<T: Packed, const B: usize, const R: usize, const V: usize>(
         unroll!(j in [0 1 2 3] {
             let c = item_vector(i, j);
             if j < V && c < vectors {
-                unroll!(s in [0 1 2 3 4 5 6 7] {
-                    if s < B {
-                        let xs = load8(xg, staged::<B>(c, s));
-                        unroll!(u in [0 1 2 3] {
-                            if u < R {
-                                acc[u][s] = dot8::<T>(w[u][j], xs, acc[u][s]);
-                            }
-                        });
-                    }
-                });
+                accumulate::<T, B, R, V>(&mut acc, &w, j, xg, c);
             }
         });
         if i + 1 < items {
@@ -637,16 +651,7 @@ fn o_proj<T: Packed, const B: usize, const R: usize, const V: usize>(attn: &[f32
         unroll!(j in [0 1 2 3 4 5 6 7] {
             let c = vector(k, j);
             if j < V && c < row_vectors {
-                unroll!(s in [0 1 2 3 4 5 6 7] {
-                    if s < B {
-                        let xs = load8(stage, staged::<B>(c, s));
-                        unroll!(u in [0 1 2 3] {
-                            if u < R {
-                                acc[u][s] = dot8::<T>(w[u][j], xs, acc[u][s]);
-                            }
-                        });
-                    }
-                });
+                accumulate::<T, B, R, V>(&mut acc, &w, j, stage, c);
             }
         });
         if k + 1 < steps {

@@ -302,17 +302,15 @@ impl<T: HalfFloat> TileEpilogue for BiasGelu<'_, T> {
 
     #[inline(always)]
     fn fetch(&self, t: u32, row: usize, col: usize, m: usize, n: usize) -> Option<Self::Operands> {
-        // SAFETY: as for `Bias`.
-        (inside(row, col, m, n) && pairs(self.0, n, n)).then(|| unsafe { bias_pairs(self.0, t, col) })
+        Bias(self.0).fetch(t, row, col, m, n)
     }
 
     #[inline(always)]
     fn chunk(&self, _: &Self::Operands, _: usize) {}
 
     #[inline(always)]
-    fn apply_pair(&self, bias: &Self::Operands, _: &(), p: usize, acc: [f32; 2]) -> [f32; 2] {
-        let b = unpack::<T>(bias[p / 2]);
-        [gelu(acc[0] + b[0]), gelu(acc[1] + b[1])]
+    fn apply_pair(&self, bias: &Self::Operands, chunk: &(), p: usize, acc: [f32; 2]) -> [f32; 2] {
+        Bias(self.0).apply_pair(bias, chunk, p, acc).map(gelu)
     }
 }
 
