@@ -608,6 +608,26 @@ pub unsafe fn cp_async_bulk_shared_cluster_shared_cta(dst: u32, src: u32, bytes:
     }
 }
 
+/// `cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes`: starts copying `bytes`
+/// from global `src` to this block's shared memory at `dst` (through L2, no registers); their
+/// arrival completes that many bytes of the barrier at `barrier`.
+///
+/// # Safety
+/// 1. `src` is 16-byte aligned, `bytes` is a multiple of 16, and `src .. src + bytes` is
+///    readable global memory that no thread writes during the kernel.
+/// 2. `dst` is a 16-byte-aligned `.shared::cta` address of this block with room for `bytes`,
+///    that nothing touches until the barrier's phase completes.
+/// 3. `barrier` is an initialised mbarrier of this block whose current phase expects these
+///    bytes ([`mbarrier_arrive_expect_tx_shared_b64`]).
+#[inline(always)]
+pub unsafe fn cp_async_bulk_shared_cluster_global(dst: u32, src: *const u8, bytes: u32, barrier: u32) {
+    gpu_or_emulator! {
+        gpu: ptx!("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [{s}], {n}, [{m}];",
+                  d = in(reg32) dst, s = in(reg64) src, n = in(reg32) bytes, m = in(reg32) barrier, options(nostack)),
+        emulator: emu::bulk_load(dst, src, bytes, barrier),
+    }
+}
+
 // --- Global memory (§9.7.9.8, §9.7.13.5) -----------------------------------------------------
 
 /// `ld.global.nc.v4.b32`: 16 bytes through the read-only path.

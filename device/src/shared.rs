@@ -129,6 +129,27 @@ impl<T: SharedWord> SharedSlice<T> {
         unsafe { arch::cp_async_cg_shared_global_16(to, from.cast(), 16) }
     }
 
+    /// Starts copying all of the kernel input `src` into the first `src.len()` elements of
+    /// this slice in one asynchronous bulk copy (`cp.async.bulk`, global → shared, no
+    /// registers), whose bytes complete on the mbarrier at `barrier`: the elements may be read
+    /// once a wait for that phase returns. Traps unless both ends are 16-byte aligned, the
+    /// size is a multiple of 16 bytes and it fits. See [`crate::tma::Pipeline::producer_acquire`].
+    ///
+    /// # Safety
+    /// 1. `barrier` is an initialised mbarrier of this block whose current phase expects these
+    ///    bytes (an `arrive.expect_tx` of them, made or to be made before the phase can end).
+    /// 2. Nothing writes this slice's first `src.len()` elements until the phase completes.
+    #[inline(always)]
+    pub unsafe fn load_async(self, src: &[T], barrier: u32) {
+        let bytes = src.len() * size_of::<T>();
+        if src.len() > self.len() || !bytes.is_multiple_of(16) || !self.addr.is_multiple_of(16) || !(src.as_ptr() as usize).is_multiple_of(16) {
+            out_of_bounds()
+        }
+        // SAFETY: checked above: aligned and in bounds; `src` is a kernel input, which no
+        // thread writes during the kernel; the barrier and the destination are the caller's.
+        unsafe { arch::cp_async_bulk_shared_cluster_global(self.addr, src.as_ptr().cast(), bytes as u32, barrier) }
+    }
+
     /// The view of elements `start .. start + len`; traps when that exceeds this view.
     #[inline(always)]
     pub fn slice(self, start: usize, len: usize) -> Self {

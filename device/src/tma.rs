@@ -87,23 +87,41 @@ impl<const STAGES: usize> Pipeline<STAGES> {
     /// barrier must follow before any uses the pipeline.
     #[inline(always)]
     pub fn new(slots: SharedSlice<u64>, consumers: u32) -> Self {
+        Self::of_warp(slots, consumers, 0, 1)
+    }
+
+    /// A pipeline per warp of the block (a warp that produces and consumes its own stages,
+    /// e.g. lane 0 issuing [`SharedSlice::load_async`] and all 32 lanes consuming): warp `w`'s
+    /// barriers are `slots[2·STAGES·w ..]`, all initialised by thread 0 of the block, each
+    /// for `consumers` arrivals per stage. Returns the calling warp's; every thread calls it,
+    /// and a block barrier must follow before any uses a pipeline.
+    #[inline(always)]
+    pub fn per_warp(slots: SharedSlice<u64>, consumers: u32) -> Self {
+        let warps = crate::block::size() / 32;
+        Self::of_warp(slots, consumers, crate::warp::index_in_block(), warps)
+    }
+
+    /// Pipeline `own` of `count` whose barriers fill `slots`, all initialised by thread 0.
+    #[inline(always)]
+    fn of_warp(slots: SharedSlice<u64>, consumers: u32, own: u32, count: u32) -> Self {
         const { assert!(STAGES >= 2, "a pipeline needs at least two stages") };
-        if slots.len() < 2 * STAGES {
+        let words = 2 * STAGES as u32;
+        if slots.len() < (words * count) as usize {
             out_of_bounds()
         }
-        let (full, empty) = (slots.addr(), slots.addr() + 8 * STAGES as u32);
+        let at = |p: u32| slots.addr() + 8 * words * p;
         if crate::thread::rank_in_block() == 0 {
-            for s in 0..STAGES as u32 {
-                // SAFETY: 8 aligned bytes each of this block's shared memory, given to the
-                // barriers; the caller's block barrier orders the inits before any use.
-                unsafe {
-                    arch::mbarrier_init_shared_b64(full + 8 * s, 1);
-                    arch::mbarrier_init_shared_b64(empty + 8 * s, consumers);
+            for p in 0..count {
+                for s in 0..words {
+                    // SAFETY: 8 aligned bytes each of this block's shared memory, given to
+                    // the barriers (the first `STAGES` full, the others empty); the caller's
+                    // block barrier orders the inits before any use.
+                    unsafe { arch::mbarrier_init_shared_b64(at(p) + 8 * s, if s < STAGES as u32 { 1 } else { consumers }) };
                 }
             }
             arch::fence_mbarrier_init_release_cluster();
         }
-        Self { full, empty }
+        Self { full: at(own), empty: at(own) + 8 * STAGES as u32 }
     }
 
     /// Producer: waits until `state`'s stage is free (at once the first time round), then

@@ -83,3 +83,49 @@ pub fn bulk_exchange(out: Out<f32>, waited: u32) {
     }
     cluster::sync();
 }
+
+/// Stages of [`bulk_stream`]'s rings.
+pub const STREAM_STAGES: usize = 2;
+
+/// `out = 2·x`, each warp streaming its `x.len() / warps` values through a ring of
+/// [`STREAM_STAGES`] 32-float stages of its own: lane 0 loads a stage with one bulk copy
+/// from global memory, all 32 lanes consume it. With `waited == 0` the lanes read a stage
+/// without waiting for its copy: a race. Dynamic shared memory: `(128 + 16) · STREAM_STAGES`
+/// bytes per warp.
+#[kernel(launch_bounds(max_threads = 256))]
+pub fn bulk_stream(x: &[f32], out: Out<f32>, waited: u32) {
+    use clusterfuse::tma::{Pipeline, PipelineState};
+    let warps = block::size() as usize / 32;
+    let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
+    let mut smem = shared::dynamic();
+    let ring = smem.take::<f32>(warps * STREAM_STAGES * 32).slice(warp * STREAM_STAGES * 32, STREAM_STAGES * 32);
+    let pipeline = Pipeline::<STREAM_STAGES>::per_warp(smem.take::<u64>(warps * 2 * STREAM_STAGES), 32);
+    block::sync();
+    let (chunks, base) = (x.len() / warps / 32, warp * x.len() / warps);
+    let load = |state: PipelineState<STREAM_STAGES>, chunk: usize| {
+        if lane == 0 && chunk < chunks {
+            let full = pipeline.producer_acquire(state, 128);
+            let (src, dst) = (&x[base + 32 * chunk..base + 32 * chunk + 32], ring.slice(state.stage() * 32, 32));
+            // SAFETY: `full` expects the copy's 128 bytes (`producer_acquire`); the stage is
+            // free: its consumers released it before the producer's acquire returned.
+            unsafe { dst.load_async(src, full) };
+        }
+    };
+    let mut ahead = PipelineState::START;
+    for chunk in 0..STREAM_STAGES {
+        load(ahead, chunk);
+        ahead = ahead.next();
+    }
+    let mut state = PipelineState::START;
+    for chunk in 0..chunks {
+        if waited != 0 {
+            pipeline.consumer_wait(state);
+        }
+        let v = ring.load(state.stage() * 32 + lane);
+        pipeline.consumer_release(state);
+        load(ahead, chunk + STREAM_STAGES);
+        ahead = ahead.next();
+        out.set(base + 32 * chunk + lane, 2.0 * v);
+        state = state.next();
+    }
+}

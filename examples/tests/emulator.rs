@@ -137,6 +137,22 @@ fn reading_a_bulk_copy_before_its_mbarrier_wait_is_a_race() {
 }
 
 #[test]
+fn a_ring_of_global_bulk_copies_streams_exactly_and_reading_early_is_a_race() {
+    use clusterfuse_examples::faults::{bulk_stream, STREAM_STAGES};
+    let gpu = Gpu::emulator();
+    let kernel = bulk_stream::load(&gpu).unwrap();
+    // 2 warps × 5 chunks of 32: more chunks than stages, so every stage is reused.
+    let values: Vec<f32> = (0..320).map(|i| i as f32 - 100.0).collect();
+    let x = gpu.upload(&values).unwrap();
+    let mut out = gpu.zeros::<f32>(320).unwrap();
+    let config = LaunchConfig { dynamic_smem_bytes: 2 * (128 + 16) * STREAM_STAGES as u32, ..config(1, 64) };
+    kernel.launch(gpu.stream(), &config, &x, &mut out, 1).unwrap();
+    assert_eq!(gpu.download(&out).unwrap(), values.iter().map(|v| 2.0 * v).collect::<Vec<_>>());
+    let fault = fault(kernel.launch(gpu.stream(), &config, &x, &mut out, 0));
+    assert!(fault.message.contains("shared-memory race"), "{fault}");
+}
+
+#[test]
 fn gemm_rejects_unsupported_shapes_before_launching() {
     use clusterfuse::f16;
     use clusterfuse_examples::gemm::{config, EpilogueKind, GemmError, GemmType, HostOperands, Operands};

@@ -9,7 +9,7 @@
 
 use super::fiber::suspend;
 use super::memory::{self, split};
-use super::ops::fault;
+use super::ops::{fault, global_range};
 use super::schedule::Wait;
 use super::thread::{with_current, Thread};
 use std::vec::Vec;
@@ -180,6 +180,22 @@ pub fn bulk_copy(dst: u32, src: u32, bytes: u32, barrier: u32) {
         fault(format_args!("cp.async.bulk of {bytes} bytes: the size must be a multiple of 16"));
     }
     complete_tx(dst, bytes, barrier, |i, phase| memory::bulk_copy(dst, src, bytes as usize, i, phase));
+}
+
+/// `cp.async.bulk.shared::cluster.global...mbarrier::complete_tx`: the global bytes read at
+/// issue (checked to lie in a kernel buffer), written to `dst`, then completed on `barrier`.
+///
+/// # Safety
+/// 1. As for `arch::cp_async_bulk_shared_cluster_global`: `src .. src + bytes` is readable.
+pub unsafe fn bulk_load(dst: u32, src: *const u8, bytes: u32, barrier: u32) {
+    if !bytes.is_multiple_of(16) || !(src as usize).is_multiple_of(16) || !dst.is_multiple_of(16) {
+        fault(format_args!("cp.async.bulk of {bytes} bytes from {src:p} to {dst:#x}: size and both addresses must be multiples of 16"));
+    }
+    let data = global_range(src, bytes as usize, || {
+        // SAFETY: inside a kernel buffer (checked by `global_range`) and readable (caller).
+        unsafe { core::slice::from_raw_parts(src, bytes as usize) }.to_vec()
+    });
+    complete_tx(dst, bytes, barrier, |i, phase| memory::async_write(dst, &data, i, phase));
 }
 
 /// An asynchronous copy of `bytes` to `dst`: `write(mbarrier index, phase)` does its writes,

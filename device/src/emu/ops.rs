@@ -304,11 +304,17 @@ fn check_member_mask(thread: &super::thread::Thread, mask: u32) {
 /// Checks that `size` bytes at `ptr` lie inside a buffer passed to the kernel and are
 /// aligned, then runs the access.
 pub fn global_access<T, R>(ptr: *const T, size: usize, access: impl FnOnce() -> R) -> R {
+    if !(ptr as usize).is_multiple_of(size) {
+        fault(format_args!("misaligned {size}-byte global access at {:#x}", ptr as usize));
+    }
+    global_range(ptr, size, access)
+}
+
+/// Checks that the `size` bytes at `ptr` lie inside a buffer passed to the kernel, then runs
+/// the access (a bulk copy's source, whose alignment its caller checks).
+pub fn global_range<T, R>(ptr: *const T, size: usize, access: impl FnOnce() -> R) -> R {
     with_current(|thread| {
         let address = ptr as usize;
-        if !address.is_multiple_of(size) {
-            fault(format_args!("misaligned {size}-byte global access at {address:#x}"));
-        }
         let inside = thread.cluster().buffers.iter().any(|&(start, bytes)| {
             let (start, end) = (start as usize, start as usize + bytes);
             address >= start && address + size <= end
