@@ -54,6 +54,8 @@
 
 use clusterfuse::arch;
 use clusterfuse::prelude::*;
+use clusterfuse::shared::DynamicShared;
+use clusterfuse::tma::{Pipeline, PipelineState};
 
 /// Dimensions per head.
 pub const HEAD_DIM: usize = 128;
@@ -74,9 +76,15 @@ const GROUPS: usize = BLOCK as usize / 16;
 /// W_qkv rows per warp of the separate GEMV.
 const QKV_ROWS: usize = 4;
 /// Rows per warp and 16-byte vectors per lane per row of an item of the fused projection, at
-/// batch 1 and at batch tile 8 (where the 2 × 8 accumulators take the registers of the other
-/// half of the loads).
-const QKV_ITEM: [(usize, usize); 2] = [(4, 4), (2, 4)];
+/// batch 1 and at batch tile 8: 4 KB of f16 weights per item at hidden 4096.
+const QKV_ITEM: [(usize, usize); 2] = [(2, 4), (2, 4)];
+/// Items of `W_qkv` in each warp's ring of bulk copies: two in flight while one is consumed.
+const QKV_STAGES: usize = 3;
+/// 16-byte vectors per lane per row of an item of the output projection, at batch 1 and at
+/// batch tile 8 (4 KB items with [`O_ROWS`]).
+const O_VECTORS: [usize; 2] = [4, 2];
+/// Items of `W_o` in each warp's ring.
+const O_STAGES: usize = 2;
 /// Tokens per group per step of the flash-decoding loop.
 const TOKENS: usize = 8;
 /// Floats per sequence of a block's merged attention state: `o` (128), `l`, and padding to
@@ -97,21 +105,25 @@ macro_rules! unroll {
 }
 const _: () = assert!(HEAD_DIM.is_multiple_of(QKV_ITEM[0].0) && HEAD_DIM.is_multiple_of(QKV_ITEM[1].0), "an item's rows stay inside one of q, k, v");
 const _: () = assert!(
-    QKV_ITEM[0].0 <= 4 && QKV_ITEM[0].1 <= 4 && QKV_ITEM[1].0 <= 4 && QKV_ITEM[1].1 <= 4 && TOKENS == 8 && MAX_BATCH == 8,
-    "the unrolled loops list 4, 4, 8 and 8 indices"
+    QKV_ITEM[0].0 <= 4 && QKV_ITEM[0].1 <= 4 && QKV_ITEM[1].0 <= 4 && QKV_ITEM[1].1 <= 4 && O_VECTORS[0] <= 4 && O_VECTORS[1] <= 4 && TOKENS == 8 && MAX_BATCH == 8,
+    "the unrolled loops list 4, 4, 4, 8 and 8 indices"
 );
+
+/// `input` as raw words (two halves each).
+#[inline(always)]
+fn words<T: HalfFloat>(input: &[T]) -> &[u32] {
+    const { assert!(core::mem::size_of::<T>() == 2, "16-bit elements") };
+    // SAFETY: `T` is two bytes of plain data and the buffer is 4-byte aligned (device
+    // allocations are 256-byte aligned), so its bytes read as `len / 2` words.
+    unsafe { core::slice::from_raw_parts(input.as_ptr().cast::<u32>(), input.len() / 2) }
+}
 
 /// Vector `i` (16 bytes: 8 halves) of `input` as four raw words. Loaded as `[T; 8]`, a vector
 /// would hold a register per half until it is used; as words it holds four, which is what
 /// lets 16 loads per thread be in flight within 128 registers. [`widen`] converts at use.
 #[inline(always)]
 fn load_words<T: HalfFloat>(input: &[T], i: usize) -> [u32; 4] {
-    const { assert!(core::mem::size_of::<T>() == 2, "16-bit elements") };
-    // SAFETY: `T` is two bytes of plain data and the buffer is 4-byte aligned (device
-    // allocations are 256-byte aligned), so its bytes read as `len / 2` words; `load16`
-    // checks bounds and 16-byte alignment.
-    let words = unsafe { core::slice::from_raw_parts(input.as_ptr().cast::<u32>(), input.len() / 2) };
-    global::load16::<u32, 4>(words, i)
+    global::load16::<u32, 4>(words(input), i)
 }
 
 /// [`load_words`] from an output, through the coherent path (the caches, which this kernel
@@ -226,6 +238,80 @@ fn accumulate<T: Packed, const B: usize, const R: usize, const V: usize>(
             });
         }
     });
+}
+
+/// Bytes of dynamic shared memory of a block's [`WeightRing`]s (barriers included).
+const fn ring_bytes(stages: usize, rows: usize, vectors: usize) -> usize {
+    WARPS * stages * (rows * 32 * vectors * 16 + 16)
+}
+
+/// A warp's ring of `S` stages of weight items in shared memory, each `R` rows × up to
+/// `32·V` 16-byte vectors (a vector per lane per `j < V`): lane 0 loads an item with one bulk
+/// copy per row (`cp.async.bulk`, so the bytes in flight do not depend on registers or
+/// warps), all 32 lanes read it, and lane 0 releases the stage after a warp barrier (one
+/// arrival, as CUTLASS's pipelines make one per consumer warp, not per thread). A warp's rings are its own: no other
+/// warp waits for them.
+#[derive(Clone, Copy)]
+struct WeightRing<const S: usize, const R: usize, const V: usize> {
+    stages: SharedSlice<u32>,
+    pipeline: Pipeline<S>,
+}
+
+impl<const S: usize, const R: usize, const V: usize> WeightRing<S, R, V> {
+    /// Words of a stage.
+    const STAGE: usize = R * 32 * V * 4;
+
+    /// The calling warp's ring, its block's taking [`ring_bytes`] of `smem`. Every thread
+    /// calls it; a block barrier must follow before any uses a ring.
+    #[inline(always)]
+    fn new(smem: &mut DynamicShared) -> Self {
+        let warp = warp::index_in_block() as usize;
+        let stages = smem.take::<u32>(WARPS * S * Self::STAGE).slice(warp * S * Self::STAGE, S * Self::STAGE);
+        Self { stages, pipeline: Pipeline::per_warp(smem.take::<u64>(WARPS * 2 * S), 1) }
+    }
+
+    /// Lane 0 (the others do nothing): once `state`'s stage is free, starts loading into it
+    /// `len ≤ 32·V` vectors of each row `u < R` of `weights` (as [`words`]), from vector
+    /// `start + u·stride`.
+    #[inline(always)]
+    fn load(&self, state: PipelineState<S>, weights: &[u32], start: usize, stride: usize, len: usize) {
+        if warp::lane() == 0 {
+            let full = self.pipeline.producer_acquire(state, (R * len * 16) as u32);
+            let stage = self.stages.slice(state.stage() * Self::STAGE, Self::STAGE);
+            unroll!(u in [0 1 2 3] {
+                if u < R {
+                    let from = 4 * (start + u * stride);
+                    // SAFETY: `full` expects the R copies' bytes (`producer_acquire`), and the
+                    // stage is free: the warp released it before the acquire returned.
+                    unsafe { stage.slice(u * 32 * V * 4, 4 * len).load_async(&weights[from..from + 4 * len], full) };
+                }
+            });
+        }
+    }
+
+    /// Every lane: waits for `state`'s item (of `len` vectors a row), reads the lane's
+    /// vectors `32·j + lane` of each row (past `len`, the row's last; ignored by the caller);
+    /// then the warp releases the stage.
+    #[inline(always)]
+    fn take(&self, state: PipelineState<S>, len: usize) -> [[[u32; 4]; V]; R] {
+        self.pipeline.consumer_wait(state);
+        let stage = self.stages.slice(state.stage() * Self::STAGE, Self::STAGE);
+        let lane = warp::lane() as usize;
+        let mut w = [[[0u32; 4]; V]; R];
+        unroll!(u in [0 1 2 3] {
+            unroll!(j in [0 1 2 3] {
+                if u < R && j < V {
+                    w[u][j] = stage.load16::<4>(u * 32 * V + (32 * j + lane).min(len - 1));
+                }
+            });
+        });
+        // Every lane's reads, then the release that lets lane 0 overwrite the stage.
+        warp::sync();
+        if lane == 0 {
+            self.pipeline.consumer_release(state);
+        }
+        w
+    }
 }
 
 /// Sum over the 16 lanes of the caller's half-warp (every lane of the warp calls it).
@@ -441,26 +527,26 @@ fn attention_heads<T: Packed, const B: usize, const R: usize, const V: usize>(
     let items = QKV / (WARPS * R) * steps;
     let item_row = |i: usize| (warp + WARPS * (i / steps)) * R;
     let item_vector = |i: usize, j: usize| (i % steps) * 32 * V + 32 * j + lane;
-    let load = |i: usize| {
-        let mut w = [[[0u32; 4]; V]; R];
-        // The item's rows are consecutive in W_qkv: R divides 128, so they share a q/k/v part.
-        let base = qkv_row(item_row(i), head, hidden) * row_vectors + first;
-        unroll!(u in [0 1 2 3] {
-            let row = base + u * row_vectors;
-            unroll!(j in [0 1 2 3] {
-                if u < R && j < V {
-                    // Unconditional, as in `load_rows`: past the block's columns the last one.
-                    w[u][j] = load_words(w_qkv, row + item_vector(i, j).min(vectors - 1));
-                }
-            });
-        });
-        w
+    let item_len = |i: usize| (vectors - (i % steps) * 32 * V).min(32 * V);
+    let mut smem = shared::dynamic();
+    let xg = smem.take::<f32>(stage_units(B) * vectors * 4);
+    let ring = WeightRing::<QKV_STAGES, R, V>::new(&mut smem);
+    block::sync();
+    let load = |state: PipelineState<QKV_STAGES>, i: usize| {
+        if i < items {
+            // The item's rows are consecutive in W_qkv: R divides 128, so they share a q/k/v part.
+            let start = qkv_row(item_row(i), head, hidden) * row_vectors + first + (i % steps) * 32 * V;
+            ring.load(state, words(w_qkv), start, row_vectors, item_len(i));
+        }
     };
-    let mut w = load(0);
+    let mut ahead = PipelineState::START;
+    for i in 0..QKV_STAGES {
+        load(ahead, i);
+        ahead = ahead.next();
+    }
 
     // 2. x ⊙ norm_w for this block's columns, staged (see `staged`; zeros past the batch),
     //    and Σ x² per token.
-    let xg = shared::dynamic().take::<f32>(stage_units(B) * vectors * 4);
     for i in block::stride_loop(0..B * vectors) {
         let (s, c) = (i / vectors, i % vectors);
         let mut v = [0.0f32; 8];
@@ -497,16 +583,17 @@ fn attention_heads<T: Packed, const B: usize, const R: usize, const V: usize>(
     // 3. Split-K QKV over this block's columns, summed over the cluster.
     let qkv = shared!([f32; QKV * MAX_BATCH]);
     let mut acc = [[0.0f32; B]; R];
+    let mut state = PipelineState::START;
     for i in 0..items {
+        let w = ring.take(state, item_len(i));
+        load(ahead, i + QKV_STAGES);
+        (state, ahead) = (state.next(), ahead.next());
         unroll!(j in [0 1 2 3] {
             let c = item_vector(i, j);
             if j < V && c < vectors {
                 accumulate::<T, B, R, V>(&mut acc, &w, j, xg, c);
             }
         });
-        if i + 1 < items {
-            w = load(i + 1);
-        }
         if i % steps == steps - 1 {
             // One base for the item's results, constant offsets from it.
             let rows = qkv.slice(item_row(i), (B - 1) * QKV + R);
@@ -624,39 +711,41 @@ fn o_proj<T: Packed, const B: usize, const R: usize, const V: usize>(attn: &[f32
     let row0 = (block::index_x() as usize * WARPS + warp) * R;
     let steps = row_vectors.div_ceil(32 * V);
     let vector = |k: usize, j: usize| k * 32 * V + 32 * j + lane;
-    let load = |k: usize| {
-        let mut w = [[[0u32; 4]; V]; R];
-        unroll!(u in [0 1 2 3] {
-            unroll!(j in [0 1 2 3 4 5 6 7] {
-                if u < R && j < V {
-                    // Unconditional, as in `load_rows`: past the row's end its last vector.
-                    w[u][j] = load_words(w_o, (row0 + u) * row_vectors + vector(k, j).min(row_vectors - 1));
-                }
-            });
-        });
-        w
+    let item_len = |k: usize| (row_vectors - k * 32 * V).min(32 * V);
+    let mut smem = shared::dynamic();
+    let stage = smem.take::<f32>(stage_units(B) * row_vectors * 4);
+    let ring = WeightRing::<O_STAGES, R, V>::new(&mut smem);
+    block::sync();
+    let load = |state: PipelineState<O_STAGES>, k: usize| {
+        if k < steps {
+            ring.load(state, words(w_o), row0 * row_vectors + k * 32 * V, row_vectors, item_len(k));
+        }
     };
-    let mut w = load(0);
-    // W_o does not depend on the attention kernel: its first loads are in flight before
+    let mut ahead = PipelineState::START;
+    for k in 0..O_STAGES {
+        load(ahead, k);
+        ahead = ahead.next();
+    }
+    // W_o does not depend on the attention kernel: its first items are in flight before
     // `attn` is waited for.
     grid::wait_for_prerequisites();
-    let stage = shared::dynamic().take::<f32>(stage_units(B) * row_vectors * 4);
     for i in block::stride_loop(0..B * row_vectors) {
         let (s, c) = (i / row_vectors, i % row_vectors);
         store8(stage, staged::<B>(c, s), if s < batch { core::array::from_fn(|k| attn[8 * i + k]) } else { [0.0; 8] });
     }
     block::sync();
     let mut acc = [[0.0f32; B]; R];
+    let mut state = PipelineState::START;
     for k in 0..steps {
-        unroll!(j in [0 1 2 3 4 5 6 7] {
+        let w = ring.take(state, item_len(k));
+        load(ahead, k + O_STAGES);
+        (state, ahead) = (state.next(), ahead.next());
+        unroll!(j in [0 1 2 3] {
             let c = vector(k, j);
             if j < V && c < row_vectors {
                 accumulate::<T, B, R, V>(&mut acc, &w, j, stage, c);
             }
         });
-        if k + 1 < steps {
-            w = load(k + 1);
-        }
     }
     unroll!(u in [0 1 2 3] {
         unroll!(s in [0 1 2 3 4 5 6 7] {
@@ -693,13 +782,13 @@ macro_rules! decode_kernels {
         #[doc = concat!("Fused 2/2 (and separate 5/5), ", stringify!($t), ", batch 1: `out = x + W_o · attn`; grid `hidden / 16` blocks of 256.")]
         #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
         pub fn $o_proj(attn: &[f32], w_o: &[$t], x: &[$t], out: Out<$t>, batch: u32) {
-            o_proj::<$t, 1, { O_ROWS[0] }, 8>(attn, w_o, x, &out, batch);
+            o_proj::<$t, 1, { O_ROWS[0] }, { O_VECTORS[0] }>(attn, w_o, x, &out, batch);
         }
 
         #[doc = concat!("Fused 2/2, ", stringify!($t), ", batch 2-8: `out = x + W_o · attn`; grid `hidden / 32` blocks of 256.")]
         #[kernel(launch_bounds(max_threads = 256))]
         pub fn $o_proj8(attn: &[f32], w_o: &[$t], x: &[$t], out: Out<$t>, batch: u32) {
-            o_proj::<$t, 8, { O_ROWS[1] }, 4>(attn, w_o, x, &out, batch);
+            o_proj::<$t, 8, { O_ROWS[1] }, { O_VECTORS[1] }>(attn, w_o, x, &out, batch);
         }
     )*};
 }
@@ -853,14 +942,16 @@ pub mod host {
     pub fn attention_config(hidden: usize, batch: usize, cluster: u32) -> LaunchConfig {
         let c = cluster as usize;
         assert!(hidden.is_multiple_of(HEAD_DIM) && hidden.is_multiple_of(8 * c), "cluster {cluster} does not divide hidden {hidden} into 16-byte vectors");
-        config(hidden / HEAD_DIM * c, BLOCK, Some(cluster), stage_units(tile(batch)) * hidden / c * 2)
+        let (rows, vectors) = QKV_ITEM[usize::from(tile(batch) > 1)];
+        config(hidden / HEAD_DIM * c, BLOCK, Some(cluster), stage_units(tile(batch)) * hidden / c * 2 + ring_bytes(QKV_STAGES, rows, vectors))
     }
 
     /// Fused 2/2's launch: `8 · O_ROWS` rows a block, all of `attn` in dynamic shared memory.
     pub fn o_proj_config(hidden: usize, batch: usize) -> LaunchConfig {
-        let rows = WARPS * O_ROWS[usize::from(tile(batch) > 1)];
+        let t = usize::from(tile(batch) > 1);
+        let rows = WARPS * O_ROWS[t];
         assert!(hidden.is_multiple_of(rows), "hidden {hidden} is not a multiple of {rows}");
-        config(hidden / rows, BLOCK, None, stage_units(tile(batch)) * hidden * 2)
+        config(hidden / rows, BLOCK, None, stage_units(tile(batch)) * hidden * 2 + ring_bytes(O_STAGES, O_ROWS[t], O_VECTORS[t]))
     }
 
     macro_rules! decode_type {
