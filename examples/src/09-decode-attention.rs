@@ -9,13 +9,17 @@
 //!
 //! [`decode_attention_f16`] (and its bf16 and batch-8 twins): one cluster of `C` blocks per
 //! head (grid `heads × C`, `C` chosen at launch). Each block
-//! 1. issues its first loads of `W_qkv` before anything else;
+//! 1. starts streaming `W_qkv` before anything else: each warp has a ring of 3 items of 2
+//!    rows × 4 16-byte vectors per lane (4 KB at hidden 4096, clusters of 4) in shared
+//!    memory, which its lane 0 fills with bulk copies (`cp.async.bulk`, one per row, on an
+//!    mbarrier pipeline: see `WeightRing`), so the bytes in flight (two or three items a
+//!    warp, 64-96 KB a block) depend neither on registers nor on warps;
 //! 2. stages `x ⊙ norm_w` for its `1/C` of the columns in shared memory and sums `x²` over
 //!    the whole row — RMSNorm's `1/rms` is a per-token scalar, applied after the projection,
 //!    so the weights stream from the first instruction;
-//! 3. multiplies those columns with the head's 384 rows of `W_qkv` (split-K: a warp per 4
-//!    rows × 4 16-byte vectors per lane, at batch tile 8 2 rows × 4, the next item's loads
-//!    issued before the warp reductions) and `cluster::reduce` sums the blocks' partial q, k, v in rank order;
+//! 3. multiplies those columns with the head's 384 rows of `W_qkv` (split-K: each warp takes
+//!    its ring's items in turn, refilling a stage as soon as its lanes have read it) and
+//!    `cluster::reduce` sums the blocks' partial q, k, v in rank order;
 //! 4. scales by `1/rms`, rotates q and k (RoPE, Hugging Face's rotate-half), rounds k and v
 //!    to the cache's type; rank 0 appends them to the cache;
 //! 5. runs flash-decoding over its `1/C` of each sequence's cached tokens: 16-lane groups, 8
@@ -25,27 +29,29 @@
 //! 6. rank 0 writes the head's attention output (f32) to `attn`.
 //!
 //! [`decode_o_proj_f16`] (and twins): `out = x + W_o · attn`, spread over the whole GPU — a
-//! warp per 2 rows (4 at batch 8), every block staging all heads' `attn` in shared memory
-//! after issuing its first `W_o` loads. No atomics anywhere: the output is deterministic.
+//! warp per 2 rows (4 at batch 8) streamed through a ring of 2 items of 4 KB a warp (2 rows ×
+//! 4 vectors per lane, at batch 8 4 rows × 2), every block staging all heads' `attn` in
+//! shared memory after starting its first `W_o` items. No atomics anywhere: the output is
+//! deterministic.
 //!
 //! **Programmatic dependent launch** (optional, `fused(.., programmatic: true)`): fused 2/2
 //! is launched with `LaunchConfig::programmatic`; fused 1/2 calls `grid::launch_dependents`
 //! once its `W_qkv` stream is done (before the cluster reduction), so fused 2/2's blocks may
-//! start on the SMs' free slots and put their first `W_o` loads (half of `W_o` at batch 1)
+//! start on the SMs' free slots and put their first `W_o` items (half of `W_o` at batch 1)
 //! in flight while the attention runs; they call `grid::wait_for_prerequisites` before
 //! reading `attn`. Launched in stream order, the wait returns at once.
 //!
-//! Sizing at hidden 4096 (`ptxas -v`): fused 1/2 uses 128 registers (`min_blocks = 2`) and
-//! 25 KB of static plus 6 KB (clusters of 4) of dynamic shared memory, so two blocks fit on an
-//! SM and all 32 clusters of 4 should be resident at once (`decode-bench` prints
-//! `max_active_clusters`): 128 blocks of 256 threads, one wave, each keeping 16 16-byte loads per thread (64 KB) in flight in the
-//! projection and in the attention (8 tokens' K and V per group). Fused 2/2 uses 109
-//! registers and 24 KB: 256 blocks, two per SM, one wave, 16 loads per thread in flight.
+//! Sizing at hidden 4096, clusters of 4 (`ptxas -v`, `attention_config`, `o_proj_config`):
+//! fused 1/2 uses 127 registers (`min_blocks = 2`), 25 KB of static and 102 KB of dynamic
+//! shared memory (6 KB of staged activations, 96 KB of rings): one block per SM, all 32
+//! clusters resident at once (`decode-bench` prints `max_active_clusters`), the attention
+//! keeping 8 tokens' K and V per group in flight. Fused 2/2 uses 80 registers and 88 KB: 256
+//! blocks, two per SM, one wave; one fits beside a block of fused 1/2, for PDL.
 //!
 //! Kernels take the batch tile as a constant: the `_b8` kernels run batches 2-8 (rows past
-//! the batch are zeros and not written), the others batch 1. At tile 8 the projection keeps 8
-//! loads per thread in flight (its 2 × 8 accumulators take the registers of the other 8) and
-//! the output projection runs 128 blocks of 4 rows a warp, one per SM (180 registers, 136 KB). Staged activations are padded so that
+//! the batch are zeros and not written), the others batch 1. At tile 8 fused 1/2 takes 130 KB
+//! of dynamic shared memory (128 registers) and the output projection runs 128 blocks of 4
+//! rows a warp, one per SM (128 registers, 200 KB). Staged activations are padded so that
 //! the lanes' 16-byte shared loads are free of bank conflicts (see `staged`).
 //!
 //! **Separate** (five launches, f16, batch 1, f32 intermediates in global memory, as a

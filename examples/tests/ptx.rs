@@ -134,6 +134,7 @@ fn every_kernel_assembles_without_spills() {
         ("shared_index", 256),
         ("peer_read", 16),
         ("bulk_exchange", 0),
+        ("bulk_stream", 0),
         ("cluster_gather_bulk", 0),
         ("cluster_sum_values", 192),
         ("layernorm_gelu", 2 * 32),
@@ -209,16 +210,19 @@ fn decode_attention_streams_16_byte_vectors() {
     for name in ["decode_attention_f16", "decode_attention_bf16_b8"] {
         let text = entry(name);
         assert!(text.contains(".maxntid 256, 1, 1") && text.contains(".minnctapersm 2"), "`{name}`: launch bounds");
-        // Weights through the read-only path, the cache (written by this kernel) coherently.
-        assert!(text.contains("ld.global.nc.v4.b32"), "`{name}`: weights are not loaded 16 bytes at a time");
+        // Weights by bulk copies into shared memory, the cache (written by this kernel) coherently.
+        assert!(text.contains(BULK_LOAD), "`{name}`: W_qkv is not streamed by bulk copies");
         assert!(text.contains("ld.global.v4.b32"), "`{name}`: the cache is not loaded 16 bytes at a time");
         assert!(text.contains("ld.shared::cluster.v4.b32"), "`{name}`: the cluster reduction does not move 16-byte vectors");
         // The sum over heads is the second launch's: no atomics, so the output is deterministic.
         assert!(!text.contains("atom."), "`{name}` must not use atomics");
     }
     let text = entry("decode_o_proj_f16");
-    assert!(text.contains("ld.global.nc.v4.b32") && !text.contains("atom."), "`decode_o_proj_f16`: 16-byte weight loads, no atomics");
+    assert!(text.contains(BULK_LOAD) && !text.contains("atom."), "`decode_o_proj_f16`: bulk copies of W_o, no atomics");
 }
+
+/// A bulk copy from global to shared memory, completing on an mbarrier.
+const BULK_LOAD: &str = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes";
 
 #[test]
 fn decode_o_proj_loads_w_o_before_waiting_for_the_attention() {
@@ -228,7 +232,7 @@ fn decode_o_proj_loads_w_o_before_waiting_for_the_attention() {
     for name in ["decode_o_proj_f16", "decode_o_proj_bf16_b8"] {
         let text = entry(name);
         let wait = text.find("griddepcontrol.wait;").unwrap_or_else(|| panic!("`{name}` never waits for its prerequisite"));
-        assert!(text[..wait].contains("ld.global.nc.v4.b32"), "`{name}`: no W_o load is issued before the wait");
+        assert!(text[..wait].contains(BULK_LOAD), "`{name}`: no W_o copy is issued before the wait");
     }
 }
 
