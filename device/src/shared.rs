@@ -141,7 +141,7 @@ impl<T: SharedWord> SharedSlice<T> {
     /// 2. Nothing writes this slice's first `src.len()` elements until the phase completes.
     #[inline(always)]
     pub unsafe fn load_async(self, src: &[T], barrier: u32) {
-        let bytes = src.len() * size_of::<T>();
+        let bytes = core::mem::size_of_val(src);
         if src.len() > self.len() || !bytes.is_multiple_of(16) || !self.addr.is_multiple_of(16) || !(src.as_ptr() as usize).is_multiple_of(16) {
             out_of_bounds()
         }
