@@ -5,8 +5,10 @@
 //! (`block = ⌈hidden / 1024⌉ · 32`, at most 256 threads): each thread issues the loads of its
 //! up to four 16-byte vectors at once and keeps the row in registers, so x is read from
 //! global memory once, and a warp has 2 KB of loads in flight; small blocks of few registers
-//! keep several rows per SM in flight. GELU's exact erf costs one `ex2` and a polynomial per
-//! value.
+//! keep several rows per SM in flight. A thread's vectors past the row load a copy of its last
+//! one, which sums and stores skip, so that the arithmetic needs no branch around a vector;
+//! GELU's exact erf costs one `ex2` and a degree-6 polynomial per value. LayerNorm → GELU is
+//! about 25 instructions a value at hidden 8192 (static SASS count), the GELU 10 of them.
 
 use clusterfuse::arch::{add_rn_f16x2, cvt_rn_f16x2_f32, fma_rn_f16x2};
 use clusterfuse::prelude::*;
