@@ -242,7 +242,7 @@ const GELU_TAIL: f32 = 7.5;
 /// for an f16 result, under which, evaluated in f32, q = ½·erfc is within 7e-6 relative (1/70
 /// of an f16 ulp of x·q) while x·q is a normal f16 (|x| < 4.1), within 6e-9 absolute (1/10 of
 /// the smallest subnormal) below, and under 2.9e-8 (rounding to 0) from |x| = 5.9 on.
-const GELU_LOG2_Q: [f32; 7] = [-1.0000076, -1.1510345, -0.45918003, -0.053037882, 0.0079336073, -0.00074603001, 3.2204211e-5];
+const GELU_LOG2_Q: [f32; 7] = [-1.0000076, -1.1510345, -0.45918003, -0.05303788, 0.007933607, -0.00074603, 3.220421e-5];
 
 /// GELU with the exact erf, as BERT and `torch.nn.functional.gelu` define it, to well under
 /// an ulp of its f16 result: x·Φ(x) = max(x, 0) − |x|·q, where q = ½·erfc(|x|/√2) = 2^P(|x|).
