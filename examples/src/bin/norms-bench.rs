@@ -1,12 +1,15 @@
 //! Fused against unfused: LayerNorm(x + b) → GELU and RMSNorm(x + residual) (example 06),
 //! fp16, for hidden ∈ {768, 1024, 4096, 8192} × rows ∈ {1, 64, 512, 4096}.
 //!
-//! Each repetition times, with CUDA events, one pass over `sets` copies of the inputs and
-//! outputs (launched back to back), and reports the time per call; the median of 50
-//! repetitions, after 5 warm-up passes. Copies are rotated so that one pass touches at least
-//! 2 × the H200's 60 MB L2, except that at most 256 copies are made: shapes under ~470 KB
-//! (rows = 1, and rows = 64 at hidden ≤ 1024) stay partly L2-resident, and the table says how
-//! many copies each row used. Roofline = bytes that must move / 4.3 TB/s.
+//! Each repetition times, with CUDA events, one pass of at least 20 calls launched back to
+//! back (as `gemm-bench` does, so that the launch gap between calls is hidden and not
+//! counted), rotating over `copies` copies of the inputs and outputs, and reports the time per
+//! call; the median of 50 repetitions, after 5 warm-up passes. There are enough copies that
+//! one rotation touches at least 2 × the H200's 60 MB L2 (a single copy once it alone is
+//! twice the L2, which then serves every call of the pass), except that at
+//! most 256 copies are made: shapes under ~470 KB (rows = 1, and rows = 64 at hidden ≤ 1024)
+//! stay partly L2-resident, and the table says how many copies each row used. Roofline =
+//! bytes that must move / 4.3 TB/s.
 //!
 //! `cargo run --release -p clusterfuse-examples --bin norms-bench`
 
@@ -23,19 +26,23 @@ const ROWS: [u32; 4] = [1, 64, 512, 4096];
 const PEAK_BYTES_PER_S: f64 = 4.3e12;
 const L2_BYTES: usize = 60 << 20;
 const MAX_SETS: usize = 256;
+/// Calls per timed pass, at least.
+const MIN_CALLS: usize = 20;
 const WARMUP: usize = 5;
 const REPS: usize = 50;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
 
-/// Median µs per call of `call(set)` over passes of `sets` calls.
+/// Median µs per call of `call(set)` over passes of at least [`MIN_CALLS`] calls, rotating
+/// over the `sets` copies.
 fn time(gpu: &Gpu, sets: usize, mut call: impl FnMut(usize) -> Result<()>) -> Result<f64> {
+    let calls = sets.max(MIN_CALLS);
     let mut samples = Vec::new();
     for rep in 0..WARMUP + REPS {
-        let ms = gpu.time_ms(|| (0..sets).try_for_each(&mut call))?;
+        let ms = gpu.time_ms(|| (0..calls).try_for_each(|i| call(i % sets)))?;
         if rep >= WARMUP {
-            samples.push(ms * 1e3 / sets as f64);
+            samples.push(ms * 1e3 / calls as f64);
         }
     }
     Ok(median(samples))
