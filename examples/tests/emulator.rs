@@ -237,16 +237,23 @@ fn bert_rejects_sizes_its_kernels_cannot_run() {
     }
 }
 
+/// Also which GEMM each projection takes: at batch 1 (M = 80) all split K on example 10's; at
+/// batch 2 (M = 160) QKV and FFN1 run on example 12's `wgmma` GEMM (the emulator stands for 8
+/// SMs), O and FFN2 on example 10's.
 #[test]
 fn bert_launches_as_many_kernels_per_layer_as_its_mode_says() {
     use clusterfuse_examples::bert::{Batch, Kernels, Mode, Model, TINY};
     let gpu = Gpu::emulator();
     let (kernels, model) = (Kernels::load(&gpu).unwrap(), Model::random(&gpu, TINY).unwrap());
-    let x = vec![clusterfuse::f16::from_f32(0.5); TINY.seq * TINY.hidden];
-    for mode in Mode::ALL {
-        let mut batch = Batch::new(&gpu, &TINY, 1, &x).unwrap();
-        let ((), trace) = gpu.record(mode.name(), Some(1), || batch.forward(gpu.stream(), &kernels, &model, mode)).unwrap();
-        let launches = clusterfuse::host::trace::Summary::of(&trace).kernels;
-        assert_eq!(launches, TINY.layers * mode.kernels_per_layer(), "{}", mode.name());
+    for (batch, projections) in [(1, ["gemm", "gemm", "gemm", "gemm"]), (2, ["wgmma", "gemm", "wgmma", "gemm"])] {
+        let x = vec![clusterfuse::f16::from_f32(0.5); batch * TINY.seq * TINY.hidden];
+        for mode in Mode::ALL {
+            let mut b = Batch::new(&gpu, &TINY, batch, &x).unwrap();
+            let ((), trace) = gpu.record(mode.name(), Some(batch as u32), || b.forward(gpu.stream(), &kernels, &model, mode)).unwrap();
+            let launches = clusterfuse::host::trace::Summary::of(&trace).kernels;
+            assert_eq!(launches, TINY.layers * mode.kernels_per_layer(), "{}", mode.name());
+            let gemms: Vec<&str> = trace.launches().filter_map(|l| l.kernel.split('_').next().filter(|k| k.contains("mm"))).collect();
+            assert_eq!(gemms, projections.repeat(TINY.layers), "batch {batch}, {}", mode.name());
+        }
     }
 }
