@@ -3,11 +3,16 @@
 //! projection, its bias, attention scores (batched Q·Kᵀ / √64), example 04's softmax, the
 //! context P·V, the output projection, its bias, the residual add, LayerNorm, the FFN's up
 //! projection, bias, GELU, down projection, bias, residual add and LayerNorm — projections on
-//! example 10's tensor-core GEMM, element-wise ops and norms from example 08. **Fused**, the
+//! the tensor cores, element-wise ops and norms from example 08. **Fused**, the
 //! chains the proximity advice finds (7 per layer): GEMMs with bias, bias + GELU and residual
 //! epilogues, one attention kernel (FlashAttention-2 style on the tensor cores: scores,
 //! online softmax and context of 16 queries per warp in registers), and bias + LayerNorm in
-//! one kernel.
+//! one kernel, each launched programmatically after the previous one (a GEMM's first weight
+//! loads overlap the previous kernel's tail).
+//!
+//! Each projection runs on example 12's `wgmma` GEMM (weights as `out × in`, through tensor
+//! maps) once its 128 × 256 tiles cover the GPU, and on example 10's split-K `mma.sync` GEMM
+//! below that (weights as `in × out`): see `Gemm::pick`.
 //!
 //! Every attention kernel runs on the tensor cores, a block per 64 queries of a (batch
 //! element, head), reading Q, K and V from the QKV projection's output and writing the
@@ -187,6 +192,9 @@ pub fn attention(qkv: &[f16], out: Out<f16>, seq: u32, heads: u32, scale: f32) {
     let (keys, values) = (shared!([f16; MAX_SEQ * TILE_STRIDE]), shared!([f16; MAX_SEQ * TILE_STRIDE]));
     let queries = shared!([f16; QUERIES_PER_BLOCK * TILE_STRIDE]);
     let blk = AttentionBlock::new(seq, heads);
+    // Launched programmatically after the QKV projection (see `Batch::forward`).
+    grid::wait_for_prerequisites();
+    grid::launch_dependents();
     blk.stage(qkv, queries, 0, blk.first, blk.rows);
     blk.stage(qkv, keys, 1, 0, blk.seq);
     blk.stage(qkv, values, 2, 0, blk.seq);
@@ -239,6 +247,9 @@ fn online_softmax_row(s: &mut [FragC; 2], o: &mut [FragC; COLUMN_TILES], max: &m
 /// example 08's unfused kernels ([`row_config`](crate::fused_norms::row_config)).
 #[kernel(launch_bounds(max_threads = 1024))]
 pub fn bias_layer_norm(x: &[f16], b: &[f16], gamma: &[f16], beta: &[f16], out: Out<f16>, hidden: u32) {
+    // Launched programmatically after a projection (see `Batch::forward`).
+    grid::wait_for_prerequisites();
+    grid::launch_dependents();
     store_row(layernorm_gelu::layer_norm(layernorm_gelu::add_bias(x, b), gamma, beta, hidden), &out);
 }
 
@@ -415,7 +426,8 @@ mod host {
     pub enum Mode {
         /// One kernel per op.
         Unfused,
-        /// Epilogues, fused attention, bias + LayerNorm.
+        /// Epilogues, fused attention, bias + LayerNorm; every kernel launched
+        /// programmatically after the previous one.
         Fused,
     }
 
@@ -522,6 +534,7 @@ mod host {
     const EMULATOR_SMS: usize = 8;
 
     /// A projection's GEMM and its launch configuration.
+    #[derive(Clone, Copy)]
     enum Gemm {
         /// Example 10's `mma.sync` GEMM, splitting K over a cluster at small M.
         Mma(LaunchConfig),
@@ -544,6 +557,19 @@ mod host {
                 Ok(Self::Mma(gemm::config(m, n, k)?))
             }
         }
+
+        /// The same, launched programmatically after the previous kernel.
+        fn programmatic(self) -> Self {
+            match self {
+                Self::Mma(c) => Self::Mma(programmatic(c)),
+                Self::Wgmma(c) => Self::Wgmma(programmatic(c)),
+            }
+        }
+    }
+
+    /// `config` with programmatic dependent launch.
+    fn programmatic(config: LaunchConfig) -> LaunchConfig {
+        LaunchConfig { programmatic: true, ..config }
     }
 
     /// A model: its sizes and its layers' weights, on the host and on a device.
@@ -659,13 +685,18 @@ mod host {
                         k.layer_norm.launch(s, &self.rows, &self.summed, &l.gamma2, &l.beta2, &mut self.x.buffer, h)?;
                     }
                     Mode::Fused => {
-                        k.project(s, &self.qkv_gemm, Epilogue::Bias(&l.bqkv), &self.x, &l.wqkv, &mut self.qkv, (t, 3 * h, h))?;
-                        k.attention.launch(s, &self.attention, &self.qkv, &mut self.ctx.buffer, seq, heads, scale)?;
-                        k.project(s, &self.o_gemm, Epilogue::Residual(&self.x.buffer), &self.ctx, &l.wo, &mut self.summed, (t, h, h))?;
-                        k.bias_layer_norm.launch(s, &self.rows, &self.summed, &l.bo, &l.gamma1, &l.beta1, &mut self.h1.buffer, h)?;
-                        k.project(s, &self.up_gemm, Epilogue::BiasGelu(&l.b1), &self.h1, &l.w1, &mut self.up.buffer, (t, f, h))?;
-                        k.project(s, &self.down_gemm, Epilogue::Residual(&self.h1.buffer), &self.up, &l.w2, &mut self.summed, (t, h, f))?;
-                        k.bias_layer_norm.launch(s, &self.rows, &self.summed, &l.b2, &l.gamma2, &l.beta2, &mut self.x.buffer, h)?;
+                        // Every kernel launched programmatically: it starts while the previous
+                        // one finishes, a GEMM's first weight loads in flight, and waits for it
+                        // (`grid::wait_for_prerequisites`) before touching activations.
+                        let (attention, rows) = (programmatic(self.attention), programmatic(self.rows));
+                        let (qkv, o, up, down) = (self.qkv_gemm.programmatic(), self.o_gemm.programmatic(), self.up_gemm.programmatic(), self.down_gemm.programmatic());
+                        k.project(s, &qkv, Epilogue::Bias(&l.bqkv), &self.x, &l.wqkv, &mut self.qkv, (t, 3 * h, h))?;
+                        k.attention.launch(s, &attention, &self.qkv, &mut self.ctx.buffer, seq, heads, scale)?;
+                        k.project(s, &o, Epilogue::Residual(&self.x.buffer), &self.ctx, &l.wo, &mut self.summed, (t, h, h))?;
+                        k.bias_layer_norm.launch(s, &rows, &self.summed, &l.bo, &l.gamma1, &l.beta1, &mut self.h1.buffer, h)?;
+                        k.project(s, &up, Epilogue::BiasGelu(&l.b1), &self.h1, &l.w1, &mut self.up.buffer, (t, f, h))?;
+                        k.project(s, &down, Epilogue::Residual(&self.h1.buffer), &self.up, &l.w2, &mut self.summed, (t, h, f))?;
+                        k.bias_layer_norm.launch(s, &rows, &self.summed, &l.b2, &l.gamma2, &l.beta2, &mut self.x.buffer, h)?;
                     }
                 }
             }

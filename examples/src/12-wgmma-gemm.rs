@@ -65,6 +65,10 @@ pub fn gemm<T: WgmmaInput + HalfFloat, E: TileEpilogue>(a_map: &[u64], b_map: &[
     let b_tiles = smem.take::<T>(STAGES * BN * BK).addr();
     let pipeline = Pipeline::<STAGES>::new(smem.take::<u64>(2 * STAGES), CONSUMERS);
     block::sync();
+    // Launched programmatically, the kernel reads A and the residual, and writes C, only once
+    // the previous kernel has completed; the next may start once every block is here.
+    grid::wait_for_prerequisites();
+    grid::launch_dependents();
 
     let wg = Warpgroup::current();
     // Persistent: block b computes tiles b, b + grid, b + 2·grid, … (row-major over the tiles
