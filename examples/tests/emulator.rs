@@ -257,3 +257,27 @@ fn bert_launches_as_many_kernels_per_layer_as_its_mode_says() {
         }
     }
 }
+
+/// Example 10's split-K reduction over clusters of 4 and 8 blocks (its own check splits by
+/// 2): M = 100 (one partial row tile), K = 512 and 1024 (8 and 16 k-steps), with the
+/// residual epilogue, against the f64 reference.
+#[test]
+fn gemm_split_k_over_4_and_8_blocks_matches_its_reference() {
+    use clusterfuse::f16;
+    use clusterfuse_examples::check::Report;
+    use clusterfuse_examples::gemm::{config, EpilogueKind, GemmType, HostOperands, Operands, F16_TOLERANCE};
+    let gpu = Gpu::emulator();
+    let kernels = f16::load(&gpu).unwrap();
+    let (m, n, epilogue) = (100, 136, EpilogueKind::Residual);
+    for (k, splits) in [(512, 4), (1024, 8)] {
+        assert_eq!(config(m, n, k).unwrap().grid.z, splits, "K = {k}");
+        let host = HostOperands::<f16>::random(m, n, k);
+        let x = Operands::upload(&gpu, &host).unwrap();
+        let mut out = gpu.upload(&vec![f16::NAN; m * n]).unwrap();
+        f16::launch(&kernels, &gpu, epilogue, &x, &mut out, m, n, k).unwrap();
+        let out: Vec<f32> = gpu.download(&out).unwrap().into_iter().map(f16::to_f32).collect();
+        let reference: Vec<f64> = (0..m * n).map(|i| epilogue.reference(host.dot(i / n, i % n, n, k), i / n, i % n, n, &host)).collect();
+        let report = Report::new(format!("{m} × {n} × {k}, split {splits}"), &out, &reference, F16_TOLERANCE);
+        assert!(report.passed(), "{report:?}");
+    }
+}
