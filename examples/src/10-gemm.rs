@@ -10,11 +10,10 @@
 //! residual add, scaling — is a type parameter of the device code, so each kind is its own
 //! kernel with nothing of the others in it.
 //!
-//! Small-M GEMMs split K over a cluster of 2, 4 or 8 blocks along z ([`split_k`] picks how
+//! Small-M GEMMs split K over a cluster of up to 8 blocks along z ([`split_k`] picks how
 //! many, at launch): each block multiplies its share of the k-steps, parks its partial tile
-//! in its drained pipeline, and the blocks sum the tiles in rank order over DSMEM, each
-//! applying the epilogue to and storing 1/8-1/2 of the output tile (its 16 DSMEM loads a
-//! thread in flight at once, then the epilogue's operands, then the stores). The
+//! in its drained pipeline, and `cluster::reduce_scatter` sums the tiles in rank order over
+//! DSMEM, each block applying the epilogue to and storing 1/8-1/2 of the output tile. The
 //! sum is deterministic, with no second kernel and no atomics (M = 128, a BERT layer at
 //! batch 1, would otherwise run 6-24 blocks on 132 SMs).
 //!
@@ -295,90 +294,12 @@ pub fn gemm<T: MmaInput, E: Epilogue>(a: &[T], b: &[T], out: &Out<T>, m: u32, n:
         let (r, c) = FragC::position(v);
         partial.store((wm + i * 16 + r) * PARTIAL_STRIDE + wn + j * 8 + c, acc[i][j].values[v]);
     })));
-    if !smem.is_multiple_of(16) {
-        arch::trap()
-    }
-    // SAFETY: the same memory, 16-byte aligned (checked above), as vectors of 4 f32's bits.
-    let words = unsafe { SharedSlice::<[u32; 4]>::from_raw_parts(smem, BM * PARTIAL_STRIDE / 4) };
-    let (tile, bounds) = ((bm, bn), (m, n));
-    match splits {
-        2 => finish_split::<T, E, 2>(words, out, epilogue, tile, bounds),
-        4 => finish_split::<T, E, 4>(words, out, epilogue, tile, bounds),
-        8 => finish_split::<T, E, 8>(words, out, epilogue, tile, bounds),
-        _ => arch::trap(),
-    }
-}
-
-/// Split-K over a cluster of `S` blocks (2, 4 or 8), once every block has its partial tile
-/// in `words` (rows `PARTIAL_STRIDE` f32 apart): block `r` sums rows `r · BM / S ..+ BM / S`
-/// of the tiles over DSMEM in rank order (deterministic) and stores them through the
-/// epilogue. Thread `t` takes 4 columns of `16 / S` of those rows (vectors `t + 256 j`):
-/// first its 16 DSMEM loads, all in flight together, then the epilogue's operands of every
-/// output, then the stores, so that no load waits behind another's use or behind a store.
-#[inline(always)]
-fn finish_split<T: MmaInput, E: Epilogue, const S: usize>(words: SharedSlice<[u32; 4]>, out: &Out<T>, epilogue: E, (bm, bn): (usize, usize), (m, n): (usize, usize)) {
-    const { assert!(BM * BN / 4 == 16 * THREADS && (S == 2 || S == 4 || S == 8), "each thread sums 16 vectors: 16 / S rows' 4 columns from S blocks") };
-    let (t, rank) = (thread::rank_in_block() as usize, cluster::block_rank() as usize);
-    // Row (in the tile) and column of this thread's vector `j`.
-    let at = |j: usize| ((rank * BM / S) + (t + THREADS * j) / (BN / 4), 4 * ((t + THREADS * j) % (BN / 4)));
-    cluster::sync(); // every block's partial tile is written
-    let mut parts = [[[0u32; 4]; 8]; 8];
-    unroll!(j in [0 1 2 3 4 5 6 7] {
-        if j < 16 / S {
-            let (r, c) = at(j);
-            unroll!(peer in [0 1 2 3 4 5 6 7] {
-                if peer < S {
-                    parts[j][peer] = words.in_block(peer as u32).load((r * PARTIAL_STRIDE + c) / 4);
-                }
-            });
-        }
-    });
-    let mut outputs = [[T::from_f32(0.0); 4]; 8];
-    unroll!(j in [0 1 2 3 4 5 6 7] {
-        if j < 16 / S {
-            let (r, c) = at(j);
-            let mut sum = [0.0f32; 4];
-            unroll!(peer in [0 1 2 3 4 5 6 7] {
-                if peer < S {
-                    for (total, bits) in sum.iter_mut().zip(parts[j][peer]) {
-                        *total += f32::from_bits(bits);
-                    }
-                }
-            });
-            // N is a multiple of 8 and `c` of 4: the 4 columns are all inside C or all past it.
-            if bm + r < m && bn + c < n {
-                outputs[j] = core::array::from_fn(|e| T::from_f32(epilogue.apply(sum[e], bm + r, bn + c + e, n)));
-            }
-        }
-    });
-    cluster::sync(); // no block reads a peer's partial tile any more: each may exit
-    let paired = (out.as_mut_ptr() as usize).is_multiple_of(4);
-    unroll!(j in [0 1 2 3 4 5 6 7] {
-        if j < 16 / S {
-            let (r, c) = at(j);
-            let (row, col) = (bm + r, bn + c);
-            if row < m && col < n {
-                let [v0, v1, v2, v3] = outputs[j];
-                if paired {
-                    out.store_pair(row * n + col, [v0, v1]);
-                    out.store_pair(row * n + col + 2, [v2, v3]);
-                } else {
-                    outputs[j].into_iter().enumerate().for_each(|(e, value)| out.set(row * n + col + e, value));
-                }
-            }
+    cluster::reduce_scatter(partial, Sum, |e, value| {
+        if e % PARTIAL_STRIDE < BN {
+            store(bm + e / PARTIAL_STRIDE, bn + e % PARTIAL_STRIDE, value);
         }
     });
 }
-
-/// `body` once for each listed `$i`, unrolled, so that register arrays are indexed by
-/// constants; indices past a generic bound are skipped with `if $i < BOUND`, which each
-/// instantiation folds away.
-macro_rules! unroll {
-    ($i:ident in [$($n:literal)*] $body:block) => {{
-        $( { let $i: usize = $n; $body } )*
-    }};
-}
-use unroll;
 
 /// Row stride, in f32, of a split-K block's partial tile: 8 words of padding, so that a
 /// warp's accumulator stores (8 rows × 4 column pairs) hit each bank at most twice.
