@@ -167,6 +167,13 @@ impl<T: MmaInput> Copier<T> {
     /// matrices' edges are zero-filled and read nothing (their addresses are never dereferenced).
     #[inline(always)]
     fn copy(&self, stage: usize, kt: usize, (m, n, k): (usize, usize, usize)) {
+        self.copy_a(stage, kt, (m, k));
+        self.copy_b(stage, kt, (n, k));
+    }
+
+    /// A's copies of [`Copier::copy`].
+    #[inline(always)]
+    fn copy_a(&self, stage: usize, kt: usize, (m, k): (usize, usize)) {
         let k0 = kt * BK;
         let a_col_inside = k0 + self.a_col < k;
         for i in 0..A_PIECES {
@@ -178,6 +185,12 @@ impl<T: MmaInput> Copier<T> {
             // when inside A, and then is 16 aligned bytes of it (K is a multiple of 8).
             unsafe { arch::cp_async_cg_shared_global_16(dst, src.cast(), 16 * inside as u32) };
         }
+    }
+
+    /// B's copies of [`Copier::copy`].
+    #[inline(always)]
+    fn copy_b(&self, stage: usize, kt: usize, (n, k): (usize, usize)) {
+        let k0 = kt * BK;
         for i in 0..B_PIECES {
             let inside = self.b_col_inside && k0 + self.b_row + 16 * i < k;
             let src = self.b.wrapping_add((k0 + 16 * i) * n);
@@ -211,9 +224,18 @@ pub fn gemm<T: MmaInput, E: Epilogue>(a: &[T], b: &[T], out: &Out<T>, m: u32, n:
     let (splits, split) = (cluster::size() as usize, cluster::block_rank() as usize);
     let all_steps = k.div_ceil(BK);
     let (first, steps) = (all_steps * split / splits, all_steps * (split + 1) / splits - all_steps * split / splits);
+    // B (the weights, which no kernel writes) of the first steps is in flight before waiting
+    // for the kernel this one may be launched programmatically after, whose output A may be;
+    // the first step's group then holds those copies too, so every wait below still covers
+    // its step's B. The next kernel may start as soon as every block is here.
+    for s in 0..(STAGES - 1).min(steps) {
+        copier.copy_b(s, first + s, (n, k));
+    }
+    grid::wait_for_prerequisites();
+    grid::launch_dependents();
     for s in 0..STAGES - 1 {
         if s < steps {
-            copier.copy(s, first + s, (m, n, k));
+            copier.copy_a(s, first + s, (m, k));
         }
         arch::cp_async_commit_group();
     }

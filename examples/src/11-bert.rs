@@ -3,11 +3,16 @@
 //! projection, its bias, attention scores (batched Q·Kᵀ / √64), example 04's softmax, the
 //! context P·V, the output projection, its bias, the residual add, LayerNorm, the FFN's up
 //! projection, bias, GELU, down projection, bias, residual add and LayerNorm — projections on
-//! example 10's tensor-core GEMM, element-wise ops and norms from example 08. **Fused**, the
+//! the tensor cores, element-wise ops and norms from example 08. **Fused**, the
 //! chains the proximity advice finds (7 per layer): GEMMs with bias, bias + GELU and residual
 //! epilogues, one attention kernel (FlashAttention-2 style on the tensor cores: scores,
 //! online softmax and context of 16 queries per warp in registers), and bias + LayerNorm in
-//! one kernel.
+//! one kernel, each launched programmatically after the previous one (a GEMM's first weight
+//! loads overlap the previous kernel's tail).
+//!
+//! Each projection runs on example 12's `wgmma` GEMM (weights as `out × in`, through tensor
+//! maps) once its 128 × 256 tiles cover the GPU, and on example 10's split-K `mma.sync` GEMM
+//! below that (weights as `in × out`): see `Gemm::pick`.
 //!
 //! Every attention kernel runs on the tensor cores, a block per 64 queries of a (batch
 //! element, head), reading Q, K and V from the QKV projection's output and writing the
@@ -187,6 +192,9 @@ pub fn attention(qkv: &[f16], out: Out<f16>, seq: u32, heads: u32, scale: f32) {
     let (keys, values) = (shared!([f16; MAX_SEQ * TILE_STRIDE]), shared!([f16; MAX_SEQ * TILE_STRIDE]));
     let queries = shared!([f16; QUERIES_PER_BLOCK * TILE_STRIDE]);
     let blk = AttentionBlock::new(seq, heads);
+    // Launched programmatically after the QKV projection (see `Batch::forward`).
+    grid::wait_for_prerequisites();
+    grid::launch_dependents();
     blk.stage(qkv, queries, 0, blk.first, blk.rows);
     blk.stage(qkv, keys, 1, 0, blk.seq);
     blk.stage(qkv, values, 2, 0, blk.seq);
@@ -239,6 +247,9 @@ fn online_softmax_row(s: &mut [FragC; 2], o: &mut [FragC; COLUMN_TILES], max: &m
 /// example 08's unfused kernels ([`row_config`](crate::fused_norms::row_config)).
 #[kernel(launch_bounds(max_threads = 1024))]
 pub fn bias_layer_norm(x: &[f16], b: &[f16], gamma: &[f16], beta: &[f16], out: Out<f16>, hidden: u32) {
+    // Launched programmatically after a projection (see `Batch::forward`).
+    grid::wait_for_prerequisites();
+    grid::launch_dependents();
     store_row(layernorm_gelu::layer_norm(layernorm_gelu::add_bias(x, b), gamma, beta, hidden), &out);
 }
 
@@ -252,7 +263,8 @@ mod host {
     use crate::fused_norms::{self, add_bias, add_residual, gelu_kernel, layer_norm, row_config};
     use crate::gemm::{self, gemm_f16, gemm_f16_bias, gemm_f16_bias_gelu, gemm_f16_residual, GemmError};
     use crate::softmax::softmax;
-    use clusterfuse::host::{Buffer, Gpu, Result, Stream};
+    use crate::wgmma_gemm::{self, wgmma_f16, wgmma_f16_bias, wgmma_f16_bias_gelu, wgmma_f16_residual};
+    use clusterfuse::host::{Buffer, Gpu, Result, Stream, TensorMap};
     use clusterfuse::Dim3;
     use rand::Rng;
 
@@ -337,17 +349,54 @@ mod host {
         }
     }
 
+    /// A matrix on a device and its tensor map in the wgmma GEMM's boxes, owned together.
+    /// Nothing in this module reassigns `buffer` once the map is made (kernels only write
+    /// into it), so the address the map holds is that of a live allocation while it exists.
+    struct Mapped {
+        buffer: Buffer<f16>,
+        map: TensorMap<'static>,
+    }
+
+    /// [`wgmma_gemm::a_map`] or [`wgmma_gemm::bt_map`].
+    type MapFn = for<'a> fn(&Gpu, &'a Buffer<f16>, (usize, usize)) -> Result<TensorMap<'a>>;
+
+    impl Mapped {
+        /// `buffer`, a `rows × cols` matrix, with its map made by `map`.
+        fn new(gpu: &Gpu, buffer: Buffer<f16>, shape: (usize, usize), map: MapFn) -> Result<Self> {
+            let map = map(gpu, &buffer, shape)?;
+            // SAFETY: the map lives in the same `Mapped` as the buffer it describes, whose
+            // allocation is never replaced (see the struct); dropping both drops the map too.
+            let map = unsafe { map.detach() };
+            Ok(Self { buffer, map })
+        }
+    }
+
+    /// A projection's weight on a device: `in × out` for example 10's GEMM, and `out × in`
+    /// (Bᵀ, as `nn.Linear` stores it) with its tensor map for example 12's.
+    struct Weight {
+        w: Buffer<f16>,
+        wt: Mapped,
+    }
+
+    impl Weight {
+        fn upload(gpu: &Gpu, w: &[f16], out: usize) -> Result<Self> {
+            let fan_in = w.len() / out;
+            let wt = gpu.upload(&wgmma_gemm::transpose(w, fan_in, out))?;
+            Ok(Self { w: gpu.upload(w)?, wt: Mapped::new(gpu, wt, (out, fan_in), wgmma_gemm::bt_map::<f16>)? })
+        }
+    }
+
     /// One layer's weights on a device, as [`HostLayer`].
     pub struct Layer {
-        wqkv: Buffer<f16>,
+        wqkv: Weight,
         bqkv: Buffer<f16>,
-        wo: Buffer<f16>,
+        wo: Weight,
         bo: Buffer<f16>,
         gamma1: Buffer<f16>,
         beta1: Buffer<f16>,
-        w1: Buffer<f16>,
+        w1: Weight,
         b1: Buffer<f16>,
-        w2: Buffer<f16>,
+        w2: Weight,
         b2: Buffer<f16>,
         gamma2: Buffer<f16>,
         beta2: Buffer<f16>,
@@ -356,15 +405,15 @@ mod host {
     impl Layer {
         pub fn upload(gpu: &Gpu, l: &HostLayer) -> Result<Self> {
             Ok(Self {
-                wqkv: gpu.upload(&l.wqkv)?,
+                wqkv: Weight::upload(gpu, &l.wqkv, l.bqkv.len())?,
                 bqkv: gpu.upload(&l.bqkv)?,
-                wo: gpu.upload(&l.wo)?,
+                wo: Weight::upload(gpu, &l.wo, l.bo.len())?,
                 bo: gpu.upload(&l.bo)?,
                 gamma1: gpu.upload(&l.gamma1)?,
                 beta1: gpu.upload(&l.beta1)?,
-                w1: gpu.upload(&l.w1)?,
+                w1: Weight::upload(gpu, &l.w1, l.b1.len())?,
                 b1: gpu.upload(&l.b1)?,
-                w2: gpu.upload(&l.w2)?,
+                w2: Weight::upload(gpu, &l.w2, l.b2.len())?,
                 b2: gpu.upload(&l.b2)?,
                 gamma2: gpu.upload(&l.gamma2)?,
                 beta2: gpu.upload(&l.beta2)?,
@@ -377,7 +426,8 @@ mod host {
     pub enum Mode {
         /// One kernel per op.
         Unfused,
-        /// Epilogues, fused attention, bias + LayerNorm.
+        /// Epilogues, fused attention, bias + LayerNorm; every kernel launched
+        /// programmatically after the previous one.
         Fused,
     }
 
@@ -414,6 +464,10 @@ mod host {
         gemm_bias: gemm_f16_bias::Kernel,
         gemm_bias_gelu: gemm_f16_bias_gelu::Kernel,
         gemm_residual: gemm_f16_residual::Kernel,
+        wgmma: wgmma_f16::Kernel,
+        wgmma_bias: wgmma_f16_bias::Kernel,
+        wgmma_bias_gelu: wgmma_f16_bias_gelu::Kernel,
+        wgmma_residual: wgmma_f16_residual::Kernel,
         add_bias: add_bias::Kernel,
         add_residual: add_residual::Kernel,
         layer_norm: layer_norm::Kernel,
@@ -432,6 +486,10 @@ mod host {
                 gemm_bias: gemm_f16_bias::load(gpu)?,
                 gemm_bias_gelu: gemm_f16_bias_gelu::load(gpu)?,
                 gemm_residual: gemm_f16_residual::load(gpu)?,
+                wgmma: wgmma_f16::load(gpu)?,
+                wgmma_bias: wgmma_f16_bias::load(gpu)?,
+                wgmma_bias_gelu: wgmma_f16_bias_gelu::load(gpu)?,
+                wgmma_residual: wgmma_f16_residual::load(gpu)?,
                 add_bias: add_bias::load(gpu)?,
                 add_residual: add_residual::load(gpu)?,
                 layer_norm: layer_norm::load(gpu)?,
@@ -443,6 +501,75 @@ mod host {
                 bias_layer_norm: bias_layer_norm::load(gpu)?,
             })
         }
+
+        /// `out = epilogue(a · w)`, M × N × K, on the GEMM `gemm` picked.
+        #[allow(clippy::too_many_arguments)]
+        fn project(&self, s: &Stream, gemm: &Gemm, epilogue: Epilogue, a: &Mapped, w: &Weight, out: &mut Buffer<f16>, (m, n, k): (u32, u32, u32)) -> Result<()> {
+            let (x, wt) = (&a.buffer, &w.wt.map);
+            match (gemm, epilogue) {
+                (Gemm::Mma(c), Epilogue::None) => self.gemm.launch(s, c, x, &w.w, out, m, n, k),
+                (Gemm::Mma(c), Epilogue::Bias(b)) => self.gemm_bias.launch(s, c, x, &w.w, b, out, m, n, k),
+                (Gemm::Mma(c), Epilogue::BiasGelu(b)) => self.gemm_bias_gelu.launch(s, c, x, &w.w, b, out, m, n, k),
+                (Gemm::Mma(c), Epilogue::Residual(r)) => self.gemm_residual.launch(s, c, x, &w.w, r, out, m, n, k),
+                (Gemm::Wgmma(c), Epilogue::None) => self.wgmma.launch(s, c, a.map.words(), wt.words(), out, m, n, k),
+                (Gemm::Wgmma(c), Epilogue::Bias(b)) => self.wgmma_bias.launch(s, c, a.map.words(), wt.words(), b, out, m, n, k),
+                (Gemm::Wgmma(c), Epilogue::BiasGelu(b)) => self.wgmma_bias_gelu.launch(s, c, a.map.words(), wt.words(), b, out, m, n, k),
+                (Gemm::Wgmma(c), Epilogue::Residual(r)) => self.wgmma_residual.launch(s, c, a.map.words(), wt.words(), r, out, m, n, k),
+            }
+        }
+    }
+
+    /// What a projection adds to `a · w`.
+    #[derive(Clone, Copy)]
+    enum Epilogue<'a> {
+        None,
+        Bias(&'a Buffer<f16>),
+        BiasGelu(&'a Buffer<f16>),
+        Residual(&'a Buffer<f16>),
+    }
+
+    /// The emulator stands for a GPU of 8 SMs in [`Gemm::pick`], so that [`TINY`] at batch 2
+    /// (M = 160) runs its QKV and FFN1 projections on the wgmma GEMM and the others on
+    /// example 10's.
+    const EMULATOR_SMS: usize = 8;
+
+    /// A projection's GEMM and its launch configuration.
+    #[derive(Clone, Copy)]
+    enum Gemm {
+        /// Example 10's `mma.sync` GEMM, splitting K over a cluster at small M.
+        Mma(LaunchConfig),
+        /// Example 12's `wgmma` GEMM, persistent over 128 × 256 tiles.
+        Wgmma(LaunchConfig),
+    }
+
+    impl Gemm {
+        /// The faster GEMM for M × N × K on `sms` SMs. Example 12's runs ~2× the work of
+        /// example 10's per SM (`results/gemm-h200.md`: 2.0-2.4× at BERT's shapes), but one
+        /// block per 128 × 256 tile and never splits K; example 10's splits K across up to 8
+        /// blocks while its tiles leave SMs idle. So: wgmma once its tiles, each worth two SMs
+        /// of example 10's, cover the SMs (2 · tiles ≥ SMs); below that the split-K grid puts
+        /// more of the GPU to work. BERT-base on 132 SMs: QKV and FFN1 from batch 8, O and
+        /// FFN2 from batch 32.
+        fn pick(m: usize, n: usize, k: usize, sms: usize) -> std::result::Result<Self, GemmError> {
+            if 2 * m.div_ceil(wgmma_gemm::BM) * n.div_ceil(wgmma_gemm::BN) >= sms {
+                Ok(Self::Wgmma(wgmma_gemm::config(m, n, k, sms)?))
+            } else {
+                Ok(Self::Mma(gemm::config(m, n, k)?))
+            }
+        }
+
+        /// The same, launched programmatically after the previous kernel.
+        fn programmatic(self) -> Self {
+            match self {
+                Self::Mma(c) => Self::Mma(programmatic(c)),
+                Self::Wgmma(c) => Self::Wgmma(programmatic(c)),
+            }
+        }
+    }
+
+    /// `config` with programmatic dependent launch.
+    fn programmatic(config: LaunchConfig) -> LaunchConfig {
+        LaunchConfig { programmatic: true, ..config }
     }
 
     /// A model: its sizes and its layers' weights, on the host and on a device.
@@ -461,13 +588,14 @@ mod host {
         }
     }
 
-    /// One batch size's activations (all poisoned with NaN until written) and launch
-    /// configurations. `x` holds the input and, after a forward pass, the output.
+    /// One batch size's activations (all poisoned with NaN until written), with the tensor
+    /// maps of those that projections read, and launch configurations. `x` holds the input
+    /// and, after a forward pass, the output.
     pub struct Batch {
         pub tokens: usize,
-        pub x: Buffer<f16>,
-        h1: Buffer<f16>,
-        ctx: Buffer<f16>,
+        x: Mapped,
+        h1: Mapped,
+        ctx: Mapped,
         proj: Buffer<f16>,
         biased: Buffer<f16>,
         summed: Buffer<f16>,
@@ -475,13 +603,13 @@ mod host {
         qkv: Buffer<f16>,
         up_raw: Buffer<f16>,
         up_biased: Buffer<f16>,
-        up: Buffer<f16>,
+        up: Mapped,
         scores: Buffer<f32>,
         probs: Buffer<f32>,
-        qkv_config: LaunchConfig,
-        o_config: LaunchConfig,
-        up_config: LaunchConfig,
-        down_config: LaunchConfig,
+        qkv_gemm: Gemm,
+        o_gemm: Gemm,
+        up_gemm: Gemm,
+        down_gemm: Gemm,
         rows: LaunchConfig,
         rows_qkv: LaunchConfig,
         rows_up: LaunchConfig,
@@ -496,12 +624,14 @@ mod host {
             let (tokens, h, f) = (batch * dims.seq, dims.hidden, dims.ffn);
             assert_eq!(x.len(), tokens * h, "the input is tokens × hidden");
             let poisoned = |len: usize| gpu.upload(&vec![f16::NAN; len]);
+            let mapped = |buffer: Result<Buffer<f16>>, cols: usize| Mapped::new(gpu, buffer?, (tokens, cols), wgmma_gemm::a_map::<f16>);
             let rows = (tokens * dims.heads) as u32;
+            let sms = wgmma_gemm::sm_count(gpu)?.unwrap_or(EMULATOR_SMS);
             Ok(Self {
                 tokens,
-                x: gpu.upload(x)?,
-                h1: poisoned(tokens * h)?,
-                ctx: poisoned(tokens * h)?,
+                x: mapped(gpu.upload(x), h)?,
+                h1: mapped(poisoned(tokens * h), h)?,
+                ctx: mapped(poisoned(tokens * h), h)?,
                 proj: poisoned(tokens * h)?,
                 biased: poisoned(tokens * h)?,
                 summed: poisoned(tokens * h)?,
@@ -509,13 +639,13 @@ mod host {
                 qkv: poisoned(tokens * 3 * h)?,
                 up_raw: poisoned(tokens * f)?,
                 up_biased: poisoned(tokens * f)?,
-                up: poisoned(tokens * f)?,
+                up: mapped(poisoned(tokens * f), f)?,
                 scores: gpu.upload(&vec![f32::NAN; rows as usize * dims.seq])?,
                 probs: gpu.upload(&vec![f32::NAN; rows as usize * dims.seq])?,
-                qkv_config: gemm::config(tokens, 3 * h, h)?,
-                o_config: gemm::config(tokens, h, h)?,
-                up_config: gemm::config(tokens, f, h)?,
-                down_config: gemm::config(tokens, h, f)?,
+                qkv_gemm: Gemm::pick(tokens, 3 * h, h, sms)?,
+                o_gemm: Gemm::pick(tokens, h, h, sms)?,
+                up_gemm: Gemm::pick(tokens, f, h, sms)?,
+                down_gemm: Gemm::pick(tokens, h, f, sms)?,
                 rows: row_config(h as u32, tokens as u32),
                 rows_qkv: row_config(3 * h as u32, tokens as u32),
                 rows_up: row_config(f as u32, tokens as u32),
@@ -537,35 +667,45 @@ mod host {
             for l in &model.layers {
                 match mode {
                     Mode::Unfused => {
-                        k.gemm.launch(s, &self.qkv_config, &self.x, &l.wqkv, &mut self.qkv_raw, t, 3 * h, h)?;
+                        k.project(s, &self.qkv_gemm, Epilogue::None, &self.x, &l.wqkv, &mut self.qkv_raw, (t, 3 * h, h))?;
                         k.add_bias.launch(s, &self.rows_qkv, &self.qkv_raw, &l.bqkv, &mut self.qkv)?;
                         k.scores.launch(s, &self.attention, &self.qkv, &mut self.scores, seq, heads, scale)?;
                         k.softmax.launch(s, &self.softmax, &self.scores, &mut self.probs, seq)?;
-                        k.context.launch(s, &self.attention, &self.probs, &self.qkv, &mut self.ctx, seq, heads)?;
-                        k.gemm.launch(s, &self.o_config, &self.ctx, &l.wo, &mut self.proj, t, h, h)?;
+                        k.context.launch(s, &self.attention, &self.probs, &self.qkv, &mut self.ctx.buffer, seq, heads)?;
+                        k.project(s, &self.o_gemm, Epilogue::None, &self.ctx, &l.wo, &mut self.proj, (t, h, h))?;
                         k.add_bias.launch(s, &self.rows, &self.proj, &l.bo, &mut self.biased)?;
-                        k.add_residual.launch(s, &self.rows, &self.biased, &self.x, &mut self.summed)?;
-                        k.layer_norm.launch(s, &self.rows, &self.summed, &l.gamma1, &l.beta1, &mut self.h1, h)?;
-                        k.gemm.launch(s, &self.up_config, &self.h1, &l.w1, &mut self.up_raw, t, f, h)?;
+                        k.add_residual.launch(s, &self.rows, &self.biased, &self.x.buffer, &mut self.summed)?;
+                        k.layer_norm.launch(s, &self.rows, &self.summed, &l.gamma1, &l.beta1, &mut self.h1.buffer, h)?;
+                        k.project(s, &self.up_gemm, Epilogue::None, &self.h1, &l.w1, &mut self.up_raw, (t, f, h))?;
                         k.add_bias.launch(s, &self.rows_up, &self.up_raw, &l.b1, &mut self.up_biased)?;
-                        k.gelu.launch(s, &self.rows_up, &self.up_biased, &mut self.up)?;
-                        k.gemm.launch(s, &self.down_config, &self.up, &l.w2, &mut self.proj, t, h, f)?;
+                        k.gelu.launch(s, &self.rows_up, &self.up_biased, &mut self.up.buffer)?;
+                        k.project(s, &self.down_gemm, Epilogue::None, &self.up, &l.w2, &mut self.proj, (t, h, f))?;
                         k.add_bias.launch(s, &self.rows, &self.proj, &l.b2, &mut self.biased)?;
-                        k.add_residual.launch(s, &self.rows, &self.biased, &self.h1, &mut self.summed)?;
-                        k.layer_norm.launch(s, &self.rows, &self.summed, &l.gamma2, &l.beta2, &mut self.x, h)?;
+                        k.add_residual.launch(s, &self.rows, &self.biased, &self.h1.buffer, &mut self.summed)?;
+                        k.layer_norm.launch(s, &self.rows, &self.summed, &l.gamma2, &l.beta2, &mut self.x.buffer, h)?;
                     }
                     Mode::Fused => {
-                        k.gemm_bias.launch(s, &self.qkv_config, &self.x, &l.wqkv, &l.bqkv, &mut self.qkv, t, 3 * h, h)?;
-                        k.attention.launch(s, &self.attention, &self.qkv, &mut self.ctx, seq, heads, scale)?;
-                        k.gemm_residual.launch(s, &self.o_config, &self.ctx, &l.wo, &self.x, &mut self.summed, t, h, h)?;
-                        k.bias_layer_norm.launch(s, &self.rows, &self.summed, &l.bo, &l.gamma1, &l.beta1, &mut self.h1, h)?;
-                        k.gemm_bias_gelu.launch(s, &self.up_config, &self.h1, &l.w1, &l.b1, &mut self.up, t, f, h)?;
-                        k.gemm_residual.launch(s, &self.down_config, &self.up, &l.w2, &self.h1, &mut self.summed, t, h, f)?;
-                        k.bias_layer_norm.launch(s, &self.rows, &self.summed, &l.b2, &l.gamma2, &l.beta2, &mut self.x, h)?;
+                        // Every kernel launched programmatically: it starts while the previous
+                        // one finishes, a GEMM's first weight loads in flight, and waits for it
+                        // (`grid::wait_for_prerequisites`) before touching activations.
+                        let (attention, rows) = (programmatic(self.attention), programmatic(self.rows));
+                        let (qkv, o, up, down) = (self.qkv_gemm.programmatic(), self.o_gemm.programmatic(), self.up_gemm.programmatic(), self.down_gemm.programmatic());
+                        k.project(s, &qkv, Epilogue::Bias(&l.bqkv), &self.x, &l.wqkv, &mut self.qkv, (t, 3 * h, h))?;
+                        k.attention.launch(s, &attention, &self.qkv, &mut self.ctx.buffer, seq, heads, scale)?;
+                        k.project(s, &o, Epilogue::Residual(&self.x.buffer), &self.ctx, &l.wo, &mut self.summed, (t, h, h))?;
+                        k.bias_layer_norm.launch(s, &rows, &self.summed, &l.bo, &l.gamma1, &l.beta1, &mut self.h1.buffer, h)?;
+                        k.project(s, &up, Epilogue::BiasGelu(&l.b1), &self.h1, &l.w1, &mut self.up.buffer, (t, f, h))?;
+                        k.project(s, &down, Epilogue::Residual(&self.h1.buffer), &self.up, &l.w2, &mut self.summed, (t, h, f))?;
+                        k.bias_layer_norm.launch(s, &rows, &self.summed, &l.b2, &l.gamma2, &l.beta2, &mut self.x.buffer, h)?;
                     }
                 }
             }
             Ok(())
+        }
+
+        /// The encoder's input, or after [`Batch::forward`] its output (`tokens × hidden`).
+        pub fn x(&self) -> &Buffer<f16> {
+            &self.x.buffer
         }
     }
 
@@ -663,7 +803,7 @@ mod host {
         for mode in Mode::ALL {
             let mut b = Batch::new(gpu, &dims, batch, &x)?;
             b.forward(gpu.stream(), &kernels, &model, mode)?;
-            outs.extend(gpu.download(&b.x)?.iter().map(|v| v.to_f32()));
+            outs.extend(gpu.download(b.x())?.iter().map(|v| v.to_f32()));
             refs.extend(reference(&dims, &model.host, &x, mode.gelu()));
         }
         let shape = format!("{} layers, hidden {}, {} heads, ffn {}, batch {batch} × seq {}, unfused + fused", dims.layers, dims.hidden, dims.heads, dims.ffn, dims.seq);

@@ -65,6 +65,10 @@ pub fn gemm<T: WgmmaInput + HalfFloat, E: TileEpilogue>(a_map: &[u64], b_map: &[
     let b_tiles = smem.take::<T>(STAGES * BN * BK).addr();
     let pipeline = Pipeline::<STAGES>::new(smem.take::<u64>(2 * STAGES), CONSUMERS);
     block::sync();
+    // Launched programmatically, the kernel reads A and the residual, and writes C, only once
+    // the previous kernel has completed; the next may start once every block is here.
+    grid::wait_for_prerequisites();
+    grid::launch_dependents();
 
     let wg = Warpgroup::current();
     // Persistent: block b computes tiles b, b + grid, b + 2·grid, … (row-major over the tiles
@@ -467,11 +471,30 @@ mod host {
         /// Tensor maps of `a` and `bt` for an M × N × K GEMM.
         pub fn new<T: TmaElement>(gpu: &Gpu, a: &'a Buffer<T>, bt: &'a Buffer<T>, (m, n, k): (usize, usize, usize)) -> std::result::Result<Self, GemmError> {
             config(m, n, k, 1)?;
-            Ok(Self {
-                a: gpu.tensor_map_2d(a, (m, k), (BM as u32, BK as u32), Swizzle::B128)?,
-                b: gpu.tensor_map_2d(bt, (n, k), (BN as u32, BK as u32), Swizzle::B128)?,
-            })
+            Ok(Self { a: a_map(gpu, a, (m, k))?, b: bt_map(gpu, bt, (n, k))? })
         }
+    }
+
+    /// The tensor map of an M × K A, in the kernels' boxes (128 × 64, 128-byte swizzle).
+    pub fn a_map<'a, T: TmaElement>(gpu: &Gpu, a: &'a Buffer<T>, (m, k): (usize, usize)) -> Result<TensorMap<'a>> {
+        gpu.tensor_map_2d(a, (m, k), (BM as u32, BK as u32), Swizzle::B128)
+    }
+
+    /// The tensor map of an N × K Bᵀ, in the kernels' boxes (256 × 64, 128-byte swizzle).
+    pub fn bt_map<'a, T: TmaElement>(gpu: &Gpu, bt: &'a Buffer<T>, (n, k): (usize, usize)) -> Result<TensorMap<'a>> {
+        gpu.tensor_map_2d(bt, (n, k), (BN as u32, BK as u32), Swizzle::B128)
+    }
+
+    /// The device's SM count, or `None` on the emulator.
+    pub fn sm_count(gpu: &Gpu) -> Result<Option<usize>> {
+        gpu.context()
+            .map(|context| {
+                context
+                    .attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                    .map(|sms| sms as usize)
+                    .map_err(|source| Error::Driver { call: "cuDeviceGetAttribute", kernel: None, source })
+            })
+            .transpose()
     }
 
     /// Blocks the emulator runs (so that each computes several tiles, as on a GPU).
@@ -565,13 +588,7 @@ mod host {
     impl<T: WgmmaType> Kernels<T> {
         /// Loads the five kernels.
         pub fn load(gpu: &Gpu) -> Result<Self> {
-            let sms = match gpu.context() {
-                Some(context) => context
-                    .attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-                    .map_err(|source| Error::Driver { call: "cuDeviceGetAttribute", kernel: None, source })? as usize,
-                None => EMULATOR_BLOCKS,
-            };
-            Ok(Self { sms, loaded: T::load(gpu)? })
+            Ok(Self { sms: sm_count(gpu)?.unwrap_or(EMULATOR_BLOCKS), loaded: T::load(gpu)? })
         }
 
         /// `out = epilogue(a · bᵀ)` for an M × N × K GEMM whose A and Bᵀ `maps` describe

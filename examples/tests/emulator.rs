@@ -253,16 +253,47 @@ fn bert_rejects_sizes_its_kernels_cannot_run() {
     }
 }
 
+/// Also which GEMM each projection takes: at batch 1 (M = 80) all split K on example 10's; at
+/// batch 2 (M = 160) QKV and FFN1 run on example 12's `wgmma` GEMM (the emulator stands for 8
+/// SMs), O and FFN2 on example 10's.
 #[test]
 fn bert_launches_as_many_kernels_per_layer_as_its_mode_says() {
     use clusterfuse_examples::bert::{Batch, Kernels, Mode, Model, TINY};
     let gpu = Gpu::emulator();
     let (kernels, model) = (Kernels::load(&gpu).unwrap(), Model::random(&gpu, TINY).unwrap());
-    let x = vec![clusterfuse::f16::from_f32(0.5); TINY.seq * TINY.hidden];
-    for mode in Mode::ALL {
-        let mut batch = Batch::new(&gpu, &TINY, 1, &x).unwrap();
-        let ((), trace) = gpu.record(mode.name(), Some(1), || batch.forward(gpu.stream(), &kernels, &model, mode)).unwrap();
-        let launches = clusterfuse::host::trace::Summary::of(&trace).kernels;
-        assert_eq!(launches, TINY.layers * mode.kernels_per_layer(), "{}", mode.name());
+    for (batch, projections) in [(1, ["gemm", "gemm", "gemm", "gemm"]), (2, ["wgmma", "gemm", "wgmma", "gemm"])] {
+        let x = vec![clusterfuse::f16::from_f32(0.5); batch * TINY.seq * TINY.hidden];
+        for mode in Mode::ALL {
+            let mut b = Batch::new(&gpu, &TINY, batch, &x).unwrap();
+            let ((), trace) = gpu.record(mode.name(), Some(batch as u32), || b.forward(gpu.stream(), &kernels, &model, mode)).unwrap();
+            let launches = clusterfuse::host::trace::Summary::of(&trace).kernels;
+            assert_eq!(launches, TINY.layers * mode.kernels_per_layer(), "{}", mode.name());
+            let gemms: Vec<&str> = trace.launches().filter_map(|l| l.kernel.split('_').next().filter(|k| k.contains("mm"))).collect();
+            assert_eq!(gemms, projections.repeat(TINY.layers), "batch {batch}, {}", mode.name());
+        }
+    }
+}
+
+/// Example 10's split-K reduction over clusters of 4 and 8 blocks (its own check splits by
+/// 2): M = 100 (one partial row tile), K = 512 and 1024 (8 and 16 k-steps), with the
+/// residual epilogue, against the f64 reference.
+#[test]
+fn gemm_split_k_over_4_and_8_blocks_matches_its_reference() {
+    use clusterfuse::f16;
+    use clusterfuse_examples::check::Report;
+    use clusterfuse_examples::gemm::{config, EpilogueKind, GemmType, HostOperands, Operands, F16_TOLERANCE};
+    let gpu = Gpu::emulator();
+    let kernels = f16::load(&gpu).unwrap();
+    let (m, n, epilogue) = (100, 136, EpilogueKind::Residual);
+    for (k, splits) in [(512, 4), (1024, 8)] {
+        assert_eq!(config(m, n, k).unwrap().grid.z, splits, "K = {k}");
+        let host = HostOperands::<f16>::random(m, n, k);
+        let x = Operands::upload(&gpu, &host).unwrap();
+        let mut out = gpu.upload(&vec![f16::NAN; m * n]).unwrap();
+        f16::launch(&kernels, &gpu, epilogue, &x, &mut out, m, n, k).unwrap();
+        let out: Vec<f32> = gpu.download(&out).unwrap().into_iter().map(f16::to_f32).collect();
+        let reference: Vec<f64> = (0..m * n).map(|i| epilogue.reference(host.dot(i / n, i % n, n, k), i / n, i % n, n, &host)).collect();
+        let report = Report::new(format!("{m} × {n} × {k}, split {splits}"), &out, &reference, F16_TOLERANCE);
+        assert!(report.passed(), "{report:?}");
     }
 }

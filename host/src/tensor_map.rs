@@ -49,6 +49,17 @@ impl TensorMap<'_> {
     pub fn words(&self) -> &Buffer<u64> {
         &self.words
     }
+
+    /// The map, no longer tied to a borrow of its tensor: for a struct that owns the tensor
+    /// and its map together and writes the tensor (through `&mut`) between launches that read
+    /// it through the map.
+    ///
+    /// # Safety
+    /// 1. The tensor's allocation outlives every launch that takes the map, and is not
+    ///    replaced by another while the map is in use (its address is encoded in the map).
+    pub unsafe fn detach(self) -> TensorMap<'static> {
+        TensorMap { words: self.words, _tensor: PhantomData }
+    }
 }
 
 impl Gpu {

@@ -108,7 +108,7 @@ fn modes_agree(gpu: &Gpu, kernels: &Kernels, model: &Model) -> Result<Report> {
     for mode in Mode::ALL {
         let mut b = Batch::new(gpu, &d, 1, &x)?;
         b.forward(gpu.stream(), kernels, model, mode)?;
-        outputs.push(gpu.download(&b.x)?.into_iter().map(|v| v.to_f32()).collect::<Vec<f32>>());
+        outputs.push(gpu.download(b.x())?.into_iter().map(|v| v.to_f32()).collect::<Vec<f32>>());
     }
     let fused: Vec<f64> = outputs[1].iter().map(|&v| v as f64).collect();
     Ok(Report::new("12 layers, batch 1".into(), &outputs[0], &fused, MODES_AGREE))
