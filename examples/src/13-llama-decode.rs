@@ -35,6 +35,12 @@
 //! The attention reads cached tokens `0 .. position` (and starts loading them before waiting
 //! for the QKV kernel, which writes only token `position`); rank 0's first group starts its
 //! online softmax from the new token.
+//!
+//! Everything a kernel reads that another kernel of the step writes — `h`, `q`, `attn`, `act`,
+//! the caches — is an `Out` parameter read through the coherent path: with programmatic
+//! dependent launch the writer may still be running when the reader starts, which the
+//! read-only path's contract (nothing written during the kernel) does not allow. Weights,
+//! norms, the RoPE table, token and position are written by the host alone: read-only path.
 
 use clusterfuse::arch;
 use clusterfuse::prelude::*;
@@ -81,13 +87,27 @@ const _: () = assert!(V == 8 && TOKENS == 4 && MAX_GROUP == 4, "the unrolled loo
 /// 16 bytes (8 bf16 values) as four raw words.
 type Vector = [u32; 4];
 
-/// Vector `i` of `input`, through the read-only path.
+/// `input`'s bytes as words.
 #[inline(always)]
-fn load_vector(input: &[bf16], i: usize) -> Vector {
+fn words(input: &[bf16]) -> &[u32] {
     // SAFETY: bf16 is two bytes of plain data and device buffers are 256-byte aligned, so the
-    // buffer's bytes read as `len / 2` words; `load16` checks bounds and alignment.
-    let words = unsafe { core::slice::from_raw_parts(input.as_ptr().cast::<u32>(), input.len() / 2) };
-    global::load16::<u32, 4>(words, i)
+    // buffer's bytes read as `len / 2` words.
+    unsafe { core::slice::from_raw_parts(input.as_ptr().cast::<u32>(), input.len() / 2) }
+}
+
+/// Vector `i` of `input` (bf16), through the coherent path (bounds and alignment checked).
+#[inline(always)]
+fn load_vector(input: &Out<bf16>, i: usize) -> Vector {
+    // SAFETY: as in `words`; the view lives only for this load and no `&[bf16]` to the buffer exists.
+    let words = unsafe { Out::<u32>::from_raw_parts(input.as_mut_ptr().cast::<u32>(), input.len() / 2) };
+    words.load16::<4>(i)
+}
+
+/// Floats `8c .. 8c + 8` of `x`, through the coherent path.
+#[inline(always)]
+fn load8(x: &Out<f32>, c: usize) -> [f32; 8] {
+    let (lo, hi) = (x.load16::<4>(2 * c), x.load16::<4>(2 * c + 1));
+    [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
 }
 
 /// The low and the high bf16 of `word`, as f32.
@@ -126,16 +146,15 @@ fn staged(stage: SharedSlice<f32>, c: usize) -> [f32; 8] {
 /// Stages `x` (f32, a multiple of 8 long), times `norm_w` when given, in `stage` (see
 /// [`STAGE`]); returns this thread's share of `Σ x²`. The caller synchronises the block.
 #[inline(always)]
-fn stage_input(x: &[f32], norm_w: Option<&[bf16]>, stage: SharedSlice<f32>) -> f32 {
+fn stage_input(x: &Out<f32>, norm_w: Option<&[bf16]>, stage: SharedSlice<f32>) -> f32 {
     let mut squares = 0.0f32;
     for c in block::stride_loop(0..x.len() / 8) {
-        let (lo, hi) = (global::load16::<f32, 4>(x, 2 * c), global::load16::<f32, 4>(x, 2 * c + 1));
-        let mut v = [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]];
+        let mut v = load8(x, c);
         for k in 0..8 {
             squares = v[k].fma(v[k], squares);
         }
         if let Some(norm_w) = norm_w {
-            let g = widen8(load_vector(norm_w, c));
+            let g = widen8(global::load16::<u32, 4>(words(norm_w), c));
             for k in 0..8 {
                 v[k] *= g[k];
             }
@@ -164,29 +183,43 @@ pub const fn pairs_per_block(k: usize) -> usize {
 /// A warp's weights: vectors `chunk · CHUNK + lane + 32 j` of both rows of its pair.
 type Tile = [[Vector; V]; 2];
 
-/// This warp's pair (possibly past the last one) and chunk, for rows of `row_vectors`
-/// 16-byte vectors; traps unless the chunks divide the block's warps.
+/// log2 of the chunks per row of `row_vectors` 16-byte vectors (shifts, not divisions: a
+/// 64-bit division is a long subroutine, ahead of the first weight load); traps unless the
+/// chunks are a power of two that divides the block's warps.
 #[inline(always)]
-fn warp_item(row_vectors: usize) -> (usize, usize) {
-    let chunks = row_vectors.div_ceil(CHUNK);
-    if chunks == 0 || !WARPS.is_multiple_of(chunks) {
+fn chunk_shift(row_vectors: usize) -> u32 {
+    let chunks = (row_vectors as u32).div_ceil(CHUNK as u32);
+    if !chunks.is_power_of_two() || chunks > WARPS as u32 {
         arch::trap();
     }
-    let warp = warp::index_in_block() as usize;
-    (block::index_x() as usize * (WARPS / chunks) + warp / chunks, warp % chunks)
+    chunks.trailing_zeros()
+}
+
+/// This warp's pair (possibly past the last one) and chunk, for rows of `row_vectors` vectors.
+#[inline(always)]
+fn warp_item(row_vectors: usize) -> (usize, usize) {
+    let (shift, warp) = (chunk_shift(row_vectors), warp::index_in_block());
+    let pair = block::index_x() * (WARPS as u32 >> shift) + (warp >> shift);
+    (pair as usize, (warp & ((1 << shift) - 1)) as usize)
 }
 
 /// Loads this lane's share of `chunk` of rows `rows` of `w` (rows of `row_vectors` vectors):
-/// up to 16 loads of 16 bytes, all issued before any is used.
+/// up to 16 loads of 16 bytes, all issued before any is used, bounds checked once for both rows.
 #[inline(always)]
 fn load_tile(w: &[bf16], rows: (usize, usize), row_vectors: usize, chunk: usize) -> Tile {
+    let w = words(w);
+    global::check16::<u32, 4>(w.as_ptr(), w.len(), (rows.0.max(rows.1) + 1) * row_vectors);
     let first = chunk * CHUNK + warp::lane() as usize;
     let mut tile = [[[0u32; 4]; V]; 2];
     unroll!(j in [0 1 2 3 4 5 6 7] {
         let c = first + 32 * j;
         if c < row_vectors {
-            tile[0][j] = load_vector(w, rows.0 * row_vectors + c);
-            tile[1][j] = load_vector(w, rows.1 * row_vectors + c);
+            // SAFETY: vectors below `(max row + 1) · row_vectors` are in bounds (checked above),
+            // and `c < row_vectors`.
+            unsafe {
+                tile[0][j] = global::load16_unchecked::<u32, 4>(w, rows.0 * row_vectors + c);
+                tile[1][j] = global::load16_unchecked::<u32, 4>(w, rows.1 * row_vectors + c);
+            }
         }
     });
     tile
@@ -219,25 +252,26 @@ fn combine(sums: [f32; 2], row_vectors: usize) -> Option<(usize, [f32; 2])> {
         partial.store(2 * warp + 1, sums[1]);
     }
     block::sync();
-    let chunks = row_vectors.div_ceil(CHUNK);
-    let (t, per_block) = (thread::rank_in_block() as usize, WARPS / chunks);
+    let shift = chunk_shift(row_vectors);
+    let (t, per_block) = (thread::rank_in_block(), WARPS as u32 >> shift);
     if t >= per_block {
         return None;
     }
     let mut s = [0.0f32; 2];
-    for k in 0..chunks {
-        s[0] += partial.load(2 * (t * chunks + k));
-        s[1] += partial.load(2 * (t * chunks + k) + 1);
+    for k in 0..1usize << shift {
+        let at = 2 * (((t as usize) << shift) + k);
+        s[0] += partial.load(at);
+        s[1] += partial.load(at + 1);
     }
-    Some((block::index_x() as usize * per_block + t, s))
+    Some(((block::index_x() * per_block + t) as usize, s))
 }
 
 /// A projection of `x` (f32, `row_vectors · 8` long, times `norm_w` when given) by `w`, row
 /// pairs `rows(p)` for `p < pairs`: loads the warp's weights, lets the next kernel launch,
 /// waits for the previous one, stages `x`, and returns, in the pair's thread (see [`combine`]),
-/// `(p, [row a, row b], 1/rms(x))`.
+/// `(p, [row a, row b], 1/rms(x))` (1 without `norm_w`).
 #[inline(always)]
-fn project(x: &[f32], norm_w: Option<&[bf16]>, w: &[bf16], pairs: usize, rows: impl Fn(usize) -> (usize, usize)) -> Option<(usize, [f32; 2], f32)> {
+fn project(x: &Out<f32>, norm_w: Option<&[bf16]>, w: &[bf16], pairs: usize, rows: impl Fn(usize) -> (usize, usize)) -> Option<(usize, [f32; 2], f32)> {
     let row_vectors = x.len() / 8;
     let (pair, chunk) = warp_item(row_vectors);
     let tile = load_tile(w, rows(pair.min(pairs - 1)), row_vectors, chunk);
@@ -246,7 +280,12 @@ fn project(x: &[f32], norm_w: Option<&[bf16]>, w: &[bf16], pairs: usize, rows: i
     let stage = shared::dynamic().take::<f32>(row_vectors * STAGE);
     let squares = stage_input(x, norm_w, stage);
     // The reduction's barriers also order the staging before the dot products.
-    let rstd = math::rsqrt(block::reduce_sum(squares, shared!([f32; 32])) / x.len() as f32 + EPS);
+    let rstd = if norm_w.is_some() {
+        math::rsqrt(block::reduce_sum(squares, shared!([f32; 32])) / x.len() as f32 + EPS)
+    } else {
+        block::sync();
+        1.0
+    };
     let sums = tile_dot(&tile, stage, row_vectors, chunk);
     combine(sums, row_vectors).filter(|&(p, _)| p < pairs).map(|(p, s)| (p, s, rstd))
 }
@@ -271,7 +310,7 @@ pub fn llama_embed(embedding: &[bf16], token: &[u32], h: Out<f32>) {
 /// of dynamic shared memory.
 #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
 #[allow(clippy::too_many_arguments)]
-pub fn llama_qkv(h: &[f32], norm_w: &[bf16], w_qkv: &[bf16], rope: &[f32], position: &[u32], q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, max_len: u32) {
+pub fn llama_qkv(h: Out<f32>, norm_w: &[bf16], w_qkv: &[bf16], rope: &[f32], position: &[u32], q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, max_len: u32) {
     let max_len = max_len as usize;
     let (q_rows, kv_rows) = (q.len(), k_cache.len() / max_len);
     let head_rows = |p: usize| (p / (HEAD_DIM / 2) * HEAD_DIM, p % (HEAD_DIM / 2));
@@ -279,7 +318,7 @@ pub fn llama_qkv(h: &[f32], norm_w: &[bf16], w_qkv: &[bf16], rope: &[f32], posit
         let (base, i) = head_rows(p);
         (base + i, base + i + HEAD_DIM / 2)
     };
-    let Some((p, [a, b], rstd)) = project(h, Some(norm_w), w_qkv, (q_rows + 2 * kv_rows) / 2, rows) else {
+    let Some((p, [a, b], rstd)) = project(&h, Some(norm_w), w_qkv, (q_rows + 2 * kv_rows) / 2, rows) else {
         return;
     };
     let (a, b) = (a * rstd, b * rstd);
@@ -306,8 +345,8 @@ pub fn llama_qkv(h: &[f32], norm_w: &[bf16], w_qkv: &[bf16], rope: &[f32], posit
 /// `h.len() / 2 / pairs_per_block(x.len())` blocks of 256, `stage_bytes(x.len())` of dynamic
 /// shared memory.
 #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
-pub fn llama_residual(x: &[f32], w: &[bf16], h: Out<f32>) {
-    if let Some((p, [a, b], _)) = project(x, None, w, h.len() / 2, |p| (2 * p, 2 * p + 1)) {
+pub fn llama_residual(x: Out<f32>, w: &[bf16], h: Out<f32>) {
+    if let Some((p, [a, b], _)) = project(&x, None, w, h.len() / 2, |p| (2 * p, 2 * p + 1)) {
         h.set(2 * p, h.get(2 * p) + a);
         h.set(2 * p + 1, h.get(2 * p + 1) + b);
     }
@@ -317,9 +356,9 @@ pub fn llama_residual(x: &[f32], w: &[bf16], h: Out<f32>) {
 /// (`w_gate_up`: the gate rows, then the up rows). Grid `act.len() / pairs_per_block(h.len())`
 /// blocks of 256, `stage_bytes(h.len())` of dynamic shared memory.
 #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
-pub fn llama_gate_up(h: &[f32], norm_w: &[bf16], w_gate_up: &[bf16], act: Out<f32>) {
+pub fn llama_gate_up(h: Out<f32>, norm_w: &[bf16], w_gate_up: &[bf16], act: Out<f32>) {
     let inter = act.len();
-    if let Some((p, [gate, up], rstd)) = project(h, Some(norm_w), w_gate_up, inter, |p| (p, inter + p)) {
+    if let Some((p, [gate, up], rstd)) = project(&h, Some(norm_w), w_gate_up, inter, |p| (p, inter + p)) {
         let (gate, up) = (gate * rstd, up * rstd);
         act.set(p, gate * math::rcp(1.0 + math::exp(-gate)) * up);
     }
@@ -329,8 +368,8 @@ pub fn llama_gate_up(h: &[f32], norm_w: &[bf16], w_gate_up: &[bf16], act: Out<f3
 /// vocab even). Grid `vocab / 2 / pairs_per_block(hidden)` blocks of 256 (rounded up),
 /// `stage_bytes(hidden)` of dynamic shared memory.
 #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
-pub fn llama_lm_head(h: &[f32], norm_w: &[bf16], embedding: &[bf16], logits: Out<f32>) {
-    if let Some((p, [a, b], rstd)) = project(h, Some(norm_w), embedding, logits.len() / 2, |p| (2 * p, 2 * p + 1)) {
+pub fn llama_lm_head(h: Out<f32>, norm_w: &[bf16], embedding: &[bf16], logits: Out<f32>) {
+    if let Some((p, [a, b], rstd)) = project(&h, Some(norm_w), embedding, logits.len() / 2, |p| (2 * p, 2 * p + 1)) {
         logits.set(2 * p, a * rstd);
         logits.set(2 * p + 1, b * rstd);
     }
@@ -366,7 +405,7 @@ type Rows = ([Vector; TOKENS], [Vector; TOKENS]);
 /// heads × C` blocks of 256, clusters of `C`: block `r` of a cluster attends to the `r`-th
 /// `1/C` of tokens `0 .. position`, 32 groups of 8 lanes, `TOKENS` tokens per group in flight.
 #[kernel(launch_bounds(max_threads = 256))]
-pub fn llama_attention(q: &[f32], k_cache: &[bf16], v_cache: &[bf16], position: &[u32], attn: Out<f32>, max_len: u32) {
+pub fn llama_attention(q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, position: &[u32], attn: Out<f32>, max_len: u32) {
     let max_len = max_len as usize;
     let kv_heads = k_cache.len() / (max_len * HEAD_DIM);
     let group_size = q.len() / HEAD_DIM / kv_heads;
@@ -386,8 +425,8 @@ pub fn llama_attention(q: &[f32], k_cache: &[bf16], v_cache: &[bf16], position: 
         unroll!(u in [0 1 2 3] {
             // Past `end`, the last token again (ignored by the caller).
             let tok = (base + group + GROUPS * u).min(end - 1);
-            rows.0[u] = load_vector(k_cache, vector(tok));
-            rows.1[u] = load_vector(v_cache, vector(tok));
+            rows.0[u] = load_vector(&k_cache, vector(tok));
+            rows.1[u] = load_vector(&v_cache, vector(tok));
         });
         rows
     };
@@ -399,14 +438,12 @@ pub fn llama_attention(q: &[f32], k_cache: &[bf16], v_cache: &[bf16], position: 
     let mut states = [Softmax::EMPTY; MAX_GROUP];
     unroll!(h in [0 1 2 3] {
         if h < group_size {
-            let at = ((kv_head * group_size + h) * HEAD_DIM) / 4 + 2 * lane8;
-            let (lo, hi) = (global::load16::<f32, 4>(q, at), global::load16::<f32, 4>(q, at + 1));
-            qs[h] = [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]].map(|v| v * Q_SCALE);
+            qs[h] = load8(&q, (kv_head * group_size + h) * (HEAD_DIM / 8) + lane8).map(|v| v * Q_SCALE);
         }
     });
     if rank == 0 && t < 32 {
         // The whole warp shuffles; its first group keeps the result.
-        let (k_new, v_new) = (load_vector(k_cache, vector(pos)), load_vector(v_cache, vector(pos)));
+        let (k_new, v_new) = (load_vector(&k_cache, vector(pos)), load_vector(&v_cache, vector(pos)));
         unroll!(h in [0 1 2 3] {
             if h < group_size {
                 let score = group_sum(dot8(k_new, qs[h], 0.0));
@@ -924,13 +961,13 @@ pub mod host {
         k.embed.launch(s, &embed, &b.embedding, &b.token, &mut b.h)?;
         let p = programmatic;
         for layer in &mut b.layers {
-            k.qkv.launch(s, &projection_config(shape.qkv_rows() / 2, h, p), &b.h, &layer.norm1, &layer.w_qkv, &b.rope, &b.position, &mut b.q, &mut layer.k_cache, &mut layer.v_cache, max_len)?;
-            k.attention.launch(s, &attention_config(shape, cluster, p), &b.q, &layer.k_cache, &layer.v_cache, &b.position, &mut b.attn, max_len)?;
-            k.residual.launch(s, &projection_config(h / 2, h, p), &b.attn, &layer.w_o, &mut b.h)?;
-            k.gate_up.launch(s, &projection_config(i, h, p), &b.h, &layer.norm2, &layer.w_gate_up, &mut b.act)?;
-            k.residual.launch(s, &projection_config(h / 2, i, p), &b.act, &layer.w_down, &mut b.h)?;
+            k.qkv.launch(s, &projection_config(shape.qkv_rows() / 2, h, p), &mut b.h, &layer.norm1, &layer.w_qkv, &b.rope, &b.position, &mut b.q, &mut layer.k_cache, &mut layer.v_cache, max_len)?;
+            k.attention.launch(s, &attention_config(shape, cluster, p), &mut b.q, &mut layer.k_cache, &mut layer.v_cache, &b.position, &mut b.attn, max_len)?;
+            k.residual.launch(s, &projection_config(h / 2, h, p), &mut b.attn, &layer.w_o, &mut b.h)?;
+            k.gate_up.launch(s, &projection_config(i, h, p), &mut b.h, &layer.norm2, &layer.w_gate_up, &mut b.act)?;
+            k.residual.launch(s, &projection_config(h / 2, i, p), &mut b.act, &layer.w_down, &mut b.h)?;
         }
-        k.lm_head.launch(s, &projection_config(shape.vocab / 2, h, p), &b.h, &b.final_norm, &b.embedding, &mut b.logits)
+        k.lm_head.launch(s, &projection_config(shape.vocab / 2, h, p), &mut b.h, &b.final_norm, &b.embedding, &mut b.logits)
     }
 
     /// Relative error allowed against the f64 reference over the logits and the appended k, v.

@@ -45,7 +45,7 @@ fn measure(gpu: &Gpu, kernels: &Kernels, model: &Model, expected: &[f64], cluste
     b.poison(gpu)?;
     // Captured after `poison`, which reallocates the activations: `b` is not changed again.
     let graph = if graph { Some(gpu.capture(|s| step(kernels, s, &mut b, cluster, programmatic))?) } else { None };
-    let mut run = |b: &mut Buffers| match &graph {
+    let run = |b: &mut Buffers| match &graph {
         // SAFETY: the graph holds `b`'s buffers, alive and unchanged until `b` drops, after the graph.
         Some(graph) => unsafe { graph.replay(gpu.stream()) },
         None => step(kernels, gpu.stream(), b, cluster, programmatic),
