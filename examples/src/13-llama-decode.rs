@@ -150,8 +150,8 @@ fn stage_input(x: &Out<f32>, norm_w: Option<&[bf16]>, stage: SharedSlice<f32>) -
     let mut squares = 0.0f32;
     for c in block::stride_loop(0..x.len() / 8) {
         let mut v = load8(x, c);
-        for k in 0..8 {
-            squares = v[k].fma(v[k], squares);
+        for &value in &v {
+            squares = value.fma(value, squares);
         }
         if let Some(norm_w) = norm_w {
             let g = widen8(global::load16::<u32, 4>(words(norm_w), c));
@@ -480,9 +480,8 @@ pub fn llama_attention(q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, posi
                 unroll!(u in [0 1 2 3] {
                     let p = if base + group + GROUPS * u < end { math::exp2(s[u] - m) } else { 0.0 };
                     state.l += p;
-                    let v = widen8(vs[u]);
-                    for k in 0..8 {
-                        state.o[k] = p.fma(v[k], state.o[k]);
+                    for (o, &v) in state.o.iter_mut().zip(&widen8(vs[u])) {
+                        *o = p.fma(v, *o);
                     }
                 });
                 state.m = m;
