@@ -576,9 +576,11 @@ pub mod host {
             Self { layers: 16, hidden: 2048, heads: 32, kv_heads: 8, inter: 8192, vocab: 128_256, max_len }
         }
 
-        /// The emulator's: 2 layers, hidden 256, 4 query / 2 KV heads, MLP 512, vocab 1000, 64 tokens.
+        /// The emulator's: 2 layers, hidden 256, 4 query / 2 KV heads, vocab 1000, 64 tokens; MLP
+        /// 4096, so that the down projection splits its rows over 2 chunks as the full model's
+        /// (8192: 4 chunks) does.
         pub fn tiny() -> Self {
-            Self { layers: 2, hidden: 256, heads: 4, kv_heads: 2, inter: 512, vocab: 1000, max_len: 64 }
+            Self { layers: 2, hidden: 256, heads: 4, kv_heads: 2, inter: 4096, vocab: 1000, max_len: 64 }
         }
 
         fn kv_rows(&self) -> usize {
