@@ -2,7 +2,7 @@
 # Runs the GPU tests and benchmarks gathered by scripts/gpu-bundle.sh, on a machine with a
 # GPU (no Rust needed there): the examples against their CPU references, the same under
 # compute-sanitizer (memcheck, racecheck; at the emulator's shapes), then the benchmarks
-# (norms-torch.py, gemm-torch.py, decode-torch.py and bert-torch.py need PyTorch), after checking graphs
+# (norms-torch.py, gemm-torch.py, decode-torch.py, llama-torch.py and bert-torch.py need PyTorch), after checking graphs
 # and the launch recorder they use; the TKLQT sweep leaves its traces and plots in $out/tklqt/,
 # the BERT case study (issue 7) in $out/bert/, PyTorch's traces of it in $out/bert-torch/.
 # `gpu-run.sh check` or `gpu-run.sh bench` runs one half.
@@ -47,6 +47,8 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
     step decode-bench .gpu/decode-bench --dump "$dump"
     step decode-torch python3 scripts/decode-torch.py
     step decode-torch-check python3 scripts/decode-torch.py --check "$dump"
+    step llama-bench .gpu/llama-bench
+    step llama-torch python3 scripts/llama-torch.py
     step bert-bench .gpu/bert-bench "$out/bert"
     step bert-torch python3 scripts/bert-torch.py --trace "$out/bert-torch"
     step bert-torch-sweep .gpu/clusterfuse-trace sweep "$out"/bert-torch/torch-b*.jsonl --svg "$out/bert-torch"

@@ -31,6 +31,8 @@ pub mod gemm;
 pub mod bert;
 #[path = "12-wgmma-gemm.rs"]
 pub mod wgmma_gemm;
+#[path = "13-llama-decode.rs"]
+pub mod llama_decode;
 
 /// Kernels of the `cluster-bench` benchmark.
 pub mod bench;
@@ -84,4 +86,5 @@ pub const EXAMPLES: &[(&str, check::Runner)] = &[
     ("12-wgmma-f16-gelu", wgmma_gemm::f16_bias_gelu),
     ("12-wgmma-f16-resid", wgmma_gemm::f16_residual),
     ("12-wgmma-f16-scale", wgmma_gemm::f16_scale),
+    ("13-llama-decode", llama_decode::run),
 ];

@@ -183,6 +183,14 @@ fn every_kernel_assembles_without_spills() {
         ("wgmma_f16_bias_gelu", 0),
         ("wgmma_f16_residual", 0),
         ("wgmma_f16_scale", 0),
+        // The partial sums of a block's warps (64 B) and the RMSNorm reduction's scratch.
+        ("llama_embed", 0),
+        ("llama_qkv", 192),
+        ("llama_residual", 64),
+        ("llama_gate_up", 192),
+        ("llama_lm_head", 192),
+        // The 32 groups' states of 4 query heads (32 KB + 1 KB), the merged states and maxima.
+        ("llama_attention", 32 * 4 * 66 * 4 + 4 * 68 * 4 + 2 * 16),
     ];
     assert_eq!(kernels.len(), expected_smem.len(), "kernels: {:?}", kernels.keys());
     for (name, smem) in expected_smem {
@@ -234,6 +242,24 @@ fn decode_o_proj_loads_w_o_before_waiting_for_the_attention() {
         let wait = text.find("griddepcontrol.wait;").unwrap_or_else(|| panic!("`{name}` never waits for its prerequisite"));
         assert!(text[..wait].contains(BULK_LOAD), "`{name}`: no W_o copy is issued before the wait");
     }
+}
+
+#[test]
+fn llama_projections_stream_weights_before_waiting() {
+    for name in ["llama_qkv", "llama_residual", "llama_gate_up", "llama_lm_head"] {
+        let text = entry(name);
+        assert!(text.contains(".maxntid 256, 1, 1") && text.contains(".minnctapersm 2"), "`{name}`: launch bounds");
+        let wait = text.find("griddepcontrol.wait;").unwrap_or_else(|| panic!("`{name}` never waits for its prerequisite"));
+        // All 16 of a lane's 16-byte weight loads go out before the wait.
+        assert_eq!(text[..wait].matches("ld.global.nc.v4.b32").count(), 16, "`{name}`: weight loads before the wait");
+        assert!(text[..wait].contains("griddepcontrol.launch_dependents;"), "`{name}` lets its dependent launch before it waits");
+        assert!(!text.contains("atom."), "`{name}` must not use atomics");
+    }
+    let text = entry("llama_attention");
+    let wait = text.find("griddepcontrol.wait;").expect("the attention waits for the QKV kernel");
+    // Cached keys and values (written by the QKV kernels) through the coherent path.
+    assert!(text[..wait].contains("ld.global.v4.b32"), "`llama_attention`: no cached k, v load before the wait");
+    assert!(text.contains("ld.shared::cluster.v4.b32") && !text.contains("atom."), "`llama_attention`: 16-byte DSMEM merge, no atomics");
 }
 
 /// The GEMM kernels' entries, as (name, input type).

@@ -1,0 +1,124 @@
+//! A whole decode step of a Llama-3.2-1B-shaped model (16 layers, hidden 2048, 32 query / 8 KV
+//! heads of 64, MLP 8192, vocabulary 128256, tied embedding; random bf16 weights, 2.47 GB) at
+//! batch 1 and KV lengths 1024 and 4096: example 13's six kernels, 82 launches a step, launched
+//! in stream order or with programmatic dependent launch ("PDL"), directly or replayed from a
+//! CUDA graph of one step, the attention with clusters of 4 and 8 blocks per KV head.
+//!
+//! Every variant is first checked against the f64 reference of the whole step (logits and
+//! every layer's appended k, v; relative error within 1e-3; activations and logits poisoned)
+//! and run a second time (from its graph, when it has one) for bitwise-equal outputs; only a
+//! variant that passes is timed: CUDA events around a pass of 20 back-to-back steps (all at
+//! the same position: each step starts again from the token's embedding), the median of 30
+//! passes after 3 warm-up passes, µs per step and tokens/s. The weights exceed the 60 MB L2
+//! 40-fold, so each step reads them from HBM. Roofline = bytes that must move (every weight
+//! once, every layer's cached k, v of tokens 0..=pos, the embedding row, the logits) / 4.3 TB/s.
+//!
+//! `cargo run --release -p clusterfuse-examples --bin llama-bench`
+
+use clusterfuse::host::Gpu;
+use clusterfuse_examples::check::{gpu_or_skip, median, Report};
+use clusterfuse_examples::llama_decode::host::{attention_config, projection_config, step, Buffers, Kernels, Model, Shape, TOLERANCE};
+use std::error::Error;
+use std::time::Instant;
+
+const LENGTHS: [usize; 2] = [1024, 4096];
+const CLUSTERS: [u32; 2] = [4, 8];
+const PEAK_BYTES_PER_S: f64 = 4.3e12;
+const STEPS_PER_PASS: usize = 20;
+const WARMUP: usize = 3;
+const REPS: usize = 30;
+
+type Result<T> = std::result::Result<T, Box<dyn Error>>;
+
+/// Checks one variant at the model's position and times it: a table row.
+fn measure(gpu: &Gpu, kernels: &Kernels, model: &Model, expected: &[f64], cluster: u32, programmatic: bool, graph: bool) -> Result<String> {
+    let pos = model.position;
+    let roofline_us = model.shape.step_bytes(pos) as f64 / PEAK_BYTES_PER_S * 1e6;
+    let label = format!(
+        "cluster {cluster}, {}, {}",
+        if programmatic { "PDL" } else { "stream order" },
+        if graph { "CUDA graph" } else { "launched" }
+    );
+    let mut b = Buffers::upload(gpu, model)?;
+    step(kernels, gpu.stream(), &mut b, cluster, programmatic)?;
+    let first = b.results(gpu, pos)?;
+    b.poison(gpu)?;
+    // Captured after `poison`, which reallocates the activations: `b` is not changed again.
+    let graph = if graph { Some(gpu.capture(|s| step(kernels, s, &mut b, cluster, programmatic))?) } else { None };
+    let run = |b: &mut Buffers| match &graph {
+        // SAFETY: the graph holds `b`'s buffers, alive and unchanged until `b` drops, after the graph.
+        Some(graph) => unsafe { graph.replay(gpu.stream()) },
+        None => step(kernels, gpu.stream(), b, cluster, programmatic),
+    };
+    run(&mut b)?;
+    let second = b.results(gpu, pos)?;
+    let report = Report::new(format!("L {}", pos + 1), &first, expected, TOLERANCE);
+    let deterministic = first.iter().zip(&second).all(|(a, b)| a.to_bits() == b.to_bits());
+    if !report.passed() || !deterministic {
+        eprintln!("FAIL {label} at L {}: rel error {:.2e}, unwritten {}, deterministic: {deterministic}", pos + 1, report.rel_error, report.unwritten);
+        return Ok(format!("| {} | {label} | FAIL | – | {roofline_us:.1} | – | {:.2e} |", pos + 1, report.rel_error));
+    }
+    let mut samples = Vec::new();
+    for rep in 0..WARMUP + REPS {
+        let ms = gpu.time_ms(|| (0..STEPS_PER_PASS).try_for_each(|_| run(&mut b)))?;
+        if rep >= WARMUP {
+            samples.push(ms * 1e3 / STEPS_PER_PASS as f64);
+        }
+    }
+    let us = median(samples);
+    Ok(format!("| {} | {label} | {us:.1} | {:.0} | {roofline_us:.1} | {:.0}% | {:.2e} |", pos + 1, 1e6 / us, roofline_us / us * 100.0, report.rel_error))
+}
+
+fn main() -> Result<()> {
+    let Some(gpu) = gpu_or_skip("llama-bench") else {
+        return Ok(());
+    };
+    let kernels = Kernels::load(&gpu)?;
+    let shape = Shape::llama_3_2_1b(LENGTHS[LENGTHS.len() - 1]);
+    let (h, i) = (shape.hidden, shape.inter);
+    for (name, c) in [
+        ("qkv", projection_config((shape.heads + 2 * shape.kv_heads) * 32, h, true)),
+        ("o_proj", projection_config(h / 2, h, true)),
+        ("gate_up", projection_config(i, h, true)),
+        ("down", projection_config(h / 2, i, true)),
+        ("lm_head", projection_config(shape.vocab / 2, h, true)),
+        ("attention", attention_config(shape, CLUSTERS[0], true)),
+    ] {
+        eprintln!("{name}: {} blocks of {}, cluster {:?}, {} B dynamic shared memory", c.grid.x, c.block.x, c.cluster.map(|c| c.x), c.dynamic_smem_bytes);
+    }
+    let started = Instant::now();
+    let mut model = Model::random(shape, LENGTHS[0] - 1, 128_000);
+    eprintln!("{} parameters generated in {:.1} s", shape.parameters(), started.elapsed().as_secs_f64());
+    let mut rows = Vec::new();
+    for len in LENGTHS {
+        model.set_position(len - 1);
+        let started = Instant::now();
+        let expected = model.reference().all();
+        eprintln!("L = {len}: f64 reference in {:.1} s; runs ...", started.elapsed().as_secs_f64());
+        for cluster in CLUSTERS {
+            for (programmatic, graph) in [(false, false), (true, false), (false, true), (true, true)] {
+                // A variant the driver refuses (say, PDL on a cluster launch) is a FAIL row; the others still run.
+                let row = measure(&gpu, &kernels, &model, &expected, cluster, programmatic, graph).unwrap_or_else(|err| {
+                    eprintln!("FAIL cluster {cluster}, PDL {programmatic}, graph {graph} at L {len}: {err}");
+                    format!("| {len} | cluster {cluster}, PDL {programmatic}, CUDA graph {graph} | FAIL: {err} | – | – | – | – |")
+                });
+                rows.push(row);
+            }
+        }
+    }
+    println!(
+        "{} — Llama-3.2-1B decode step (16 layers, hidden 2048, 32/8 heads × 64, MLP 8192, vocab 128256, bf16 weights and KV cache, batch 1), 82 launches a step; median of {REPS} passes of {STEPS_PER_PASS} steps (CUDA events), µs per step; roofline = bytes / {:.1} TB/s",
+        gpu.name()?,
+        PEAK_BYTES_PER_S / 1e12
+    );
+    println!("| L | variant | µs/step | tokens/s | roofline µs | % of roofline | rel error vs f64 |");
+    println!("|---|---|---|---|---|---|---|");
+    let failures = rows.iter().filter(|r| r.contains("FAIL")).count();
+    for row in rows {
+        println!("{row}");
+    }
+    if failures > 0 {
+        return Err(format!("{failures} variant(s) failed their check").into());
+    }
+    Ok(())
+}
