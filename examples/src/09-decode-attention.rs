@@ -9,17 +9,16 @@
 //!
 //! [`decode_attention_f16`] (and its bf16 and batch-8 twins): one cluster of `C` blocks per
 //! head (grid `heads × C`, `C` chosen at launch). Each block
-//! 1. starts streaming `W_qkv` before anything else: each warp has a ring of 3 items of 2
-//!    rows × 4 16-byte vectors per lane (4 KB at hidden 4096, clusters of 4) in shared
-//!    memory, which its lane 0 fills with bulk copies (`cp.async.bulk`, one per row, on an
-//!    mbarrier pipeline: see `WeightRing`), so the bytes in flight (two or three items a
-//!    warp, 64-96 KB a block) depend neither on registers nor on warps;
+//! 1. issues its first loads of `W_qkv` before anything else;
 //! 2. stages `x ⊙ norm_w` for its `1/C` of the columns in shared memory and sums `x²` over
 //!    the whole row — RMSNorm's `1/rms` is a per-token scalar, applied after the projection,
 //!    so the weights stream from the first instruction;
-//! 3. multiplies those columns with the head's 384 rows of `W_qkv` (split-K: each warp takes
-//!    its ring's items in turn, refilling a stage as soon as its lanes have read it) and
-//!    `cluster::reduce` sums the blocks' partial q, k, v in rank order;
+//! 3. multiplies those columns with the head's 384 rows of `W_qkv` (split-K: a warp per 4
+//!    rows × 4 16-byte vectors per lane, at batch tile 8 2 rows × 4, the next item's loads
+//!    issued before the warp reductions) and `cluster::reduce` sums the blocks' partial q, k,
+//!    v in rank order. Register loads, not a ring of bulk copies as in fused 2/2: with one
+//!    (102 KB of dynamic shared memory) this kernel ran at half the speed on the H200, its
+//!    cache phase included (the L1 the ring takes, or its per-warp serialisation);
 //! 4. scales by `1/rms`, rotates q and k (RoPE, Hugging Face's rotate-half), rounds k and v
 //!    to the cache's type; rank 0 appends them to the cache;
 //! 5. runs flash-decoding over its `1/C` of each sequence's cached tokens: 16-lane groups, 8
@@ -42,17 +41,24 @@
 //! reading `attn`. Launched in stream order, the wait returns at once.
 //!
 //! Sizing at hidden 4096, clusters of 4 (`ptxas -v`, `attention_config`, `o_proj_config`):
-//! fused 1/2 uses 127 registers (`min_blocks = 2`), 25 KB of static and 102 KB of dynamic
-//! shared memory (6 KB of staged activations, 96 KB of rings): one block per SM, all 32
-//! clusters resident at once (`decode-bench` prints `max_active_clusters`), the attention
-//! keeping 8 tokens' K and V per group in flight. Fused 2/2 uses 80 registers and 88 KB: 256
-//! blocks, two per SM, one wave; one fits beside a block of fused 1/2, for PDL.
+//! fused 1/2 uses 128 registers (`min_blocks = 2`), 25 KB of static and 6 KB of dynamic
+//! shared memory (the staged activations), so two blocks fit on an SM and all 32 clusters
+//! should be resident at once (`decode-bench` prints `max_active_clusters`): 128 blocks of
+//! 256 threads, one wave, each keeping 16 16-byte loads per thread (64 KB) in flight in the
+//! projection and in the attention (8 tokens' K and V per group). Fused 2/2 uses 78
+//! registers and 88 KB of dynamic shared memory (24 KB of staged `attn`, 64 KB of rings):
+//! 256 blocks, two per SM, one wave; one fits beside a block of fused 1/2 (119 KB and 52K
+//! registers together, of 227 KB and 64K), for PDL.
 //!
 //! Kernels take the batch tile as a constant: the `_b8` kernels run batches 2-8 (rows past
-//! the batch are zeros and not written), the others batch 1. At tile 8 fused 1/2 takes 130 KB
-//! of dynamic shared memory (128 registers) and the output projection runs 128 blocks of 4
-//! rows a warp, one per SM (128 registers, 200 KB). Staged activations are padded so that
-//! the lanes' 16-byte shared loads are free of bank conflicts (see `staged`).
+//! the batch are zeros and not written), the others batch 1. At tile 8 the projection keeps 8
+//! loads per thread in flight (its 2 × 8 accumulators take the registers of the other 8; 128
+//! registers, 16 bytes spilled outside the loops) and takes 34 KB of dynamic shared memory;
+//! the output projection runs 128 blocks of 4 rows a warp, one per SM (128 registers, 200 KB:
+//! 136 KB of staged `attn`, 64 KB of rings), so it does not fit beside a block of fused 1/2
+//! (259 KB together) and under PDL starts only on SMs without one (as before its ring, when
+//! its 180 registers did not fit beside fused 1/2's 128). Staged activations are padded so
+//! that the lanes' 16-byte shared loads are free of bank conflicts (see `staged`).
 //!
 //! **Separate** (five launches, f16, batch 1, f32 intermediates in global memory, as a
 //! framework would): [`decode_rms_norm`], [`decode_qkv`], [`decode_rope_append`],
@@ -82,10 +88,9 @@ const GROUPS: usize = BLOCK as usize / 16;
 /// W_qkv rows per warp of the separate GEMV.
 const QKV_ROWS: usize = 4;
 /// Rows per warp and 16-byte vectors per lane per row of an item of the fused projection, at
-/// batch 1 and at batch tile 8: 4 KB of f16 weights per item at hidden 4096.
-const QKV_ITEM: [(usize, usize); 2] = [(2, 4), (2, 4)];
-/// Items of `W_qkv` in each warp's ring of bulk copies: two in flight while one is consumed.
-const QKV_STAGES: usize = 3;
+/// batch 1 and at batch tile 8 (where the 2 × 8 accumulators take the registers of the other
+/// half of the loads).
+const QKV_ITEM: [(usize, usize); 2] = [(4, 4), (2, 4)];
 /// 16-byte vectors per lane per row of an item of the output projection, at batch 1 and at
 /// batch tile 8 (4 KB items with [`O_ROWS`]).
 const O_VECTORS: [usize; 2] = [4, 2];
@@ -533,26 +538,26 @@ fn attention_heads<T: Packed, const B: usize, const R: usize, const V: usize>(
     let items = QKV / (WARPS * R) * steps;
     let item_row = |i: usize| (warp + WARPS * (i / steps)) * R;
     let item_vector = |i: usize, j: usize| (i % steps) * 32 * V + 32 * j + lane;
-    let item_len = |i: usize| (vectors - (i % steps) * 32 * V).min(32 * V);
-    let mut smem = shared::dynamic();
-    let xg = smem.take::<f32>(stage_units(B) * vectors * 4);
-    let ring = WeightRing::<QKV_STAGES, R, V>::new(&mut smem);
-    block::sync();
-    let load = |state: PipelineState<QKV_STAGES>, i: usize| {
-        if i < items {
-            // The item's rows are consecutive in W_qkv: R divides 128, so they share a q/k/v part.
-            let start = qkv_row(item_row(i), head, hidden) * row_vectors + first + (i % steps) * 32 * V;
-            ring.load(state, words(w_qkv), start, row_vectors, item_len(i));
-        }
+    let load = |i: usize| {
+        let mut w = [[[0u32; 4]; V]; R];
+        // The item's rows are consecutive in W_qkv: R divides 128, so they share a q/k/v part.
+        let base = qkv_row(item_row(i), head, hidden) * row_vectors + first;
+        unroll!(u in [0 1 2 3] {
+            let row = base + u * row_vectors;
+            unroll!(j in [0 1 2 3] {
+                if u < R && j < V {
+                    // Unconditional, as in `load_rows`: past the block's columns the last one.
+                    w[u][j] = load_words(w_qkv, row + item_vector(i, j).min(vectors - 1));
+                }
+            });
+        });
+        w
     };
-    let mut ahead = PipelineState::START;
-    for i in 0..QKV_STAGES {
-        load(ahead, i);
-        ahead = ahead.next();
-    }
+    let mut w = load(0);
 
     // 2. x ⊙ norm_w for this block's columns, staged (see `staged`; zeros past the batch),
     //    and Σ x² per token.
+    let xg = shared::dynamic().take::<f32>(stage_units(B) * vectors * 4);
     for i in block::stride_loop(0..B * vectors) {
         let (s, c) = (i / vectors, i % vectors);
         let mut v = [0.0f32; 8];
@@ -589,17 +594,16 @@ fn attention_heads<T: Packed, const B: usize, const R: usize, const V: usize>(
     // 3. Split-K QKV over this block's columns, summed over the cluster.
     let qkv = shared!([f32; QKV * MAX_BATCH]);
     let mut acc = [[0.0f32; B]; R];
-    let mut state = PipelineState::START;
     for i in 0..items {
-        let w = ring.take(state, item_len(i));
-        load(ahead, i + QKV_STAGES);
-        (state, ahead) = (state.next(), ahead.next());
         unroll!(j in [0 1 2 3] {
             let c = item_vector(i, j);
             if j < V && c < vectors {
                 accumulate::<T, B, R, V>(&mut acc, &w, j, xg, c);
             }
         });
+        if i + 1 < items {
+            w = load(i + 1);
+        }
         if i % steps == steps - 1 {
             // One base for the item's results, constant offsets from it.
             let rows = qkv.slice(item_row(i), (B - 1) * QKV + R);
@@ -948,8 +952,7 @@ pub mod host {
     pub fn attention_config(hidden: usize, batch: usize, cluster: u32) -> LaunchConfig {
         let c = cluster as usize;
         assert!(hidden.is_multiple_of(HEAD_DIM) && hidden.is_multiple_of(8 * c), "cluster {cluster} does not divide hidden {hidden} into 16-byte vectors");
-        let (rows, vectors) = QKV_ITEM[usize::from(tile(batch) > 1)];
-        config(hidden / HEAD_DIM * c, BLOCK, Some(cluster), stage_units(tile(batch)) * hidden / c * 2 + ring_bytes(QKV_STAGES, rows, vectors))
+        config(hidden / HEAD_DIM * c, BLOCK, Some(cluster), stage_units(tile(batch)) * hidden / c * 2)
     }
 
     /// Fused 2/2's launch: `8 · O_ROWS` rows a block, all of `attn` in dynamic shared memory.
