@@ -51,6 +51,9 @@ pub struct Row {
     vectors: u32,
     /// The row's first vector in the `rows × hidden` tensor.
     start: usize,
+    /// The row's first value, in every thread, where the loader read it (0 from [`Row::new`]):
+    /// LayerNorm's shift.
+    first: f32,
 }
 
 impl Row {
@@ -58,7 +61,7 @@ impl Row {
     #[inline(always)]
     fn new(hidden: u32) -> Self {
         let (thread, threads, vectors) = (thread::index_x(), block::dim().x, hidden / VECTOR);
-        Self { values: [[0.0; 8]; VECTORS], thread, threads, vectors, start: block::index_x() as usize * vectors as usize }
+        Self { values: [[0.0; 8]; VECTORS], thread, threads, vectors, start: block::index_x() as usize * vectors as usize, first: 0.0 }
     }
 
     /// Whether `values[k]` is part of the row.
@@ -102,10 +105,27 @@ impl Row {
         });
     }
 
-    /// Σ of `value` over the row's block, in every thread ([`row_sum`] with its warps).
+    /// Σ(v − c) and Σ(v − c)² over this thread's values of the row, in one pass, each as two
+    /// interleaved chains (half the latency of one).
     #[inline(always)]
-    fn sum(&self, value: f32, scratch: SharedSlice<f32>) -> f32 {
-        row_sum(value, self.threads / 32, self.thread / 32, scratch)
+    fn moments(&self, c: f32) -> [f32; 2] {
+        let (mut sums, mut squares) = ([0.0f32; 2], [0.0f32; 2]);
+        each_vector(|k| {
+            if self.has(k) {
+                for (e, &v) in self.values[k].iter().enumerate() {
+                    let d = v - c;
+                    sums[e % 2] += d;
+                    squares[e % 2] = d.fma(d, squares[e % 2]);
+                }
+            }
+        });
+        [sums[0] + sums[1], squares[0] + squares[1]]
+    }
+
+    /// Σ of each of `values` over the row's block, in every thread ([`row_sums`] with its warps).
+    #[inline(always)]
+    fn sums<const N: usize>(&self, values: [f32; N], scratch: SharedSlice<f32>) -> [f32; N] {
+        row_sums(values, self.threads / 32, self.thread / 32, scratch)
     }
 }
 
@@ -160,6 +180,13 @@ impl<'a> Run<'a> {
         core::array::from_fn(|i| h[2 * i].to_bits() as u32 | (h[2 * i + 1].to_bits() as u32) << 16)
     }
 
+    /// The run's first value, as the low half of an f16x2.
+    #[inline(always)]
+    fn first(&self) -> u32 {
+        // SAFETY: `new` found at least one vector of `x` from the run's start.
+        unsafe { self.x.get_unchecked(0) }.to_bits() as u32
+    }
+
     /// Every vector of `row` as f16x2, each load issued before the first value is used.
     #[inline(always)]
     fn all(&self, row: &Row) -> [[u32; 4]; VECTORS] {
@@ -186,7 +213,9 @@ fn widen(halves: [u32; 4]) -> [f32; 8] {
 #[inline(always)]
 pub fn load_row(x: &[f16], hidden: u32) -> Row {
     let mut row = Row::new(hidden);
-    row.values = Run::new(x, row.start, &row).all(&row).map(widen);
+    let run = Run::new(x, row.start, &row);
+    row.values = run.all(&row).map(widen);
+    row.first = f16::from_bits(run.first() as u16).to_f32();
     row
 }
 
@@ -212,26 +241,30 @@ pub fn store_row(row: Row, out: &Out<f16>) {
     });
 }
 
-/// Σ of `value` over a block of `warps` warps (at most 8), in every thread: each warp's sum by
-/// shuffles, then, past one warp, the warps' sums through `scratch` (a slot a warp) after one
-/// barrier, where lane `l` of each 8 takes slot `l` (0 past the last warp) and three more
-/// shuffles add them: no loop over the warps, and every thread adds the same values in the
-/// same order, so gets the same total. With no closing barrier, `scratch` serves one sum per
-/// block: LayerNorm's two take one each.
+/// Σ of each of `values` over a block of `warps` warps (at most 8), in every thread: each
+/// warp's sums by shuffles, then, past one warp, the warps' sums through `scratch` (`N` slots
+/// a warp) after one barrier, where lane `l` of each 8 takes warp `l`'s (0 past the last warp)
+/// and three more shuffles add them: no loop over the warps, and every thread adds the same
+/// values in the same order, so gets the same totals. With no closing barrier, `scratch`
+/// serves one call per block.
 #[inline(always)]
-fn row_sum(value: f32, warps: u32, warp_index: u32, scratch: SharedSlice<f32>) -> f32 {
-    let partial = warp::reduce_sum(value);
+fn row_sums<const N: usize>(values: [f32; N], warps: u32, warp_index: u32, scratch: SharedSlice<f32>) -> [f32; N] {
+    let partial = values.map(warp::reduce_sum);
     if warps == 1 {
         return partial;
     }
     let lane = warp::lane();
     if lane == 0 {
-        scratch.store(warp_index as usize, partial);
+        for (i, &p) in partial.iter().enumerate() {
+            scratch.store(N * warp_index as usize + i, p);
+        }
     }
     block::sync();
     let slot = lane % 8;
-    let sum = if slot < warps { scratch.load(slot as usize) } else { 0.0 };
-    [4, 2, 1].into_iter().fold(sum, |sum, mask| sum + warp::shuffle_xor(sum, mask))
+    core::array::from_fn(|i| {
+        let sum = if slot < warps { scratch.load(N * slot as usize + i) } else { 0.0 };
+        [4, 2, 1].into_iter().fold(sum, |sum, mask| sum + warp::shuffle_xor(sum, mask))
+    })
 }
 
 /// Beyond this |x|, GELU takes ½·erfc(|x|/√2) at this bound, 2^P(7.5) < 2^-44: |x|·q rounds to
@@ -265,26 +298,32 @@ pub mod layernorm_gelu {
     #[stage(thread)]
     pub fn add_bias(x: Global<&[f16]>, b: Global<&[f16]>) -> Registers<Row> {
         let mut y = Row::new(b.len() as u32);
-        y.values = Run::new(x, y.start, &y).plus(&columns(b, &y), &y);
+        let (x, b) = (Run::new(x, y.start, &y), columns(b, &y));
+        y.values = x.plus(&b, &y);
+        y.first = f16::from_bits(add_rn_f16x2(x.first(), b.first()) as u16).to_f32();
         y
     }
 
-    /// (y − μ) / √(σ² + ε) · γ + β, the mean and then the variance reduced over the block;
-    /// the affine step in f16 (`fma.rn.f16x2`), whose result PyTorch's fp16 LayerNorm also
-    /// rounds to f16.
+    /// (y − μ) / √(σ² + ε) · γ + β, with Σ(y − c) and Σ(y − c)² reduced over the block together
+    /// (one barrier), shifted by the row's first value c so that σ² = mean((y − c)²) − (μ − c)²
+    /// cancels little (|μ − c| is of the order of σ); the affine step in f16 (`fma.rn.f16x2`),
+    /// whose result PyTorch's fp16 LayerNorm also rounds to f16.
     #[stage(block)]
     pub fn layer_norm(mut y: Registers<Row>, gamma: Global<&[f16]>, beta: Global<&[f16]>, hidden: u32) -> Registers<Row> {
-        // A slot per warp of the block (at most 8) for each sum.
-        let (sums, squares) = (shared!([f32; 8]), shared!([f32; 8]));
+        // Two slots per warp of the block (at most 8).
+        let sums = shared!([f32; 16]);
         let inverse = 1.0 / hidden as f32;
-        let mean = y.sum(y.fold(|s, v| s + v), sums) * inverse;
-        y.map(|v| v - mean);
-        let rstd = math::rsqrt(y.sum(y.fold(|s, d| d.fma(d, s)), squares) * inverse + EPS);
+        let [sum, squares] = y.sums(y.moments(y.first), sums);
+        let shift = sum * inverse;
+        let rstd = math::rsqrt(math::maximum((-shift).fma(shift, squares * inverse), 0.0) + EPS);
+        // (y − μ)·rstd as one FMA: y·rstd − μ·rstd.
+        let offset = -(y.first + shift) * rstd;
         // γ and β a vector at a time, as loaded, into as few registers as possible.
         let (gamma, beta) = (columns(gamma, &y), columns(beta, &y));
         y.map_vectors(|row, k, d| {
             let (g, b) = (gamma.halves(row, k), beta.halves(row, k));
-            widen(core::array::from_fn(|i| fma_rn_f16x2(cvt_rn_f16x2_f32(d[2 * i + 1] * rstd, d[2 * i] * rstd), g[i], b[i])))
+            let n: [f32; 8] = core::array::from_fn(|e| d[e].fma(rstd, offset));
+            widen(core::array::from_fn(|i| fma_rn_f16x2(cvt_rn_f16x2_f32(n[2 * i + 1], n[2 * i]), g[i], b[i])))
         });
         y
     }
@@ -325,7 +364,8 @@ pub mod add_rmsnorm {
     pub fn rms_norm(mut h: Registers<Row>, weight: Global<&[f16]>, out: Global<Out<f16>>, hidden: u32) {
         let squares = shared!([f32; 8]);
         let weight = columns(weight, &h);
-        let rstd = math::rsqrt(h.sum(h.fold(|s, v| v.fma(v, s)), squares) / hidden as f32 + EPS);
+        let [squares] = h.sums([h.fold(|s, v| v.fma(v, s))], squares);
+        let rstd = math::rsqrt(squares / hidden as f32 + EPS);
         // A vector at a time, skipping those past the row: the branch keeps one weight load in
         // flight, not four, and RMSNorm at 48 registers (62 with four).
         h.map_vectors(|row, k, h| {
@@ -448,7 +488,9 @@ pub fn run(gpu: &Gpu) -> clusterfuse::host::Result<crate::check::Report> {
     let rows = 37u32;
     for hidden in [256u32, 768, 1024, 1280, 2048, 4096, 8192] {
         let n = rows as usize * hidden as usize;
-        let (x, r) = (halves(random(n)), halves(random(n)));
+        // Rows of x offset by 0, 8, 16 and 24: LayerNorm's variance of a mean up to 40σ from 0.
+        let offset = |(i, v): (usize, f32)| v + (i / hidden as usize % 4) as f32 * 8.0;
+        let (x, r) = (halves(random(n).into_iter().enumerate().map(offset).collect()), halves(random(n)));
         let (b, gamma, beta, w) = (halves(random(hidden as usize)), halves(random(hidden as usize)), halves(random(hidden as usize)), halves(random(hidden as usize)));
         let (dx, dr, db, dg, dbeta, dw) = (gpu.upload(&x)?, gpu.upload(&r)?, gpu.upload(&b)?, gpu.upload(&gamma)?, gpu.upload(&beta)?, gpu.upload(&w)?);
         let poisoned = || gpu.upload(&vec![f16::NAN; n]);
