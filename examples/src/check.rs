@@ -94,6 +94,36 @@ pub fn median<T: Copy + PartialOrd>(mut samples: Vec<T>) -> T {
     samples[samples.len() / 2]
 }
 
+/// The median, over `reps` passes after `warmup` discarded ones, of the GPU time of a
+/// pass of `calls` back-to-back `call(i)` (`i` in `0..calls`), in µs per call.
+pub fn median_us_per_call<E: From<clusterfuse::host::Error>>(
+    gpu: &Gpu,
+    (warmup, reps): (usize, usize),
+    calls: usize,
+    mut call: impl FnMut(usize) -> std::result::Result<(), E>,
+) -> std::result::Result<f64, E> {
+    let mut samples = Vec::with_capacity(reps);
+    for rep in 0..warmup + reps {
+        let ms = gpu.time_ms(|| (0..calls).try_for_each(&mut call))?;
+        if rep >= warmup {
+            samples.push(ms * 1e3 / calls as f64);
+        }
+    }
+    Ok(median(samples))
+}
+
+/// Prints a benchmark's table rows, then fails if any row is marked `FAIL` (a variant that
+/// did not pass its check before timing).
+pub fn print_rows(rows: &[String]) -> std::result::Result<(), String> {
+    for row in rows {
+        println!("{row}");
+    }
+    match rows.iter().filter(|r| r.contains("FAIL")).count() {
+        0 => Ok(()),
+        failures => Err(format!("{failures} variant(s) failed their check")),
+    }
+}
+
 /// GPU 0 for a benchmark, or `None` after printing why it is skipped (no driver, no device,
 /// not Hopper): benchmarks exit successfully without a GPU.
 pub fn gpu_or_skip(benchmark: &str) -> Option<Gpu> {

@@ -18,7 +18,7 @@ use clusterfuse::f16;
 use clusterfuse::host::trace::{self, AdviceOptions, Summary, Trace};
 use clusterfuse::host::Gpu;
 use clusterfuse_examples::bert::{self, Batch, Dims, Kernels, Mode, Model, BERT_BASE};
-use clusterfuse_examples::check::{median, random, Report, gpu_or_skip};
+use clusterfuse_examples::check::{gpu_or_skip, median_us_per_call, random, Report};
 use std::error::Error;
 use std::path::{Path, PathBuf};
 
@@ -116,14 +116,7 @@ fn modes_agree(gpu: &Gpu, kernels: &Kernels, model: &Model) -> Result<Report> {
 
 /// Median over [`REPS`] passes of `enqueue`'s time on the GPU, after [`WARMUP`] passes, in µs.
 fn latency_us(gpu: &Gpu, mut enqueue: impl FnMut() -> clusterfuse::host::Result<()>) -> Result<f64> {
-    let mut samples = Vec::with_capacity(REPS);
-    for rep in 0..WARMUP + REPS {
-        let ms = gpu.time_ms(&mut enqueue)?;
-        if rep >= WARMUP {
-            samples.push(ms * 1e3);
-        }
-    }
-    Ok(median(samples))
+    Ok(median_us_per_call(gpu, (WARMUP, REPS), 1, |_| enqueue())?)
 }
 
 /// Prints one mode's tables and advice, and writes its plots into `dir`.

@@ -21,7 +21,7 @@
 
 use clusterfuse::host::{Gpu, Stream};
 use clusterfuse::{bf16, f16};
-use clusterfuse_examples::check::{gpu_or_skip, median, Report};
+use clusterfuse_examples::check::{gpu_or_skip, median_us_per_call, print_rows, Report};
 use clusterfuse_examples::decode_attention::host::{attention_config, fused, o_proj_config, Buffers, DecodeType, Separate, Step};
 use clusterfuse_examples::decode_attention::{EPS, HEAD_DIM, THETA};
 use std::error::Error;
@@ -86,14 +86,7 @@ impl<T: DecodeType> Row<'_, T> {
             let row = format!("| {len} | {} | {} | FAIL | {roofline_us:.1} | – | {:.2e} |", self.label, self.kernels, report.rel_error);
             return Ok((row, None));
         }
-        let mut samples = Vec::new();
-        for rep in 0..WARMUP + REPS {
-            let ms = gpu.time_ms(|| (0..STEPS_PER_PASS).try_for_each(|_| run(&mut b)))?;
-            if rep >= WARMUP {
-                samples.push(ms * 1e3 / STEPS_PER_PASS as f64);
-            }
-        }
-        let us = median(samples);
+        let us = median_us_per_call(gpu, (WARMUP, REPS), STEPS_PER_PASS, |_| run(&mut b))?;
         let row = format!("| {len} | {} | {} | {us:.1} | {roofline_us:.1} | {:.0}% | {:.2e} |", self.label, self.kernels, roofline_us / us * 100.0, report.rel_error);
         Ok((row, Some(first)))
     }
@@ -218,12 +211,5 @@ fn main() -> Result<()> {
     );
     println!("| L | variant | kernels | µs | roofline µs | % of roofline | rel error vs f64 |");
     println!("|---|---|---|---|---|---|---|");
-    let failures = rows.iter().filter(|r| r.contains("FAIL")).count();
-    for row in rows {
-        println!("{row}");
-    }
-    if failures > 0 {
-        return Err(format!("{failures} variant(s) failed their check").into());
-    }
-    Ok(())
+    Ok(print_rows(&rows)?)
 }

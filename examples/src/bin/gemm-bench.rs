@@ -16,7 +16,7 @@ use clusterfuse::host::Buffer;
 use clusterfuse_examples::gemm::{EpilogueKind, GemmType, HostOperands, Operands};
 use clusterfuse_examples::wgmma_gemm::{self, Maps};
 use rand::Rng;
-use clusterfuse_examples::check::{median, gpu_or_skip};
+use clusterfuse_examples::check::{gpu_or_skip, median_us_per_call};
 use std::error::Error;
 use std::process::ExitCode;
 
@@ -111,19 +111,7 @@ fn bench() -> Result<bool> {
                 let error = sampled_error(&host, &gpu.download(&out)?, epilogue, (m, n, k));
                 let passed = error <= TOLERANCE;
                 all_passed &= passed;
-                let mut samples = Vec::with_capacity(REPS);
-                for rep in 0..WARMUP + REPS {
-                    let ms = gpu.time_ms(|| -> Result<()> {
-                        for _ in 0..calls {
-                            launch(&mut out)?;
-                        }
-                        Ok(())
-                    })?;
-                    if rep >= WARMUP {
-                        samples.push(ms * 1e3 / calls as f64);
-                    }
-                }
-                let us = median(samples);
+                let us = median_us_per_call(&gpu, (WARMUP, REPS), calls, |_| launch(&mut out))?;
                 let verdict = if passed { "" } else { " FAIL" };
                 println!(
                     "| {workload} | {m} | {n} | {k} | {kernel} | {} | {calls} | {us:.1} | {:.1} | {error:.1e}{verdict} |",

@@ -16,7 +16,7 @@
 //! `cargo run --release -p clusterfuse-examples --bin llama-bench`
 
 use clusterfuse::host::Gpu;
-use clusterfuse_examples::check::{gpu_or_skip, median, Report};
+use clusterfuse_examples::check::{gpu_or_skip, median_us_per_call, print_rows, Report};
 use clusterfuse_examples::llama_decode::host::{attention_config, projection_config, step, Buffers, Kernels, Model, Shape, TOLERANCE};
 use std::error::Error;
 use std::time::Instant;
@@ -58,14 +58,7 @@ fn measure(gpu: &Gpu, kernels: &Kernels, model: &Model, expected: &[f64], cluste
         eprintln!("FAIL {label} at L {}: rel error {:.2e}, unwritten {}, deterministic: {deterministic}", pos + 1, report.rel_error, report.unwritten);
         return Ok(format!("| {} | {label} | FAIL | – | {roofline_us:.1} | – | {:.2e} |", pos + 1, report.rel_error));
     }
-    let mut samples = Vec::new();
-    for rep in 0..WARMUP + REPS {
-        let ms = gpu.time_ms(|| (0..STEPS_PER_PASS).try_for_each(|_| run(&mut b)))?;
-        if rep >= WARMUP {
-            samples.push(ms * 1e3 / STEPS_PER_PASS as f64);
-        }
-    }
-    let us = median(samples);
+    let us = median_us_per_call(gpu, (WARMUP, REPS), STEPS_PER_PASS, |_| run(&mut b))?;
     Ok(format!("| {} | {label} | {us:.1} | {:.0} | {roofline_us:.1} | {:.0}% | {:.2e} |", pos + 1, 1e6 / us, roofline_us / us * 100.0, report.rel_error))
 }
 
@@ -113,12 +106,5 @@ fn main() -> Result<()> {
     );
     println!("| L | variant | µs/step | tokens/s | roofline µs | % of roofline | rel error vs f64 |");
     println!("|---|---|---|---|---|---|---|");
-    let failures = rows.iter().filter(|r| r.contains("FAIL")).count();
-    for row in rows {
-        println!("{row}");
-    }
-    if failures > 0 {
-        return Err(format!("{failures} variant(s) failed their check").into());
-    }
-    Ok(())
+    Ok(print_rows(&rows)?)
 }

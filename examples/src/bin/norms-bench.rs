@@ -18,7 +18,7 @@ use clusterfuse::host::Gpu;
 use clusterfuse_examples::fused_norms::{
     add_bias, add_residual, add_rmsnorm, gelu_kernel, layer_norm, layernorm_gelu, rms_norm, row_config,
 };
-use clusterfuse_examples::check::{median, gpu_or_skip};
+use clusterfuse_examples::check::{gpu_or_skip, median_us_per_call};
 use std::error::Error;
 
 const HIDDEN: [u32; 4] = [768, 1024, 4096, 8192];
@@ -37,15 +37,7 @@ type Result<T> = std::result::Result<T, Box<dyn Error>>;
 /// Median µs per call of `call(set)` over passes of at least [`MIN_CALLS`] calls, rotating
 /// over the `sets` copies.
 fn time(gpu: &Gpu, sets: usize, mut call: impl FnMut(usize) -> Result<()>) -> Result<f64> {
-    let calls = sets.max(MIN_CALLS);
-    let mut samples = Vec::new();
-    for rep in 0..WARMUP + REPS {
-        let ms = gpu.time_ms(|| (0..calls).try_for_each(|i| call(i % sets)))?;
-        if rep >= WARMUP {
-            samples.push(ms * 1e3 / calls as f64);
-        }
-    }
-    Ok(median(samples))
+    median_us_per_call(gpu, (WARMUP, REPS), sets.max(MIN_CALLS), |i| call(i % sets))
 }
 
 #[allow(clippy::too_many_arguments)]
