@@ -9,6 +9,9 @@
 //! one, which sums and stores skip, so that the arithmetic needs no branch around a vector;
 //! GELU's exact erf costs one `ex2` and a degree-6 polynomial per value. LayerNorm → GELU is
 //! about 25 instructions a value at hidden 8192 (static SASS count), the GELU 10 of them.
+//! Every kernel here lets the next kernel launch as it starts and waits for the previous
+//! one before reading what that wrote ([`overlap_launches`]): launched with programmatic
+//! dependent launch, a chain of them overlaps each grid's tail with the next one's launch.
 
 use clusterfuse::arch::{add_rn_f16x2, cvt_rn_f16x2_f32, fma_rn_f16x2};
 use clusterfuse::prelude::*;
@@ -193,12 +196,12 @@ impl<'a> Run<'a> {
         core::array::from_fn(|k| self.halves(row, k))
     }
 
-    /// Every vector of `self + other` in f16 (`add.rn.f16x2`: what adding two fp16 tensors
-    /// gives in PyTorch), widened to f32.
+    /// Every vector of the run plus `other`'s (loaded) in f16 (`add.rn.f16x2`: what adding two
+    /// fp16 tensors gives in PyTorch), widened to f32.
     #[inline(always)]
-    fn plus(&self, other: &Run, row: &Row) -> [[f32; 8]; VECTORS] {
-        let (a, b) = (self.all(row), other.all(row));
-        core::array::from_fn(|k| widen(core::array::from_fn(|i| add_rn_f16x2(a[k][i], b[k][i]))))
+    fn plus(&self, other: [[u32; 4]; VECTORS], row: &Row) -> [[f32; 8]; VECTORS] {
+        let a = self.all(row);
+        core::array::from_fn(|k| widen(core::array::from_fn(|i| add_rn_f16x2(a[k][i], other[k][i]))))
     }
 }
 
@@ -208,10 +211,22 @@ fn widen(halves: [u32; 4]) -> [f32; 8] {
     core::array::from_fn(|e| f16::from_bits((halves[e / 2] >> (16 * (e % 2))) as u16).to_f32())
 }
 
+/// Lets the next kernel launch, then waits for the previous one, so that under programmatic
+/// dependent launch (`LaunchConfig::programmatic`) the next kernel's blocks take the SMs this
+/// grid's last blocks leave and wait there, rather than launching once it has drained: the
+/// launch and the tail of the grid overlap. Both return at once under an ordinary launch.
+/// Every kernel here calls it before it reads what an earlier kernel may have written.
+#[inline(always)]
+fn overlap_launches() {
+    grid::launch_dependents();
+    grid::wait_for_prerequisites();
+}
+
 /// This thread's vectors of its block's row of `x` (`hidden` values a row), in f32, all loads
 /// issued at once: x is read from global memory once.
 #[inline(always)]
 pub fn load_row(x: &[f16], hidden: u32) -> Row {
+    overlap_launches();
     let mut row = Row::new(hidden);
     let run = Run::new(x, row.start, &row);
     row.values = run.all(&row).map(widen);
@@ -294,12 +309,15 @@ pub fn gelu(x: f32) -> f32 {
 pub mod layernorm_gelu {
     use super::*;
 
-    /// y = x + b in f16, kept in registers.
+    /// y = x + b in f16, kept in registers; b, a parameter, is loaded before the wait for the
+    /// kernel that wrote x ([`overlap_launches`]).
     #[stage(thread)]
     pub fn add_bias(x: Global<&[f16]>, b: Global<&[f16]>) -> Registers<Row> {
         let mut y = Row::new(b.len() as u32);
         let (x, b) = (Run::new(x, y.start, &y), columns(b, &y));
-        y.values = x.plus(&b, &y);
+        let bias = b.all(&y);
+        overlap_launches();
+        y.values = x.plus(bias, &y);
         y.first = f16::from_bits(add_rn_f16x2(x.first(), b.first()) as u16).to_f32();
         y
     }
@@ -353,8 +371,9 @@ pub mod add_rmsnorm {
     /// h = x + r in f16: the next layer's residual, written out and kept in registers.
     #[stage(thread)]
     pub fn add_residual(x: Global<&[f16]>, r: Global<&[f16]>, residual_out: Global<Out<f16>>, hidden: u32) -> Registers<Row> {
+        overlap_launches();
         let mut h = Row::new(hidden);
-        h.values = Run::new(x, h.start, &h).plus(&Run::new(r, h.start, &h), &h);
+        h.values = Run::new(x, h.start, &h).plus(Run::new(r, h.start, &h).all(&h), &h);
         store_row(h, residual_out);
         h
     }

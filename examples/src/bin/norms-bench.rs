@@ -1,23 +1,32 @@
-//! Fused against unfused: LayerNorm(x + b) → GELU and RMSNorm(x + residual) (example 06),
+//! Fused against unfused: LayerNorm(x + b) → GELU and RMSNorm(x + residual) (example 08),
 //! fp16, for hidden ∈ {768, 1024, 4096, 8192} × rows ∈ {1, 64, 512, 4096}.
 //!
 //! Each repetition times, with CUDA events, one pass of at least 20 calls launched back to
-//! back (as `gemm-bench` does, so that the launch gap between calls is hidden and not
-//! counted), rotating over `copies` copies of the inputs and outputs, and reports the time per
-//! call; the median of 50 repetitions, after 5 warm-up passes. There are enough copies that
-//! one rotation touches at least 2 × the H200's 60 MB L2 (a single copy once it alone is
-//! twice the L2, which then serves every call of the pass), except that at
-//! most 256 copies are made: shapes under ~470 KB (rows = 1, and rows = 64 at hidden ≤ 1024)
-//! stay partly L2-resident, and the table says how many copies each row used. Roofline =
-//! bytes that must move / 4.3 TB/s.
+//! back (as `gemm-bench` does, so that the CPU's launch cost is hidden and not counted),
+//! rotating over `copies` copies of the inputs and outputs, and reports the time per call;
+//! the median of 50 repetitions, after 5 warm-up passes. There are enough copies that one
+//! rotation touches at least 2 × the H200's 60 MB L2 (a single copy once it alone is twice
+//! the L2, which then serves every call of the pass), except that at most 256 copies are
+//! made: shapes under ~470 KB (rows = 1, and rows = 64 at hidden ≤ 1024) stay partly
+//! L2-resident, and the table says how many copies each row used. Roofline = bytes that must
+//! move / 4.3 TB/s.
+//!
+//! Every variant runs twice: in plain stream order, where each call starts once the previous
+//! one has drained (the GPU's launch gap and the grid's tail are counted), and with
+//! programmatic dependent launch ("PDL"), where each call's blocks take the SMs the previous
+//! call's last blocks leave and wait there for it to complete (every kernel of example 08
+//! waits for its predecessor before reading) — how the kernels run in a model launched with
+//! PDL.
 //!
 //! `cargo run --release -p clusterfuse-examples --bin norms-bench`
 
 use clusterfuse::f16;
-use clusterfuse::host::Gpu;
+use clusterfuse::host::{Gpu, LaunchConfig};
 use clusterfuse_examples::fused_norms::{
     add_bias, add_residual, add_rmsnorm, gelu_kernel, layer_norm, layernorm_gelu, rms_norm, row_config,
 };
+use layernorm_gelu::config as ln_config;
+use add_rmsnorm::config as rms_config;
 use clusterfuse_examples::check::{gpu_or_skip, median_us_per_call};
 use std::error::Error;
 
@@ -67,6 +76,7 @@ fn main() -> Result<()> {
             let values = |len: usize| -> Vec<f16> { (0..len).map(|i| f16::from_f32(((i * 7919) % 2001) as f32 / 1000.0 - 1.0)).collect() };
             let (x, col) = (values(n), values(h));
             let config = row_config(hidden, rows);
+            let pdl = |config: LaunchConfig| LaunchConfig { programmatic: true, ..config };
 
             // LayerNorm(x + b) → GELU: x in, out out (+ b, γ, β).
             let bytes = (2 * n * 2 + 3 * h * 2) as f64;
@@ -74,14 +84,18 @@ fn main() -> Result<()> {
             let upload = |v: &[f16], k: usize| (0..k).map(|_| gpu.upload(v)).collect::<std::result::Result<Vec<_>, _>>();
             let (xs, bs, gs, betas) = (upload(&x, sets)?, upload(&col, sets)?, upload(&col, sets)?, upload(&col, sets)?);
             let (mut outs, mut ys, mut zs) = (upload(&x, sets)?, upload(&x, sets)?, upload(&x, sets)?);
-            let us = time(&gpu, sets, |i| Ok(ln.launch(s, &layernorm_gelu::config(hidden, rows), &xs[i], &bs[i], &gs[i], &betas[i], &mut outs[i], hidden, rows)?))?;
-            row("LayerNorm(x+b)→GELU", hidden, rows, "fused", 1, sets, us, bytes);
-            let us = time(&gpu, sets, |i| {
-                k_bias.launch(s, &config, &xs[i], &bs[i], &mut ys[i])?;
-                k_ln.launch(s, &config, &ys[i], &gs[i], &betas[i], &mut zs[i], hidden)?;
-                Ok(k_gelu.launch(s, &config, &zs[i], &mut outs[i])?)
-            })?;
-            row("LayerNorm(x+b)→GELU", hidden, rows, "unfused", 3, sets, us, bytes);
+            for (variant, fused) in [(ln_config(hidden, rows), "fused"), (pdl(ln_config(hidden, rows)), "fused, PDL")] {
+                let us = time(&gpu, sets, |i| Ok(ln.launch(s, &variant, &xs[i], &bs[i], &gs[i], &betas[i], &mut outs[i], hidden, rows)?))?;
+                row("LayerNorm(x+b)→GELU", hidden, rows, fused, 1, sets, us, bytes);
+            }
+            for (config, unfused) in [(config, "unfused"), (pdl(config), "unfused, PDL")] {
+                let us = time(&gpu, sets, |i| {
+                    k_bias.launch(s, &config, &xs[i], &bs[i], &mut ys[i])?;
+                    k_ln.launch(s, &config, &ys[i], &gs[i], &betas[i], &mut zs[i], hidden)?;
+                    Ok(k_gelu.launch(s, &config, &zs[i], &mut outs[i])?)
+                })?;
+                row("LayerNorm(x+b)→GELU", hidden, rows, unfused, 3, sets, us, bytes);
+            }
             drop((xs, bs, gs, betas, outs, ys, zs));
 
             // RMSNorm(x + r): x, r in; residual, out out (+ w).
@@ -89,13 +103,17 @@ fn main() -> Result<()> {
             let sets = (2 * L2_BYTES).div_ceil(bytes as usize).clamp(1, MAX_SETS);
             let (xs, rs, ws) = (upload(&x, sets)?, upload(&x, sets)?, upload(&col, sets)?);
             let (mut res, mut outs) = (upload(&x, sets)?, upload(&x, sets)?);
-            let us = time(&gpu, sets, |i| Ok(rms.launch(s, &add_rmsnorm::config(hidden, rows), &xs[i], &rs[i], &ws[i], &mut res[i], &mut outs[i], hidden, rows)?))?;
-            row("RMSNorm(x+r)", hidden, rows, "fused", 1, sets, us, bytes);
-            let us = time(&gpu, sets, |i| {
-                k_add.launch(s, &config, &xs[i], &rs[i], &mut res[i])?;
-                Ok(k_rms.launch(s, &config, &res[i], &ws[i], &mut outs[i], hidden)?)
-            })?;
-            row("RMSNorm(x+r)", hidden, rows, "unfused", 2, sets, us, bytes);
+            for (variant, fused) in [(rms_config(hidden, rows), "fused"), (pdl(rms_config(hidden, rows)), "fused, PDL")] {
+                let us = time(&gpu, sets, |i| Ok(rms.launch(s, &variant, &xs[i], &rs[i], &ws[i], &mut res[i], &mut outs[i], hidden, rows)?))?;
+                row("RMSNorm(x+r)", hidden, rows, fused, 1, sets, us, bytes);
+            }
+            for (config, unfused) in [(config, "unfused"), (pdl(config), "unfused, PDL")] {
+                let us = time(&gpu, sets, |i| {
+                    k_add.launch(s, &config, &xs[i], &rs[i], &mut res[i])?;
+                    Ok(k_rms.launch(s, &config, &res[i], &ws[i], &mut outs[i], hidden)?)
+                })?;
+                row("RMSNorm(x+r)", hidden, rows, unfused, 2, sets, us, bytes);
+            }
         }
     }
     Ok(())
