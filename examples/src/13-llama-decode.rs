@@ -8,8 +8,8 @@
 //! 1. [`llama_qkv`]: RMSNorm + the QKV projection + RoPE (rotate-half, θ = 500 000) + the
 //!    new k, v appended to the layer's cache at `position`;
 //! 2. [`llama_attention`]: grouped-query flash-decoding, a cluster of `C` blocks per KV head
-//!    splitting the cached tokens, each block serving the head's 4 query heads, merged over
-//!    the cluster with `cluster::reduce` in rank order;
+//!    splitting the cached tokens, each block serving the head's 4 query heads; rank 0 merges
+//!    the blocks' states through DSMEM in rank order, between two cluster barriers;
 //! 3. [`llama_residual`]: `h += W_o · attn`;
 //! 4. [`llama_gate_up`]: RMSNorm + gate and up projections, `act = silu(gate) · up`;
 //! 5. [`llama_residual`]: `h += W_down · act` (K = 8192, split over the block's warps);
@@ -506,44 +506,49 @@ pub fn llama_attention(q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, posi
         }
     });
     block::sync();
-    // `maxima`: the block's largest score per query head; `largest`: the same, then the cluster's.
-    let (merged, maxima, largest) = (shared!([f32; MAX_GROUP * STATE]), shared!([f32; MAX_GROUP]), shared!([f32; MAX_GROUP]));
-    for i in block::stride_loop(0..MAX_GROUP * STATE) {
-        let (h, e) = (i / STATE, i % STATE);
-        let mut value = 0.0f32;
-        if h < group_size && e <= HEAD_DIM {
-            let mut largest_here = NO_SCORE;
-            for g in 0..GROUPS {
-                largest_here = largest_here.max(ms.load(g * MAX_GROUP + h));
-            }
-            for g in 0..GROUPS {
-                let weight = math::exp2(ms.load(g * MAX_GROUP + h) - largest_here);
-                let x = if e < HEAD_DIM { parts.load((g * MAX_GROUP + h) * HEAD_DIM + e) } else { ls.load(g * MAX_GROUP + h) };
-                value = weight.fma(x, value);
-            }
-            if e == 0 {
-                maxima.store(h, largest_here);
-                largest.store(h, largest_here);
-            }
-        } else if e == 0 {
-            maxima.store(h, NO_SCORE);
-            largest.store(h, NO_SCORE);
+    // `maxima`: the block's largest score per query head; `merged`: its `o` and `l` relative to
+    // it. One element of `o` per thread (a single pass when `group_size · 64 ≤ 256`); every
+    // thread forms its head's `l` too (broadcast loads), that of dimension 0 stores it.
+    let (merged, maxima) = (shared!([f32; MAX_GROUP * STATE]), shared!([f32; MAX_GROUP]));
+    for i in block::stride_loop(0..group_size * HEAD_DIM) {
+        let (h, d) = (i / HEAD_DIM, i % HEAD_DIM);
+        let mut largest_here = NO_SCORE;
+        for g in 0..GROUPS {
+            largest_here = largest_here.max(ms.load(g * MAX_GROUP + h));
         }
-        merged.store(i, value);
+        let (mut o, mut l) = (0.0f32, 0.0f32);
+        for g in 0..GROUPS {
+            let weight = math::exp2(ms.load(g * MAX_GROUP + h) - largest_here);
+            o = weight.fma(parts.load((g * MAX_GROUP + h) * HEAD_DIM + d), o);
+            l = weight.fma(ls.load(g * MAX_GROUP + h), l);
+        }
+        merged.store(h * STATE + d, o);
+        if d == 0 {
+            merged.store(h * STATE + HEAD_DIM, l);
+            maxima.store(h, largest_here);
+        }
     }
-    // The reduction's leading cluster barrier orders the stores above before every read.
-    cluster::reduce(largest, Max);
-    for i in block::stride_loop(0..MAX_GROUP * STATE) {
-        let h = i / STATE;
-        merged.store(i, merged.load(i) * math::exp2(maxima.load(h) - largest.load(h)));
-    }
-    cluster::reduce(merged, Sum);
+    // One cluster barrier publishes every block's state; rank 0 reads them all through DSMEM
+    // (in rank order) and writes the result; the trailing barrier keeps the peers resident
+    // until it has.
+    cluster::sync();
     if rank == 0 {
         for i in block::stride_loop(0..group_size * HEAD_DIM) {
             let (h, d) = (i / HEAD_DIM, i % HEAD_DIM);
-            attn.set((kv_head * group_size + h) * HEAD_DIM + d, merged.load(h * STATE + d) / merged.load(h * STATE + HEAD_DIM));
+            let mut largest = NO_SCORE;
+            for r in 0..blocks as u32 {
+                largest = largest.max(maxima.in_block(r).load(h));
+            }
+            let (mut o, mut l) = (0.0f32, 0.0f32);
+            for r in 0..blocks as u32 {
+                let (state, weight) = (merged.in_block(r), math::exp2(maxima.in_block(r).load(h) - largest));
+                o = weight.fma(state.load(h * STATE + d), o);
+                l = weight.fma(state.load(h * STATE + HEAD_DIM), l);
+            }
+            attn.set((kv_head * group_size + h) * HEAD_DIM + d, o / l);
         }
     }
+    cluster::sync();
 }
 
 #[cfg(not(target_arch = "nvptx64"))]

@@ -190,7 +190,7 @@ fn every_kernel_assembles_without_spills() {
         ("llama_gate_up", 192),
         ("llama_lm_head", 192),
         // The 32 groups' states of 4 query heads (32 KB + 1 KB), the merged states and maxima.
-        ("llama_attention", 32 * 4 * 66 * 4 + 4 * 68 * 4 + 2 * 16),
+        ("llama_attention", 32 * 4 * 66 * 4 + 4 * 68 * 4 + 16),
     ];
     assert_eq!(kernels.len(), expected_smem.len(), "kernels: {:?}", kernels.keys());
     for (name, smem) in expected_smem {
@@ -259,7 +259,9 @@ fn llama_projections_stream_weights_before_waiting() {
     let wait = text.find("griddepcontrol.wait;").expect("the attention waits for the QKV kernel");
     // Cached keys and values (written by the QKV kernels) through the coherent path.
     assert!(text[..wait].contains("ld.global.v4.b32"), "`llama_attention`: no cached k, v load before the wait");
-    assert!(text.contains("ld.shared::cluster.v4.b32") && !text.contains("atom."), "`llama_attention`: 16-byte DSMEM merge, no atomics");
+    assert!(text.contains("ld.shared::cluster") && !text.contains("atom."), "`llama_attention`: DSMEM merge, no atomics");
+    // The blocks' merge: one barrier to publish their states, one to keep them until read.
+    assert_eq!(text.matches("barrier.cluster.arrive").count(), 2, "`llama_attention`: cluster barriers");
 }
 
 /// The GEMM kernels' entries, as (name, input type).
