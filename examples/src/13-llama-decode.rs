@@ -145,22 +145,34 @@ fn staged(stage: SharedSlice<f32>, c: usize) -> [f32; 8] {
 
 /// Stages `x` (f32, a multiple of 8 long), times `norm_w` when given, in `stage` (see
 /// [`STAGE`]); returns this thread's share of `Σ x²`. The caller synchronises the block.
+/// Without `norm_w`, a thread loads two vectors half the input apart before storing either,
+/// which halves the serial round trips to L2 of a long input (the down projection's 8192
+/// values: 2 per thread, not 4).
 #[inline(always)]
 fn stage_input(x: &Out<f32>, norm_w: Option<&[bf16]>, stage: SharedSlice<f32>) -> f32 {
+    let vectors = x.len() / 8;
+    let half = if norm_w.is_some() { vectors } else { vectors.div_ceil(2) };
     let mut squares = 0.0f32;
-    for c in block::stride_loop(0..x.len() / 8) {
-        let mut v = load8(x, c);
-        for &value in &v {
-            squares = value.fma(value, squares);
-        }
-        if let Some(norm_w) = norm_w {
-            let g = widen8(global::load16::<u32, 4>(words(norm_w), c));
-            for k in 0..8 {
-                v[k] *= g[k];
+    for first in block::stride_loop(0..half) {
+        let second = first + half;
+        let values = [load8(x, first), if second < vectors { load8(x, second) } else { [0.0; 8] }];
+        unroll!(k in [0 1] {
+            let c = first + k * half;
+            if c < vectors {
+                let mut v = values[k];
+                for &value in &v {
+                    squares = value.fma(value, squares);
+                }
+                if let Some(norm_w) = norm_w {
+                    let g = widen8(global::load16::<u32, 4>(words(norm_w), c));
+                    for j in 0..8 {
+                        v[j] *= g[j];
+                    }
+                }
+                stage.store16(3 * c, [v[0], v[1], v[2], v[3]]);
+                stage.store16(3 * c + 1, [v[4], v[5], v[6], v[7]]);
             }
-        }
-        stage.store16(3 * c, [v[0], v[1], v[2], v[3]]);
-        stage.store16(3 * c + 1, [v[4], v[5], v[6], v[7]]);
+        });
     }
     squares
 }
