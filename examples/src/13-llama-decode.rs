@@ -8,8 +8,10 @@
 //! 1. [`llama_qkv`]: RMSNorm + the QKV projection + RoPE (rotate-half, θ = 500 000) + the
 //!    new k, v appended to the layer's cache at `position`;
 //! 2. [`llama_attention`]: grouped-query flash-decoding, a cluster of `C` blocks per KV head
-//!    splitting the cached tokens, each block serving the head's 4 query heads; rank 0 merges
-//!    the blocks' states through DSMEM in rank order, between two cluster barriers;
+//!    splitting the cached tokens, each block serving the head's 4 query heads; a warp's 4
+//!    lane groups merge by shuffles, the block's warps through shared memory, and rank 0
+//!    merges the blocks' states through DSMEM in rank order (all loads issued before any is
+//!    used), between two cluster barriers;
 //! 3. [`llama_residual`]: `h += W_o · attn`;
 //! 4. [`llama_gate_up`]: RMSNorm + gate and up projections, `act = silu(gate) · up`;
 //! 5. [`llama_residual`]: `h += W_down · act` (K = 8192, split over the block's warps);
@@ -22,7 +24,9 @@
 //! before anything else — before the kernel even waits for the previous one, since weights do
 //! not depend on it ([`grid::wait_for_prerequisites`] comes after the loads; every kernel calls
 //! [`grid::launch_dependents`] at once, so the next kernel's blocks take SM slots as soon as
-//! they free and put their own weight loads in flight). Blocks of 256 threads at ≤ 128
+//! they free and put their own weight loads in flight; the QKV kernel's norm vector, position
+//! and RoPE factors load before the wait too, and the residual projections load `h` with the
+//! staging, not after the dot products). Blocks of 256 threads at ≤ 128
 //! registers, two per SM: 128 KB of weights in flight per SM. Then each block stages its
 //! input vector (the normalised `h`, `attn` or `act`, f32) in shared memory, with RMSNorm's
 //! `1/rms` applied after the dot products so the staging needs no reduction first; warps
@@ -65,8 +69,10 @@ pub const MAX_GROUP: usize = 4;
 const GROUPS: usize = BLOCK as usize / 8;
 /// Tokens per group per step of the flash-decoding loop.
 const TOKENS: usize = 4;
-/// Floats per query head of a block's merged attention state: `o` (64), `l`, padding.
+/// Floats per query head of a block's merged attention state: `o` (64), `l`, `m`, padding.
 const STATE: usize = HEAD_DIM + 4;
+/// Blocks per cluster of the attention, at most (the non-portable limit).
+pub const MAX_CLUSTER: usize = 16;
 /// A score below any real one (finite, so that 2^(m − m) stays 1).
 const NO_SCORE: f32 = -1e30;
 /// log2(e) / √64: scores in `exp2` units.
@@ -82,7 +88,7 @@ macro_rules! unroll {
         $( { let $i: usize = $n; $body } )*
     }};
 }
-const _: () = assert!(V == 8 && TOKENS == 4 && MAX_GROUP == 4, "the unrolled loops list 8, 4 and 4 indices");
+const _: () = assert!(V == 8 && TOKENS == 4 && MAX_GROUP == 4 && MAX_CLUSTER == 16 && GROUPS == 4 * WARPS, "the unrolled loops list 8, 4, 4 and 16 indices; 4 groups a warp");
 
 /// 16 bytes (8 bf16 values) as four raw words.
 type Vector = [u32; 4];
@@ -145,11 +151,12 @@ fn staged(stage: SharedSlice<f32>, c: usize) -> [f32; 8] {
 
 /// Stages `x` (f32, a multiple of 8 long), times `norm_w` when given, in `stage` (see
 /// [`STAGE`]); returns this thread's share of `Σ x²`. The caller synchronises the block.
+/// `norm_w` comes with its vector `thread::rank_in_block()`, loaded before the PDL wait.
 /// Without `norm_w`, a thread loads two vectors half the input apart before storing either,
 /// which halves the serial round trips to L2 of a long input (the down projection's 8192
 /// values: 2 per thread, not 4).
 #[inline(always)]
-fn stage_input(x: &Out<f32>, norm_w: Option<&[bf16]>, stage: SharedSlice<f32>) -> f32 {
+fn stage_input(x: &Out<f32>, norm_w: Option<(&[bf16], Vector)>, stage: SharedSlice<f32>) -> f32 {
     let vectors = x.len() / 8;
     let half = if norm_w.is_some() { vectors } else { vectors.div_ceil(2) };
     let mut squares = 0.0f32;
@@ -163,8 +170,8 @@ fn stage_input(x: &Out<f32>, norm_w: Option<&[bf16]>, stage: SharedSlice<f32>) -
                 for &value in &v {
                     squares = value.fma(value, squares);
                 }
-                if let Some(norm_w) = norm_w {
-                    let g = widen8(global::load16::<u32, 4>(words(norm_w), c));
+                if let Some((norm_w, mine)) = norm_w {
+                    let g = widen8(if c == thread::rank_in_block() as usize { mine } else { global::load16::<u32, 4>(words(norm_w), c) });
                     for j in 0..8 {
                         v[j] *= g[j];
                     }
@@ -254,9 +261,10 @@ fn tile_dot(tile: &Tile, stage: SharedSlice<f32>, row_vectors: usize, chunk: usi
 }
 
 /// Sums the warps' partial dot products over each pair's chunks, in chunk order: thread
-/// `t < WARPS / chunks` of the block gets `Some((pair, [row a, row b]))` for its pair.
+/// `t < WARPS / chunks` of the block gets `Some([row a, row b])` of its pair (see
+/// [`Projection::output`]).
 #[inline(always)]
-fn combine(sums: [f32; 2], row_vectors: usize) -> Option<(usize, [f32; 2])> {
+fn combine(sums: [f32; 2], row_vectors: usize) -> Option<[f32; 2]> {
     let partial = shared!([f32; 2 * WARPS]);
     let (warp, lane) = (warp::index_in_block() as usize, warp::lane());
     if lane == 0 {
@@ -265,8 +273,8 @@ fn combine(sums: [f32; 2], row_vectors: usize) -> Option<(usize, [f32; 2])> {
     }
     block::sync();
     let shift = chunk_shift(row_vectors);
-    let (t, per_block) = (thread::rank_in_block(), WARPS as u32 >> shift);
-    if t >= per_block {
+    let t = thread::rank_in_block();
+    if t >= WARPS as u32 >> shift {
         return None;
     }
     let mut s = [0.0f32; 2];
@@ -275,31 +283,78 @@ fn combine(sums: [f32; 2], row_vectors: usize) -> Option<(usize, [f32; 2])> {
         s[0] += partial.load(at);
         s[1] += partial.load(at + 1);
     }
-    Some(((block::index_x() * per_block + t) as usize, s))
+    Some(s)
 }
 
-/// A projection of `x` (f32, `row_vectors · 8` long, times `norm_w` when given) by `w`, row
-/// pairs `rows(p)` for `p < pairs`: loads the warp's weights, lets the next kernel launch,
-/// waits for the previous one, stages `x`, and returns, in the pair's thread (see [`combine`]),
-/// `(p, [row a, row b], 1/rms(x))` (1 without `norm_w`).
+/// A warp's part of a projection by `w` of an input of `row_vectors · 8` values: its weights,
+/// loaded before the PDL wait.
+struct Projection {
+    tile: Tile,
+    row_vectors: usize,
+    chunk: usize,
+    pairs: usize,
+}
+
+impl Projection {
+    /// Issues the warp's weight loads of row pairs `rows(p)`, `p < pairs`, then lets the next
+    /// kernel launch.
+    #[inline(always)]
+    fn start(w: &[bf16], row_vectors: usize, pairs: usize, rows: impl Fn(usize) -> (usize, usize)) -> Self {
+        let (pair, chunk) = warp_item(row_vectors);
+        let tile = load_tile(w, rows(pair.min(pairs - 1)), row_vectors, chunk);
+        grid::launch_dependents();
+        Self { tile, row_vectors, chunk, pairs }
+    }
+
+    /// The pair whose rows this thread gets from [`Projection::finish`], if any: known before
+    /// the wait, so that an epilogue's own inputs can be loaded early.
+    #[inline(always)]
+    fn output(&self) -> Option<usize> {
+        let per_block = WARPS as u32 >> chunk_shift(self.row_vectors);
+        let t = thread::rank_in_block();
+        let p = (block::index_x() * per_block + t) as usize;
+        (t < per_block && p < self.pairs).then_some(p)
+    }
+
+    /// After [`grid::wait_for_prerequisites`]: stages `x` (times the norm, see
+    /// [`stage_input`]) and returns, in the thread of [`Projection::output`], `([row a, row b],
+    /// 1/rms(x))` (1 without a norm).
+    #[inline(always)]
+    fn finish(self, x: &Out<f32>, norm_w: Option<(&[bf16], Vector)>) -> Option<([f32; 2], f32)> {
+        let stage = shared::dynamic().take::<f32>(self.row_vectors * STAGE);
+        let squares = stage_input(x, norm_w, stage);
+        // The reduction's barriers also order the staging before the dot products.
+        let rstd = if norm_w.is_some() {
+            math::rsqrt(block::reduce_sum(squares, shared!([f32; 32])) / x.len() as f32 + EPS)
+        } else {
+            block::sync();
+            1.0
+        };
+        let sums = tile_dot(&self.tile, stage, self.row_vectors, self.chunk);
+        let output = self.output();
+        combine(sums, self.row_vectors).filter(|_| output.is_some()).map(|s| (s, rstd))
+    }
+}
+
+/// `norm_w`'s vector `thread::rank_in_block()` (the last one past the end), for
+/// [`Projection::finish`]: a read of the host's data, so it may precede the PDL wait.
+#[inline(always)]
+fn norm_vector(norm_w: &[bf16]) -> Vector {
+    let last = norm_w.len() / 8 - 1;
+    global::load16::<u32, 4>(words(norm_w), (thread::rank_in_block() as usize).min(last))
+}
+
+/// A projection of `x` by `w` whose epilogue needs nothing loaded early: [`Projection`]'s
+/// steps in order, with `norm_w`'s vector loaded before the wait; `(p, [row a, row b],
+/// 1/rms(x))` in the thread of pair `p`.
 #[inline(always)]
 fn project(x: &Out<f32>, norm_w: Option<&[bf16]>, w: &[bf16], pairs: usize, rows: impl Fn(usize) -> (usize, usize)) -> Option<(usize, [f32; 2], f32)> {
-    let row_vectors = x.len() / 8;
-    let (pair, chunk) = warp_item(row_vectors);
-    let tile = load_tile(w, rows(pair.min(pairs - 1)), row_vectors, chunk);
-    grid::launch_dependents();
+    let projection = Projection::start(w, x.len() / 8, pairs, rows);
+    let norm_w = norm_w.map(|n| (n, norm_vector(n)));
+    let output = projection.output();
     grid::wait_for_prerequisites();
-    let stage = shared::dynamic().take::<f32>(row_vectors * STAGE);
-    let squares = stage_input(x, norm_w, stage);
-    // The reduction's barriers also order the staging before the dot products.
-    let rstd = if norm_w.is_some() {
-        math::rsqrt(block::reduce_sum(squares, shared!([f32; 32])) / x.len() as f32 + EPS)
-    } else {
-        block::sync();
-        1.0
-    };
-    let sums = tile_dot(&tile, stage, row_vectors, chunk);
-    combine(sums, row_vectors).filter(|&(p, _)| p < pairs).map(|(p, s)| (p, s, rstd))
+    let (sums, rstd) = projection.finish(x, norm_w)?;
+    Some((output?, sums, rstd))
 }
 
 /// Step kernel 1: `h = embedding[token]`, widened to f32; one block.
@@ -330,13 +385,19 @@ pub fn llama_qkv(h: Out<f32>, norm_w: &[bf16], w_qkv: &[bf16], rope: &[f32], pos
         let (base, i) = head_rows(p);
         (base + i, base + i + HEAD_DIM / 2)
     };
-    let Some((p, [a, b], rstd)) = project(&h, Some(norm_w), w_qkv, (q_rows + 2 * kv_rows) / 2, rows) else {
+    let projection = Projection::start(w_qkv, h.len() / 8, (q_rows + 2 * kv_rows) / 2, rows);
+    // Everything but `h` is the host's: the epilogue's position and RoPE factors, and the
+    // norm, load before the wait.
+    let norm = (norm_w, norm_vector(norm_w));
+    let output = projection.output();
+    let pos = position[0] as usize;
+    let (base, i) = head_rows(output.unwrap_or(0));
+    let (cos, sin) = if output.is_some() { (rope[pos * HEAD_DIM + i], rope[pos * HEAD_DIM + HEAD_DIM / 2 + i]) } else { (0.0, 0.0) };
+    grid::wait_for_prerequisites();
+    let Some(([a, b], rstd)) = projection.finish(&h, Some(norm)) else {
         return;
     };
     let (a, b) = (a * rstd, b * rstd);
-    let pos = position[0] as usize;
-    let (base, i) = head_rows(p);
-    let (cos, sin) = (rope[pos * HEAD_DIM + i], rope[pos * HEAD_DIM + HEAD_DIM / 2 + i]);
     let (lo, hi) = (a.fma(cos, -(b * sin)), b.fma(cos, a * sin));
     let cache_row = |kv_base: usize| (kv_base / HEAD_DIM * max_len + pos) * HEAD_DIM + i;
     if base < q_rows {
@@ -358,9 +419,14 @@ pub fn llama_qkv(h: Out<f32>, norm_w: &[bf16], w_qkv: &[bf16], rope: &[f32], pos
 /// shared memory.
 #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
 pub fn llama_residual(x: Out<f32>, w: &[bf16], h: Out<f32>) {
-    if let Some((p, [a, b], _)) = project(&x, None, w, h.len() / 2, |p| (2 * p, 2 * p + 1)) {
-        h.set(2 * p, h.get(2 * p) + a);
-        h.set(2 * p + 1, h.get(2 * p + 1) + b);
+    let projection = Projection::start(w, x.len() / 8, h.len() / 2, |p| (2 * p, 2 * p + 1));
+    let output = projection.output();
+    grid::wait_for_prerequisites();
+    // The residual's loads go out with the staging's.
+    let old = output.map(|p| [h.get(2 * p), h.get(2 * p + 1)]);
+    if let (Some(p), Some(old), Some(([a, b], _))) = (output, old, projection.finish(&x, None)) {
+        h.set(2 * p, old[0] + a);
+        h.set(2 * p + 1, old[1] + b);
     }
 }
 
@@ -421,7 +487,7 @@ pub fn llama_attention(q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, posi
     let max_len = max_len as usize;
     let kv_heads = k_cache.len() / (max_len * HEAD_DIM);
     let group_size = q.len() / HEAD_DIM / kv_heads;
-    if group_size == 0 || group_size > MAX_GROUP {
+    if group_size == 0 || group_size > MAX_GROUP || cluster::size() as usize > MAX_CLUSTER {
         arch::trap();
     }
     let (kv_head, rank, blocks) = (cluster::index_in_grid().x as usize, cluster::block_rank() as usize, cluster::size() as usize);
@@ -502,60 +568,84 @@ pub fn llama_attention(q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, posi
         base = next;
     }
 
-    // Merge the groups (in group order), then the cluster's blocks (in rank order).
-    let parts = shared!([f32; GROUPS * MAX_GROUP * HEAD_DIM]);
-    let (ms, ls) = (shared!([f32; GROUPS * MAX_GROUP]), shared!([f32; GROUPS * MAX_GROUP]));
+    // Merge the 4 groups of each warp through shuffles (lanes 8g .. 8g + 8 hold group g's
+    // dimensions; after the two rounds lanes 0 .. 8 hold the warp's state), then the block's
+    // warps through shared memory (in warp order), then the cluster's blocks (in rank order).
     unroll!(h in [0 1 2 3] {
         if h < group_size {
-            let o = states[h].o;
-            let at = ((group * MAX_GROUP + h) * HEAD_DIM) / 4 + 2 * lane8;
-            parts.store16(at, [o[0], o[1], o[2], o[3]]);
-            parts.store16(at + 1, [o[4], o[5], o[6], o[7]]);
-            if lane8 == 0 {
-                ms.store(group * MAX_GROUP + h, states[h].m);
-                ls.store(group * MAX_GROUP + h, states[h].l);
+            for mask in [8, 16] {
+                let state = &mut states[h];
+                let (m_other, l_other) = (warp::shuffle_xor(state.m, mask), warp::shuffle_xor(state.l, mask));
+                let m = state.m.max(m_other);
+                let (mine, theirs) = (math::exp2(state.m - m), math::exp2(m_other - m));
+                state.l = state.l.fma(mine, l_other * theirs);
+                for o in state.o.iter_mut() {
+                    let other = warp::shuffle_xor(*o, mask);
+                    *o = o.fma(mine, other * theirs);
+                }
+                state.m = m;
             }
         }
     });
+    let parts = shared!([f32; WARPS * MAX_GROUP * HEAD_DIM]);
+    let (ms, ls) = (shared!([f32; WARPS * MAX_GROUP]), shared!([f32; WARPS * MAX_GROUP]));
+    let warp = warp::index_in_block() as usize;
+    if group == warp * 4 {
+        unroll!(h in [0 1 2 3] {
+            if h < group_size {
+                let o = states[h].o;
+                let at = ((warp * MAX_GROUP + h) * HEAD_DIM) / 4 + 2 * lane8;
+                parts.store16(at, [o[0], o[1], o[2], o[3]]);
+                parts.store16(at + 1, [o[4], o[5], o[6], o[7]]);
+                if lane8 == 0 {
+                    ms.store(warp * MAX_GROUP + h, states[h].m);
+                    ls.store(warp * MAX_GROUP + h, states[h].l);
+                }
+            }
+        });
+    }
     block::sync();
-    // `maxima`: the block's largest score per query head; `merged`: its `o` and `l` relative to
-    // it. One element of `o` per thread (a single pass when `group_size · 64 ≤ 256`); every
-    // thread forms its head's `l` too (broadcast loads), that of dimension 0 stores it.
-    let (merged, maxima) = (shared!([f32; MAX_GROUP * STATE]), shared!([f32; MAX_GROUP]));
+    // `merged`: per query head, the block's `o` (64), `l` and largest score `m`, `o` and `l`
+    // relative to `m`. One element of `o` per thread (a single pass when `group_size · 64 ≤
+    // 256`), each warp's maximum loaded before any is used; every thread forms its head's `l`
+    // too (broadcast loads), that of dimension 0 stores it and `m`.
+    let merged = shared!([f32; MAX_GROUP * STATE]);
     for i in block::stride_loop(0..group_size * HEAD_DIM) {
         let (h, d) = (i / HEAD_DIM, i % HEAD_DIM);
-        let mut largest_here = NO_SCORE;
-        for g in 0..GROUPS {
-            largest_here = largest_here.max(ms.load(g * MAX_GROUP + h));
-        }
+        let maxima: [f32; WARPS] = core::array::from_fn(|w| ms.load(w * MAX_GROUP + h));
+        let largest = maxima.iter().fold(NO_SCORE, |a, &b| a.max(b));
         let (mut o, mut l) = (0.0f32, 0.0f32);
-        for g in 0..GROUPS {
-            let weight = math::exp2(ms.load(g * MAX_GROUP + h) - largest_here);
-            o = weight.fma(parts.load((g * MAX_GROUP + h) * HEAD_DIM + d), o);
-            l = weight.fma(ls.load(g * MAX_GROUP + h), l);
+        for (w, &m) in maxima.iter().enumerate() {
+            let weight = math::exp2(m - largest);
+            o = weight.fma(parts.load((w * MAX_GROUP + h) * HEAD_DIM + d), o);
+            l = weight.fma(ls.load(w * MAX_GROUP + h), l);
         }
         merged.store(h * STATE + d, o);
         if d == 0 {
             merged.store(h * STATE + HEAD_DIM, l);
-            maxima.store(h, largest_here);
+            merged.store(h * STATE + HEAD_DIM + 1, largest);
         }
     }
     // One cluster barrier publishes every block's state; rank 0 reads them all through DSMEM
-    // (in rank order) and writes the result; the trailing barrier keeps the peers resident
-    // until it has.
+    // (in rank order; every block's loads issued before any is used) and writes the result; the
+    // trailing barrier keeps the peers resident until it has.
     cluster::sync();
     if rank == 0 {
         for i in block::stride_loop(0..group_size * HEAD_DIM) {
             let (h, d) = (i / HEAD_DIM, i % HEAD_DIM);
-            let mut largest = NO_SCORE;
-            for r in 0..blocks as u32 {
-                largest = largest.max(maxima.in_block(r).load(h));
-            }
+            let mut peers = [[0.0f32, 0.0, NO_SCORE]; MAX_CLUSTER];
+            unroll!(r in [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15] {
+                if r < blocks {
+                    let state = merged.in_block(r as u32);
+                    peers[r] = [state.load(h * STATE + d), state.load(h * STATE + HEAD_DIM), state.load(h * STATE + HEAD_DIM + 1)];
+                }
+            });
+            let largest = peers.iter().fold(NO_SCORE, |a, p| a.max(p[2]));
             let (mut o, mut l) = (0.0f32, 0.0f32);
-            for r in 0..blocks as u32 {
-                let (state, weight) = (merged.in_block(r), math::exp2(maxima.in_block(r).load(h) - largest));
-                o = weight.fma(state.load(h * STATE + d), o);
-                l = weight.fma(state.load(h * STATE + HEAD_DIM), l);
+            for [o_r, l_r, m_r] in peers {
+                let weight = math::exp2(m_r - largest);
+                o = weight.fma(o_r, o);
+                l = weight.fma(l_r, l);
             }
             attn.set((kv_head * group_size + h) * HEAD_DIM + d, o / l);
         }
@@ -965,8 +1055,9 @@ pub mod host {
         LaunchConfig { grid: blocks.into(), block: BLOCK.into(), cluster: None, dynamic_smem_bytes: stage_bytes(k) as u32, programmatic }
     }
 
-    /// The attention's launch: a cluster of `cluster` blocks per KV head.
+    /// The attention's launch: a cluster of `cluster` (at most [`MAX_CLUSTER`]) blocks per KV head.
     pub fn attention_config(shape: Shape, cluster: u32, programmatic: bool) -> LaunchConfig {
+        assert!(cluster as usize <= MAX_CLUSTER, "clusters of {cluster} blocks: the attention merges at most {MAX_CLUSTER}");
         LaunchConfig { grid: (shape.kv_heads as u32 * cluster).into(), block: BLOCK.into(), cluster: Some(cluster.into()), dynamic_smem_bytes: 0, programmatic }
     }
 

@@ -2,7 +2,7 @@
 //! heads of 64, MLP 8192, vocabulary 128256, tied embedding; random bf16 weights, 2.47 GB) at
 //! batch 1 and KV lengths 1024 and 4096: example 13's six kernels, 82 launches a step, launched
 //! in stream order or with programmatic dependent launch ("PDL"), directly or replayed from a
-//! CUDA graph of one step, the attention with clusters of 4 and 8 blocks per KV head.
+//! CUDA graph of one step, the attention with clusters of 4, 8 and 16 blocks per KV head.
 //!
 //! Every variant is first checked against the f64 reference of the whole step (logits and
 //! every layer's appended k, v; relative error within 1e-3; activations and logits poisoned)
@@ -22,7 +22,7 @@ use std::error::Error;
 use std::time::Instant;
 
 const LENGTHS: [usize; 2] = [1024, 4096];
-const CLUSTERS: [u32; 2] = [4, 8];
+const CLUSTERS: [u32; 3] = [4, 8, 16];
 const PEAK_BYTES_PER_S: f64 = 4.3e12;
 const STEPS_PER_PASS: usize = 20;
 const WARMUP: usize = 3;
