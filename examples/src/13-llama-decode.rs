@@ -67,8 +67,9 @@ pub const CHUNK: usize = 32 * V;
 pub const MAX_GROUP: usize = 4;
 /// 8-lane groups of the attention: a group covers one 64-dimension row in 16-byte vectors.
 const GROUPS: usize = BLOCK as usize / 8;
-/// Tokens per group per step of the flash-decoding loop.
-const TOKENS: usize = 4;
+/// Tokens per group per step of the flash-decoding loop (two steps' keys and values in
+/// registers: the next step's loads go out before this one's arithmetic).
+const TOKENS: usize = 2;
 /// Floats per query head of a block's merged attention state: `o` (64), `l`, `m`, padding.
 const STATE: usize = HEAD_DIM + 4;
 /// Blocks per cluster of the attention, at most (the non-portable limit).
@@ -88,7 +89,7 @@ macro_rules! unroll {
         $( { let $i: usize = $n; $body } )*
     }};
 }
-const _: () = assert!(V == 8 && TOKENS == 4 && MAX_GROUP == 4 && MAX_CLUSTER == 16 && GROUPS == 4 * WARPS, "the unrolled loops list 8, 4, 4 and 16 indices; 4 groups a warp");
+const _: () = assert!(V == 8 && TOKENS == 2 && MAX_GROUP == 4 && MAX_CLUSTER == 16 && GROUPS == 4 * WARPS, "the unrolled loops list 8, 2, 4 and 16 indices; 4 groups a warp");
 
 /// 16 bytes (8 bf16 values) as four raw words.
 type Vector = [u32; 4];
@@ -482,7 +483,7 @@ type Rows = ([Vector; TOKENS], [Vector; TOKENS]);
 /// Caches: `kv heads × max_len × 64`; `q`: `heads × 64`, `heads / kv heads ≤ 4`. Grid `kv
 /// heads × C` blocks of 256, clusters of `C`: block `r` of a cluster attends to the `r`-th
 /// `1/C` of tokens `0 .. position`, 32 groups of 8 lanes, `TOKENS` tokens per group in flight.
-#[kernel(launch_bounds(max_threads = 256))]
+#[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
 pub fn llama_attention(q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, position: &[u32], attn: Out<f32>, max_len: u32) {
     let max_len = max_len as usize;
     let kv_heads = k_cache.len() / (max_len * HEAD_DIM);
@@ -500,7 +501,7 @@ pub fn llama_attention(q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, posi
     let vector = |tok: usize| (kv_head * max_len + tok) * (HEAD_DIM / 8) + lane8;
     let load = |base: usize| -> Rows {
         let mut rows = ([[0u32; 4]; TOKENS], [[0u32; 4]; TOKENS]);
-        unroll!(u in [0 1 2 3] {
+        unroll!(u in [0 1] {
             // Past `end`, the last token again (ignored by the caller).
             let tok = (base + group + GROUPS * u).min(end - 1);
             rows.0[u] = load_vector(&k_cache, vector(tok));
@@ -512,19 +513,23 @@ pub fn llama_attention(q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, posi
     grid::launch_dependents();
     grid::wait_for_prerequisites();
 
-    let mut qs = [[0.0f32; 8]; MAX_GROUP];
+    // The group's query heads, scaled, in shared memory (registers hold keys and values).
+    let qs = shared!([f32; MAX_GROUP * HEAD_DIM]);
+    if t < group_size * HEAD_DIM / 4 {
+        qs.store16(t, q.load16::<4>(kv_head * group_size * HEAD_DIM / 4 + t).map(|v| v * Q_SCALE));
+    }
+    block::sync();
+    let query = |h: usize| -> [f32; 8] {
+        let (lo, hi) = (qs.load16::<4>(h * HEAD_DIM / 4 + 2 * lane8), qs.load16::<4>(h * HEAD_DIM / 4 + 2 * lane8 + 1));
+        [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+    };
     let mut states = [Softmax::EMPTY; MAX_GROUP];
-    unroll!(h in [0 1 2 3] {
-        if h < group_size {
-            qs[h] = load8(&q, (kv_head * group_size + h) * (HEAD_DIM / 8) + lane8).map(|v| v * Q_SCALE);
-        }
-    });
     if rank == 0 && t < 32 {
         // The whole warp shuffles; its first group keeps the result.
         let (k_new, v_new) = (load_vector(&k_cache, vector(pos)), load_vector(&v_cache, vector(pos)));
         unroll!(h in [0 1 2 3] {
             if h < group_size {
-                let score = group_sum(dot8(k_new, qs[h], 0.0));
+                let score = group_sum(dot8(k_new, query(h), 0.0));
                 if group == 0 {
                     states[h] = Softmax { m: score, l: 1.0, o: widen8(v_new) };
                 }
@@ -540,11 +545,11 @@ pub fn llama_attention(q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, posi
         }
         unroll!(h in [0 1 2 3] {
             if h < group_size {
-                let state = &mut states[h];
+                let (state, q) = (&mut states[h], query(h));
                 let mut s = [NO_SCORE; TOKENS];
                 let mut m = state.m;
-                unroll!(u in [0 1 2 3] {
-                    let score = group_sum(dot8(ks[u], qs[h], 0.0));
+                unroll!(u in [0 1] {
+                    let score = group_sum(dot8(ks[u], q, 0.0));
                     if base + group + GROUPS * u < end {
                         s[u] = score;
                         m = m.max(score);
@@ -555,7 +560,7 @@ pub fn llama_attention(q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, posi
                 for o in state.o.iter_mut() {
                     *o *= rescale;
                 }
-                unroll!(u in [0 1 2 3] {
+                unroll!(u in [0 1] {
                     let p = if base + group + GROUPS * u < end { math::exp2(s[u] - m) } else { 0.0 };
                     state.l += p;
                     for (o, &v) in state.o.iter_mut().zip(&widen8(vs[u])) {
@@ -1090,7 +1095,7 @@ pub mod host {
         let shape = Shape::tiny();
         let mut model = Model::random(shape, 0, 0);
         let (mut outs, mut refs, mut runs) = (Vec::new(), Vec::new(), Vec::new());
-        for (n, (position, cluster)) in [(0, 2), (1, 4), (shape.max_len - 3, 4), (37, 2)].into_iter().enumerate() {
+        for (n, (position, cluster)) in [(0, 2), (1, 4), (shape.max_len - 3, 4), (37, 16)].into_iter().enumerate() {
             model.set_position(position);
             model.token = (7 + 331 * n as u32) % shape.vocab as u32;
             let reference = model.reference().all();
