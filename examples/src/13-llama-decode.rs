@@ -27,8 +27,11 @@
 //! they free and put their own weight loads in flight; the QKV kernel's norm vector, position
 //! and RoPE factors load before the wait too, and the residual projections load `h` with the
 //! staging, not after the dot products). Blocks of 256 threads at ≤ 128
-//! registers, two per SM: 128 KB of weights in flight per SM. Then each block stages its
-//! input vector (the normalised `h`, `attn` or `act`, f32) in shared memory, with RMSNorm's
+//! registers, two per SM: 128 KB of weights in flight per SM. A grid has at most two blocks
+//! per SM: a block takes a block's worth of row pairs (an *item*) after another, loading the
+//! next item's weights right after an item's epilogue, so that the gate/up, down and LM head
+//! projections run as one wave (no block ends, starts and stages its input again between
+//! items). Each block stages its input vector (the normalised `h`, `attn` or `act`, f32) in shared memory, with RMSNorm's
 //! `1/rms` applied after the dot products so the staging needs no reduction first; warps
 //! reduce their two dot products with shuffles, and the block sums the chunks of a pair in
 //! chunk order (no atomics: every output is deterministic). Row pairs: `(r, r + 32)` of a
@@ -215,14 +218,6 @@ fn chunk_shift(row_vectors: usize) -> u32 {
     chunks.trailing_zeros()
 }
 
-/// This warp's pair (possibly past the last one) and chunk, for rows of `row_vectors` vectors.
-#[inline(always)]
-fn warp_item(row_vectors: usize) -> (usize, usize) {
-    let (shift, warp) = (chunk_shift(row_vectors), warp::index_in_block());
-    let pair = block::index_x() * (WARPS as u32 >> shift) + (warp >> shift);
-    (pair as usize, (warp & ((1 << shift) - 1)) as usize)
-}
-
 /// Loads this lane's share of `chunk` of rows `rows` of `w` (rows of `row_vectors` vectors):
 /// up to 16 loads of 16 bytes, all issued before any is used, bounds checked once for both rows.
 #[inline(always)]
@@ -261,101 +256,107 @@ fn tile_dot(tile: &Tile, stage: SharedSlice<f32>, row_vectors: usize, chunk: usi
     [warp::reduce_sum(acc[0]), warp::reduce_sum(acc[1])]
 }
 
-/// Sums the warps' partial dot products over each pair's chunks, in chunk order: thread
-/// `t < WARPS / chunks` of the block gets `Some([row a, row b])` of its pair (see
-/// [`Projection::output`]).
+/// Sums the warps' partial dot products over each pair's chunks (`1 << shift` of them), in
+/// chunk order, through `partial`: thread `t < WARPS >> shift` gets `[row a, row b]` of the
+/// block's `t`-th pair.
 #[inline(always)]
-fn combine(sums: [f32; 2], row_vectors: usize) -> Option<[f32; 2]> {
-    let partial = shared!([f32; 2 * WARPS]);
+fn combine(sums: [f32; 2], partial: SharedSlice<f32>, shift: u32) -> Option<[f32; 2]> {
     let (warp, lane) = (warp::index_in_block() as usize, warp::lane());
     if lane == 0 {
         partial.store(2 * warp, sums[0]);
         partial.store(2 * warp + 1, sums[1]);
     }
     block::sync();
-    let shift = chunk_shift(row_vectors);
-    let t = thread::rank_in_block();
-    if t >= WARPS as u32 >> shift {
+    let t = thread::rank_in_block() as usize;
+    if t >= WARPS >> shift {
         return None;
     }
     let mut s = [0.0f32; 2];
     for k in 0..1usize << shift {
-        let at = 2 * (((t as usize) << shift) + k);
+        let at = 2 * ((t << shift) + k);
         s[0] += partial.load(at);
         s[1] += partial.load(at + 1);
     }
     Some(s)
 }
 
-/// A warp's part of a projection by `w` of an input of `row_vectors · 8` values: its weights,
-/// loaded before the PDL wait.
-struct Projection {
-    tile: Tile,
-    row_vectors: usize,
-    chunk: usize,
-    pairs: usize,
-}
-
-impl Projection {
-    /// Issues the warp's weight loads of row pairs `rows(p)`, `p < pairs`, then lets the next
-    /// kernel launch.
-    #[inline(always)]
-    fn start(w: &[bf16], row_vectors: usize, pairs: usize, rows: impl Fn(usize) -> (usize, usize)) -> Self {
-        let (pair, chunk) = warp_item(row_vectors);
-        let tile = load_tile(w, rows(pair.min(pairs - 1)), row_vectors, chunk);
-        grid::launch_dependents();
-        Self { tile, row_vectors, chunk, pairs }
-    }
-
-    /// The pair whose rows this thread gets from [`Projection::finish`], if any: known before
-    /// the wait, so that an epilogue's own inputs can be loaded early.
-    #[inline(always)]
-    fn output(&self) -> Option<usize> {
-        let per_block = WARPS as u32 >> chunk_shift(self.row_vectors);
-        let t = thread::rank_in_block();
-        let p = (block::index_x() * per_block + t) as usize;
-        (t < per_block && p < self.pairs).then_some(p)
-    }
-
-    /// After [`grid::wait_for_prerequisites`]: stages `x` (times the norm, see
-    /// [`stage_input`]) and returns, in the thread of [`Projection::output`], `([row a, row b],
-    /// 1/rms(x))` (1 without a norm).
-    #[inline(always)]
-    fn finish(self, x: &Out<f32>, norm_w: Option<(&[bf16], Vector)>) -> Option<([f32; 2], f32)> {
-        let stage = shared::dynamic().take::<f32>(self.row_vectors * STAGE);
-        let squares = stage_input(x, norm_w, stage);
-        // The reduction's barriers also order the staging before the dot products.
-        let rstd = if norm_w.is_some() {
-            math::rsqrt(block::reduce_sum(squares, shared!([f32; 32])) / x.len() as f32 + EPS)
-        } else {
-            block::sync();
-            1.0
-        };
-        let sums = tile_dot(&self.tile, stage, self.row_vectors, self.chunk);
-        let output = self.output();
-        combine(sums, self.row_vectors).filter(|_| output.is_some()).map(|s| (s, rstd))
-    }
-}
-
 /// `norm_w`'s vector `thread::rank_in_block()` (the last one past the end), for
-/// [`Projection::finish`]: a read of the host's data, so it may precede the PDL wait.
+/// [`stage_input`]: a read of the host's data, so it may precede the PDL wait.
 #[inline(always)]
 fn norm_vector(norm_w: &[bf16]) -> Vector {
     let last = norm_w.len() / 8 - 1;
     global::load16::<u32, 4>(words(norm_w), (thread::rank_in_block() as usize).min(last))
 }
 
-/// A projection of `x` by `w` whose epilogue needs nothing loaded early: [`Projection`]'s
-/// steps in order, with `norm_w`'s vector loaded before the wait; `(p, [row a, row b],
-/// 1/rms(x))` in the thread of pair `p`.
+/// A projection of `x` (f32, `row_vectors · 8` long, times `norm_w` when given) by `w`, row
+/// pairs `rows(p)` for `p < pairs`, in *items* of `WARPS / chunks` pairs (a block's worth):
+/// block `b` of the grid takes items `b, b + grid, ...`, staging `x` once and loading each
+/// item's weights right after the previous item's epilogue (no block ends and no new one
+/// starts and stages between items; loading them before the epilogue spills: ptxas). The first
+/// item's weights, and `early(p)` of its pairs (the host's data an epilogue needs), load
+/// before the PDL wait; `late(p, early)` (a kernel's output it needs) right after the wait or
+/// the previous item's epilogue; then `epilogue(p, [row a, row b], 1/rms(x), late)` in the
+/// pair's thread (1/rms is 1 without `norm_w`).
 #[inline(always)]
-fn project(x: &Out<f32>, norm_w: Option<&[bf16]>, w: &[bf16], pairs: usize, rows: impl Fn(usize) -> (usize, usize)) -> Option<(usize, [f32; 2], f32)> {
-    let projection = Projection::start(w, x.len() / 8, pairs, rows);
+#[allow(clippy::too_many_arguments)]
+fn project<E: Copy, L: Copy>(
+    x: &Out<f32>,
+    norm_w: Option<&[bf16]>,
+    w: &[bf16],
+    pairs: usize,
+    rows: impl Fn(usize) -> (usize, usize),
+    early: impl Fn(usize) -> E,
+    late: impl Fn(usize, E) -> L,
+    epilogue: impl Fn(usize, [f32; 2], f32, L),
+) {
+    let row_vectors = x.len() / 8;
+    let shift = chunk_shift(row_vectors);
+    let per_item = WARPS >> shift;
+    // Item indices in 32 bits: fewer registers across the loop (64-bit ones spill).
+    let (items, step) = (pairs.div_ceil(per_item) as u32, grid::dim().x);
+    let mut item = block::index_x();
+    if item >= items {
+        grid::launch_dependents();
+        return;
+    }
+    let (warp, t) = (warp::index_in_block() as usize, thread::rank_in_block() as usize);
+    let chunk = warp & ((1 << shift) - 1);
+    // This warp's pair in an item (the last pair past the end), and this thread's output pair.
+    let tile_pair = |item: u32| (item as usize * per_item + (warp >> shift)).min(pairs - 1);
+    let out_pair = |item: u32| Some(item as usize * per_item + t).filter(|&p| t < per_item && p < pairs);
+    let mut tile = load_tile(w, rows(tile_pair(item)), row_vectors, chunk);
+    grid::launch_dependents();
     let norm_w = norm_w.map(|n| (n, norm_vector(n)));
-    let output = projection.output();
+    let mut early_values = out_pair(item).map(&early);
     grid::wait_for_prerequisites();
-    let (sums, rstd) = projection.finish(x, norm_w)?;
-    Some((output?, sums, rstd))
+    let mut late_values = out_pair(item).zip(early_values).map(|(p, e)| late(p, e));
+    let stage = shared::dynamic().take::<f32>(row_vectors * STAGE);
+    let squares = stage_input(x, norm_w, stage);
+    // The reduction's barriers also order the staging before the dot products.
+    let rstd = if norm_w.is_some() {
+        math::rsqrt(block::reduce_sum(squares, shared!([f32; 32])) / x.len() as f32 + EPS)
+    } else {
+        block::sync();
+        1.0
+    };
+    // Two buffers of partial sums, alternate items: an item's writes come after the previous
+    // item's barrier, which follows every read of the item before.
+    let partials = [shared!([f32; 2 * WARPS]), shared!([f32; 2 * WARPS])];
+    let mut parity = 0;
+    loop {
+        let sums = tile_dot(&tile, stage, row_vectors, chunk);
+        let combined = combine(sums, partials[parity], shift);
+        if let (Some(p), Some(s), Some(l)) = (out_pair(item), combined, late_values) {
+            epilogue(p, s, rstd, l);
+        }
+        (item, parity) = (item + step, parity ^ 1);
+        if item >= items {
+            return;
+        }
+        tile = load_tile(w, rows(tile_pair(item)), row_vectors, chunk);
+        early_values = out_pair(item).map(&early);
+        late_values = out_pair(item).zip(early_values).map(|(p, e)| late(p, e));
+    }
 }
 
 /// Step kernel 1: `h = embedding[token]`, widened to f32; one block.
@@ -374,8 +375,9 @@ pub fn llama_embed(embedding: &[bf16], token: &[u32], h: Out<f32>) {
 /// Layer kernel 1: `q, k, v = W_qkv · RMSNorm(h)·norm_w`, RoPE on q and k (the table holds,
 /// per position, 32 cosines then 32 sines), q to `q` (f32), k and v rounded to bf16 into the
 /// caches (`kv heads × max_len × 64`) at `position[0]`. `w_qkv`: q, k, v heads' rows, each
-/// `hidden` long. Grid `pairs / pairs_per_block(hidden)` blocks of 256, `stage_bytes(hidden)`
-/// of dynamic shared memory.
+/// `hidden` long. Grid: blocks of 256, at most one per item of [`project`] (`pairs /
+/// pairs_per_block(hidden)`), `stage_bytes(hidden)` of dynamic shared memory; the same for the
+/// other projections.
 #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
 #[allow(clippy::too_many_arguments)]
 pub fn llama_qkv(h: Out<f32>, norm_w: &[bf16], w_qkv: &[bf16], rope: &[f32], position: &[u32], q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, max_len: u32) {
@@ -386,72 +388,63 @@ pub fn llama_qkv(h: Out<f32>, norm_w: &[bf16], w_qkv: &[bf16], rope: &[f32], pos
         let (base, i) = head_rows(p);
         (base + i, base + i + HEAD_DIM / 2)
     };
-    let projection = Projection::start(w_qkv, h.len() / 8, (q_rows + 2 * kv_rows) / 2, rows);
-    // Everything but `h` is the host's: the epilogue's position and RoPE factors, and the
-    // norm, load before the wait.
-    let norm = (norm_w, norm_vector(norm_w));
-    let output = projection.output();
+    // The position and RoPE factors are the host's: they load before the PDL wait.
     let pos = position[0] as usize;
-    let (base, i) = head_rows(output.unwrap_or(0));
-    let (cos, sin) = if output.is_some() { (rope[pos * HEAD_DIM + i], rope[pos * HEAD_DIM + HEAD_DIM / 2 + i]) } else { (0.0, 0.0) };
-    grid::wait_for_prerequisites();
-    let Some(([a, b], rstd)) = projection.finish(&h, Some(norm)) else {
-        return;
+    let early = |p: usize| {
+        let (_, i) = head_rows(p);
+        (rope[pos * HEAD_DIM + i], rope[pos * HEAD_DIM + HEAD_DIM / 2 + i])
     };
-    let (a, b) = (a * rstd, b * rstd);
-    let (lo, hi) = (a.fma(cos, -(b * sin)), b.fma(cos, a * sin));
-    let cache_row = |kv_base: usize| (kv_base / HEAD_DIM * max_len + pos) * HEAD_DIM + i;
-    if base < q_rows {
-        q.set(base + i, lo);
-        q.set(base + i + HEAD_DIM / 2, hi);
-    } else if base < q_rows + kv_rows {
-        let row = cache_row(base - q_rows);
-        k_cache.set(row, bf16::from_f32(lo));
-        k_cache.set(row + HEAD_DIM / 2, bf16::from_f32(hi));
-    } else {
-        let row = cache_row(base - q_rows - kv_rows);
-        v_cache.set(row, bf16::from_f32(a));
-        v_cache.set(row + HEAD_DIM / 2, bf16::from_f32(b));
-    }
+    let epilogue = |p: usize, [a, b]: [f32; 2], rstd: f32, (cos, sin): (f32, f32)| {
+        let (base, i) = head_rows(p);
+        let (a, b) = (a * rstd, b * rstd);
+        let (lo, hi) = (a.fma(cos, -(b * sin)), b.fma(cos, a * sin));
+        let cache_row = |kv_base: usize| (kv_base / HEAD_DIM * max_len + pos) * HEAD_DIM + i;
+        if base < q_rows {
+            q.set(base + i, lo);
+            q.set(base + i + HEAD_DIM / 2, hi);
+        } else if base < q_rows + kv_rows {
+            let row = cache_row(base - q_rows);
+            k_cache.set(row, bf16::from_f32(lo));
+            k_cache.set(row + HEAD_DIM / 2, bf16::from_f32(hi));
+        } else {
+            let row = cache_row(base - q_rows - kv_rows);
+            v_cache.set(row, bf16::from_f32(a));
+            v_cache.set(row + HEAD_DIM / 2, bf16::from_f32(b));
+        }
+    };
+    project(&h, Some(norm_w), w_qkv, (q_rows + 2 * kv_rows) / 2, rows, early, |_, e| e, epilogue);
 }
 
-/// Layer kernels 3 and 5: `h += w · x` (`w`: `h.len() × x.len()`). Grid
-/// `h.len() / 2 / pairs_per_block(x.len())` blocks of 256, `stage_bytes(x.len())` of dynamic
-/// shared memory.
+/// Layer kernels 3 and 5: `h += w · x` (`w`: `h.len() × x.len()`).
 #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
 pub fn llama_residual(x: Out<f32>, w: &[bf16], h: Out<f32>) {
-    let projection = Projection::start(w, x.len() / 8, h.len() / 2, |p| (2 * p, 2 * p + 1));
-    let output = projection.output();
-    grid::wait_for_prerequisites();
-    // The residual's loads go out with the staging's.
-    let old = output.map(|p| [h.get(2 * p), h.get(2 * p + 1)]);
-    if let (Some(p), Some(old), Some(([a, b], _))) = (output, old, projection.finish(&x, None)) {
+    // The residual's loads go out with the staging's (or the previous item's epilogue).
+    let late = |p: usize, ()| [h.get(2 * p), h.get(2 * p + 1)];
+    project(&x, None, w, h.len() / 2, |p| (2 * p, 2 * p + 1), |_| (), late, |p, [a, b], _, old: [f32; 2]| {
         h.set(2 * p, old[0] + a);
         h.set(2 * p + 1, old[1] + b);
-    }
+    });
 }
 
 /// Layer kernel 4: `act = silu(gate) · up` with `[gate; up] = w_gate_up · RMSNorm(h)·norm_w`
-/// (`w_gate_up`: the gate rows, then the up rows). Grid `act.len() / pairs_per_block(h.len())`
-/// blocks of 256, `stage_bytes(h.len())` of dynamic shared memory.
+/// (`w_gate_up`: the gate rows, then the up rows).
 #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
 pub fn llama_gate_up(h: Out<f32>, norm_w: &[bf16], w_gate_up: &[bf16], act: Out<f32>) {
     let inter = act.len();
-    if let Some((p, [gate, up], rstd)) = project(&h, Some(norm_w), w_gate_up, inter, |p| (p, inter + p)) {
+    project(&h, Some(norm_w), w_gate_up, inter, |p| (p, inter + p), |_| (), |_, ()| (), |p, [gate, up], rstd, ()| {
         let (gate, up) = (gate * rstd, up * rstd);
         act.set(p, gate * math::rcp(1.0 + math::exp(-gate)) * up);
-    }
+    });
 }
 
 /// The last kernel: `logits = embedding · RMSNorm(h)·norm_w` (`embedding`: `vocab × hidden`,
-/// vocab even). Grid `vocab / 2 / pairs_per_block(hidden)` blocks of 256 (rounded up),
-/// `stage_bytes(hidden)` of dynamic shared memory.
+/// vocab even).
 #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
 pub fn llama_lm_head(h: Out<f32>, norm_w: &[bf16], embedding: &[bf16], logits: Out<f32>) {
-    if let Some((p, [a, b], rstd)) = project(&h, Some(norm_w), embedding, logits.len() / 2, |p| (2 * p, 2 * p + 1)) {
+    project(&h, Some(norm_w), embedding, logits.len() / 2, |p| (2 * p, 2 * p + 1), |_| (), |_, ()| (), |p, [a, b], rstd, ()| {
         logits.set(2 * p, a * rstd);
         logits.set(2 * p + 1, b * rstd);
-    }
+    });
 }
 
 /// Sum over the 8 lanes of the caller's group (every lane of the warp calls it).
@@ -1030,8 +1023,11 @@ pub mod host {
         }
     }
 
-    /// The six kernels, loaded.
+    /// The six kernels, loaded, and how many projection blocks the device holds at once.
     pub struct Kernels {
+        /// Two blocks per SM (on the emulator, 4 blocks: so that the tiny model's blocks
+        /// take several items each).
+        pub resident: u32,
         embed: llama_embed::Kernel,
         qkv: llama_qkv::Kernel,
         attention: llama_attention::Kernel,
@@ -1043,7 +1039,9 @@ pub mod host {
     impl Kernels {
         /// Loads them on `gpu`.
         pub fn load(gpu: &Gpu) -> Result<Self> {
+            let sms = crate::wgmma_gemm::sm_count(gpu)?.unwrap_or(2);
             Ok(Self {
+                resident: 2 * sms as u32,
                 embed: llama_embed::load(gpu)?,
                 qkv: llama_qkv::load(gpu)?,
                 attention: llama_attention::load(gpu)?,
@@ -1054,9 +1052,10 @@ pub mod host {
         }
     }
 
-    /// The launch of a projection over `pairs` row pairs of `k` columns.
-    pub fn projection_config(pairs: usize, k: usize, programmatic: bool) -> LaunchConfig {
-        let blocks = pairs.div_ceil(pairs_per_block(k)) as u32;
+    /// The launch of a projection over `pairs` row pairs of `k` columns: a block per item of
+    /// [`project`], at most `max_blocks`.
+    pub fn projection_config(pairs: usize, k: usize, max_blocks: u32, programmatic: bool) -> LaunchConfig {
+        let blocks = (pairs.div_ceil(pairs_per_block(k)) as u32).min(max_blocks);
         LaunchConfig { grid: blocks.into(), block: BLOCK.into(), cluster: None, dynamic_smem_bytes: stage_bytes(k) as u32, programmatic }
     }
 
@@ -1073,15 +1072,15 @@ pub mod host {
         let (h, i, max_len) = (shape.hidden, shape.inter, shape.max_len as u32);
         let embed = LaunchConfig { grid: 1.into(), block: BLOCK.into(), ..Default::default() };
         k.embed.launch(s, &embed, &b.embedding, &b.token, &mut b.h)?;
-        let p = programmatic;
+        let (p, r) = (programmatic, k.resident);
         for layer in &mut b.layers {
-            k.qkv.launch(s, &projection_config(shape.qkv_rows() / 2, h, p), &mut b.h, &layer.norm1, &layer.w_qkv, &b.rope, &b.position, &mut b.q, &mut layer.k_cache, &mut layer.v_cache, max_len)?;
+            k.qkv.launch(s, &projection_config(shape.qkv_rows() / 2, h, r, p), &mut b.h, &layer.norm1, &layer.w_qkv, &b.rope, &b.position, &mut b.q, &mut layer.k_cache, &mut layer.v_cache, max_len)?;
             k.attention.launch(s, &attention_config(shape, cluster, p), &mut b.q, &mut layer.k_cache, &mut layer.v_cache, &b.position, &mut b.attn, max_len)?;
-            k.residual.launch(s, &projection_config(h / 2, h, p), &mut b.attn, &layer.w_o, &mut b.h)?;
-            k.gate_up.launch(s, &projection_config(i, h, p), &mut b.h, &layer.norm2, &layer.w_gate_up, &mut b.act)?;
-            k.residual.launch(s, &projection_config(h / 2, i, p), &mut b.act, &layer.w_down, &mut b.h)?;
+            k.residual.launch(s, &projection_config(h / 2, h, r, p), &mut b.attn, &layer.w_o, &mut b.h)?;
+            k.gate_up.launch(s, &projection_config(i, h, r, p), &mut b.h, &layer.norm2, &layer.w_gate_up, &mut b.act)?;
+            k.residual.launch(s, &projection_config(h / 2, i, r, p), &mut b.act, &layer.w_down, &mut b.h)?;
         }
-        k.lm_head.launch(s, &projection_config(shape.vocab / 2, h, p), &mut b.h, &b.final_norm, &b.embedding, &mut b.logits)
+        k.lm_head.launch(s, &projection_config(shape.vocab / 2, h, r, p), &mut b.h, &b.final_norm, &b.embedding, &mut b.logits)
     }
 
     /// Relative error allowed against the f64 reference over the logits and the appended k, v.

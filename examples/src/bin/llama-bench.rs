@@ -77,11 +77,11 @@ fn main() -> Result<()> {
     let shape = Shape::llama_3_2_1b(LENGTHS[LENGTHS.len() - 1]);
     let (h, i) = (shape.hidden, shape.inter);
     for (name, c) in [
-        ("qkv", projection_config((shape.heads + 2 * shape.kv_heads) * 32, h, true)),
-        ("o_proj", projection_config(h / 2, h, true)),
-        ("gate_up", projection_config(i, h, true)),
-        ("down", projection_config(h / 2, i, true)),
-        ("lm_head", projection_config(shape.vocab / 2, h, true)),
+        ("qkv", projection_config((shape.heads + 2 * shape.kv_heads) * 32, h, kernels.resident, true)),
+        ("o_proj", projection_config(h / 2, h, kernels.resident, true)),
+        ("gate_up", projection_config(i, h, kernels.resident, true)),
+        ("down", projection_config(h / 2, i, kernels.resident, true)),
+        ("lm_head", projection_config(shape.vocab / 2, h, kernels.resident, true)),
         ("attention", attention_config(shape, CLUSTERS[0], true)),
     ] {
         eprintln!("{name}: {} blocks of {}, cluster {:?}, {} B dynamic shared memory", c.grid.x, c.block.x, c.cluster.map(|c| c.x), c.dynamic_smem_bytes);
