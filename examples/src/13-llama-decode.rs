@@ -341,15 +341,14 @@ fn project<E: Copy, L: Copy>(
     };
     // Two buffers of partial sums, alternate items: an item's writes come after the previous
     // item's barrier, which follows every read of the item before.
-    let partials = [shared!([f32; 2 * WARPS]), shared!([f32; 2 * WARPS])];
-    let mut parity = 0;
+    let (mut partial, mut other) = (shared!([f32; 2 * WARPS]), shared!([f32; 2 * WARPS]));
     loop {
         let sums = tile_dot(&tile, stage, row_vectors, chunk);
-        let combined = combine(sums, partials[parity], shift);
+        let combined = combine(sums, partial, shift);
         if let (Some(p), Some(s), Some(l)) = (out_pair(item), combined, late_values) {
             epilogue(p, s, rstd, l);
         }
-        (item, parity) = (item + step, parity ^ 1);
+        (item, partial, other) = (item + step, other, partial);
         if item >= items {
             return;
         }
