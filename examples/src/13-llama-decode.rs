@@ -26,15 +26,15 @@
 //! [`grid::launch_dependents`] at once, so the next kernel's blocks take SM slots as soon as
 //! they free and put their own weight loads in flight; the QKV kernel's norm vector, position
 //! and RoPE factors load before the wait too, and the residual projections load `h` with the
-//! staging, not after the dot products). Blocks of 256 threads at ≤ 128
-//! registers, two per SM: 128 KB of weights in flight per SM. A grid has at most two blocks
-//! per SM: a block takes a block's worth of row pairs (an *item*) after another, loading the
-//! next item's weights right after an item's epilogue, so that the gate/up, down and LM head
-//! projections run as one wave (no block ends, starts and stages its input again between
-//! items). Each block stages its input vector (the normalised `h`, `attn` or `act`, f32) in shared memory, with RMSNorm's
-//! `1/rms` applied after the dot products so the staging needs no reduction first; warps
-//! reduce their two dot products with shuffles, and the block sums the chunks of a pair in
-//! chunk order (no atomics: every output is deterministic). Row pairs: `(r, r + 32)` of a
+//! staging, not after the dot products). Blocks of 256 threads at ≤ 128 registers, two per
+//! SM: 128 KB of weights in flight per SM. A grid has at most two blocks per SM: a block
+//! takes a block's worth of row pairs (an *item*) after another, loading the next item's
+//! weights right after an item's epilogue, so that the gate/up, down and LM head projections
+//! run as one wave (no block ends, starts and stages its input again between items). Each
+//! block stages its input vector (the normalised `h`, `attn` or `act`, f32) in shared memory
+//! once, with RMSNorm's `1/rms` applied after the dot products so the staging needs no
+//! reduction first; warps reduce their two dot products with shuffles, and the block sums the
+//! chunks of a pair in chunk order (no atomics: every output is deterministic). Row pairs: `(r, r + 32)` of a
 //! head for the QKV projection (so that RoPE's rotate-half partners meet in one thread),
 //! `(g, 8192 + g)` for gate and up (so that one thread forms `silu(gate) · up`), `(2p, 2p + 1)`
 //! elsewhere.
