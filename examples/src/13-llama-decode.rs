@@ -8,8 +8,10 @@
 //! 1. [`llama_qkv`]: RMSNorm + the QKV projection + RoPE (rotate-half, θ = 500 000) + the
 //!    new k, v appended to the layer's cache at `position`;
 //! 2. [`llama_attention`]: grouped-query flash-decoding, a cluster of `C` blocks per KV head
-//!    splitting the cached tokens, each block serving the head's 4 query heads, merged over
-//!    the cluster with `cluster::reduce` in rank order;
+//!    splitting the cached tokens, each block serving the head's 4 query heads; a warp's 4
+//!    lane groups merge by shuffles, the block's warps through shared memory, and rank 0
+//!    merges the blocks' states through DSMEM in rank order (all loads issued before any is
+//!    used), between two cluster barriers;
 //! 3. [`llama_residual`]: `h += W_o · attn`;
 //! 4. [`llama_gate_up`]: RMSNorm + gate and up projections, `act = silu(gate) · up`;
 //! 5. [`llama_residual`]: `h += W_down · act` (K = 8192, split over the block's warps);
@@ -22,12 +24,17 @@
 //! before anything else — before the kernel even waits for the previous one, since weights do
 //! not depend on it ([`grid::wait_for_prerequisites`] comes after the loads; every kernel calls
 //! [`grid::launch_dependents`] at once, so the next kernel's blocks take SM slots as soon as
-//! they free and put their own weight loads in flight). Blocks of 256 threads at ≤ 128
-//! registers, two per SM: 128 KB of weights in flight per SM. Then each block stages its
-//! input vector (the normalised `h`, `attn` or `act`, f32) in shared memory, with RMSNorm's
-//! `1/rms` applied after the dot products so the staging needs no reduction first; warps
-//! reduce their two dot products with shuffles, and the block sums the chunks of a pair in
-//! chunk order (no atomics: every output is deterministic). Row pairs: `(r, r + 32)` of a
+//! they free and put their own weight loads in flight; the QKV kernel's norm vector, position
+//! and RoPE factors load before the wait too, and the residual projections load `h` with the
+//! staging, not after the dot products). Blocks of 256 threads at ≤ 128 registers, two per
+//! SM: 128 KB of weights in flight per SM. A grid has at most two blocks per SM: a block
+//! takes a block's worth of row pairs (an *item*) after another, loading the next item's
+//! weights right after an item's epilogue, so that the gate/up, down and LM head projections
+//! run as one wave (no block ends, starts and stages its input again between items). Each
+//! block stages its input vector (the normalised `h`, `attn` or `act`, f32) in shared memory
+//! once, with RMSNorm's `1/rms` applied after the dot products so the staging needs no
+//! reduction first; warps reduce their two dot products with shuffles, and the block sums the
+//! chunks of a pair in chunk order (no atomics: every output is deterministic). Row pairs: `(r, r + 32)` of a
 //! head for the QKV projection (so that RoPE's rotate-half partners meet in one thread),
 //! `(g, 8192 + g)` for gate and up (so that one thread forms `silu(gate) · up`), `(2p, 2p + 1)`
 //! elsewhere.
@@ -63,10 +70,13 @@ pub const CHUNK: usize = 32 * V;
 pub const MAX_GROUP: usize = 4;
 /// 8-lane groups of the attention: a group covers one 64-dimension row in 16-byte vectors.
 const GROUPS: usize = BLOCK as usize / 8;
-/// Tokens per group per step of the flash-decoding loop.
-const TOKENS: usize = 4;
-/// Floats per query head of a block's merged attention state: `o` (64), `l`, padding.
+/// Tokens per group per step of the flash-decoding loop (two steps' keys and values in
+/// registers: the next step's loads go out before this one's arithmetic).
+const TOKENS: usize = 2;
+/// Floats per query head of a block's merged attention state: `o` (64), `l`, `m`, padding.
 const STATE: usize = HEAD_DIM + 4;
+/// Blocks per cluster of the attention, at most (the non-portable limit).
+pub const MAX_CLUSTER: usize = 16;
 /// A score below any real one (finite, so that 2^(m − m) stays 1).
 const NO_SCORE: f32 = -1e30;
 /// log2(e) / √64: scores in `exp2` units.
@@ -82,7 +92,7 @@ macro_rules! unroll {
         $( { let $i: usize = $n; $body } )*
     }};
 }
-const _: () = assert!(V == 8 && TOKENS == 4 && MAX_GROUP == 4, "the unrolled loops list 8, 4 and 4 indices");
+const _: () = assert!(V == 8 && TOKENS == 2 && MAX_GROUP == 4 && MAX_CLUSTER == 16 && GROUPS == 4 * WARPS, "the unrolled loops list 8, 2, 4 and 16 indices; 4 groups a warp");
 
 /// 16 bytes (8 bf16 values) as four raw words.
 type Vector = [u32; 4];
@@ -145,22 +155,35 @@ fn staged(stage: SharedSlice<f32>, c: usize) -> [f32; 8] {
 
 /// Stages `x` (f32, a multiple of 8 long), times `norm_w` when given, in `stage` (see
 /// [`STAGE`]); returns this thread's share of `Σ x²`. The caller synchronises the block.
+/// `norm_w` comes with its vector `thread::rank_in_block()`, loaded before the PDL wait.
+/// Without `norm_w`, a thread loads two vectors half the input apart before storing either,
+/// which halves the serial round trips to L2 of a long input (the down projection's 8192
+/// values: 2 per thread, not 4).
 #[inline(always)]
-fn stage_input(x: &Out<f32>, norm_w: Option<&[bf16]>, stage: SharedSlice<f32>) -> f32 {
+fn stage_input(x: &Out<f32>, norm_w: Option<(&[bf16], Vector)>, stage: SharedSlice<f32>) -> f32 {
+    let vectors = x.len() / 8;
+    let half = if norm_w.is_some() { vectors } else { vectors.div_ceil(2) };
     let mut squares = 0.0f32;
-    for c in block::stride_loop(0..x.len() / 8) {
-        let mut v = load8(x, c);
-        for &value in &v {
-            squares = value.fma(value, squares);
-        }
-        if let Some(norm_w) = norm_w {
-            let g = widen8(global::load16::<u32, 4>(words(norm_w), c));
-            for k in 0..8 {
-                v[k] *= g[k];
+    for first in block::stride_loop(0..half) {
+        let second = first + half;
+        let values = [load8(x, first), if second < vectors { load8(x, second) } else { [0.0; 8] }];
+        unroll!(k in [0 1] {
+            let c = first + k * half;
+            if c < vectors {
+                let mut v = values[k];
+                for &value in &v {
+                    squares = value.fma(value, squares);
+                }
+                if let Some((norm_w, mine)) = norm_w {
+                    let g = widen8(if c == thread::rank_in_block() as usize { mine } else { global::load16::<u32, 4>(words(norm_w), c) });
+                    for j in 0..8 {
+                        v[j] *= g[j];
+                    }
+                }
+                stage.store16(3 * c, [v[0], v[1], v[2], v[3]]);
+                stage.store16(3 * c + 1, [v[4], v[5], v[6], v[7]]);
             }
-        }
-        stage.store16(3 * c, [v[0], v[1], v[2], v[3]]);
-        stage.store16(3 * c + 1, [v[4], v[5], v[6], v[7]]);
+        });
     }
     squares
 }
@@ -193,14 +216,6 @@ fn chunk_shift(row_vectors: usize) -> u32 {
         arch::trap();
     }
     chunks.trailing_zeros()
-}
-
-/// This warp's pair (possibly past the last one) and chunk, for rows of `row_vectors` vectors.
-#[inline(always)]
-fn warp_item(row_vectors: usize) -> (usize, usize) {
-    let (shift, warp) = (chunk_shift(row_vectors), warp::index_in_block());
-    let pair = block::index_x() * (WARPS as u32 >> shift) + (warp >> shift);
-    (pair as usize, (warp & ((1 << shift) - 1)) as usize)
 }
 
 /// Loads this lane's share of `chunk` of rows `rows` of `w` (rows of `row_vectors` vectors):
@@ -241,42 +256,80 @@ fn tile_dot(tile: &Tile, stage: SharedSlice<f32>, row_vectors: usize, chunk: usi
     [warp::reduce_sum(acc[0]), warp::reduce_sum(acc[1])]
 }
 
-/// Sums the warps' partial dot products over each pair's chunks, in chunk order: thread
-/// `t < WARPS / chunks` of the block gets `Some((pair, [row a, row b]))` for its pair.
+/// Sums the warps' partial dot products over each pair's chunks (`1 << shift` of them), in
+/// chunk order, through `partial`: thread `t < WARPS >> shift` gets `[row a, row b]` of the
+/// block's `t`-th pair.
 #[inline(always)]
-fn combine(sums: [f32; 2], row_vectors: usize) -> Option<(usize, [f32; 2])> {
-    let partial = shared!([f32; 2 * WARPS]);
+fn combine(sums: [f32; 2], partial: SharedSlice<f32>, shift: u32) -> Option<[f32; 2]> {
     let (warp, lane) = (warp::index_in_block() as usize, warp::lane());
     if lane == 0 {
         partial.store(2 * warp, sums[0]);
         partial.store(2 * warp + 1, sums[1]);
     }
     block::sync();
-    let shift = chunk_shift(row_vectors);
-    let (t, per_block) = (thread::rank_in_block(), WARPS as u32 >> shift);
-    if t >= per_block {
+    let t = thread::rank_in_block() as usize;
+    if t >= WARPS >> shift {
         return None;
     }
     let mut s = [0.0f32; 2];
     for k in 0..1usize << shift {
-        let at = 2 * (((t as usize) << shift) + k);
+        let at = 2 * ((t << shift) + k);
         s[0] += partial.load(at);
         s[1] += partial.load(at + 1);
     }
-    Some(((block::index_x() * per_block + t) as usize, s))
+    Some(s)
+}
+
+/// `norm_w`'s vector `thread::rank_in_block()` (the last one past the end), for
+/// [`stage_input`]: a read of the host's data, so it may precede the PDL wait.
+#[inline(always)]
+fn norm_vector(norm_w: &[bf16]) -> Vector {
+    let last = norm_w.len() / 8 - 1;
+    global::load16::<u32, 4>(words(norm_w), (thread::rank_in_block() as usize).min(last))
 }
 
 /// A projection of `x` (f32, `row_vectors · 8` long, times `norm_w` when given) by `w`, row
-/// pairs `rows(p)` for `p < pairs`: loads the warp's weights, lets the next kernel launch,
-/// waits for the previous one, stages `x`, and returns, in the pair's thread (see [`combine`]),
-/// `(p, [row a, row b], 1/rms(x))` (1 without `norm_w`).
+/// pairs `rows(p)` for `p < pairs`, in *items* of `WARPS / chunks` pairs (a block's worth):
+/// block `b` of the grid takes items `b, b + grid, ...`, staging `x` once and loading each
+/// item's weights right after the previous item's epilogue (no block ends and no new one
+/// starts and stages between items; loading them before the epilogue spills: ptxas). The first
+/// item's weights, and `early(p)` of its pairs (the host's data an epilogue needs), load
+/// before the PDL wait; `late(p, early)` (a kernel's output it needs) right after the wait or
+/// the previous item's epilogue; then `epilogue(p, [row a, row b], 1/rms(x), late)` in the
+/// pair's thread (1/rms is 1 without `norm_w`).
 #[inline(always)]
-fn project(x: &Out<f32>, norm_w: Option<&[bf16]>, w: &[bf16], pairs: usize, rows: impl Fn(usize) -> (usize, usize)) -> Option<(usize, [f32; 2], f32)> {
+#[allow(clippy::too_many_arguments)]
+fn project<E: Copy, L: Copy>(
+    x: &Out<f32>,
+    norm_w: Option<&[bf16]>,
+    w: &[bf16],
+    pairs: usize,
+    rows: impl Fn(usize) -> (usize, usize),
+    early: impl Fn(usize) -> E,
+    late: impl Fn(usize, E) -> L,
+    epilogue: impl Fn(usize, [f32; 2], f32, L),
+) {
     let row_vectors = x.len() / 8;
-    let (pair, chunk) = warp_item(row_vectors);
-    let tile = load_tile(w, rows(pair.min(pairs - 1)), row_vectors, chunk);
+    let shift = chunk_shift(row_vectors);
+    let per_item = WARPS >> shift;
+    // Item indices in 32 bits: fewer registers across the loop (64-bit ones spill).
+    let (items, step) = (pairs.div_ceil(per_item) as u32, grid::dim().x);
+    let mut item = block::index_x();
+    if item >= items {
+        grid::launch_dependents();
+        return;
+    }
+    let (warp, t) = (warp::index_in_block() as usize, thread::rank_in_block() as usize);
+    let chunk = warp & ((1 << shift) - 1);
+    // This warp's pair in an item (the last pair past the end), and this thread's output pair.
+    let tile_pair = |item: u32| (item as usize * per_item + (warp >> shift)).min(pairs - 1);
+    let out_pair = |item: u32| Some(item as usize * per_item + t).filter(|&p| t < per_item && p < pairs);
+    let mut tile = load_tile(w, rows(tile_pair(item)), row_vectors, chunk);
     grid::launch_dependents();
+    let norm_w = norm_w.map(|n| (n, norm_vector(n)));
+    let mut early_values = out_pair(item).map(&early);
     grid::wait_for_prerequisites();
+    let mut late_values = out_pair(item).zip(early_values).map(|(p, e)| late(p, e));
     let stage = shared::dynamic().take::<f32>(row_vectors * STAGE);
     let squares = stage_input(x, norm_w, stage);
     // The reduction's barriers also order the staging before the dot products.
@@ -286,8 +339,23 @@ fn project(x: &Out<f32>, norm_w: Option<&[bf16]>, w: &[bf16], pairs: usize, rows
         block::sync();
         1.0
     };
-    let sums = tile_dot(&tile, stage, row_vectors, chunk);
-    combine(sums, row_vectors).filter(|&(p, _)| p < pairs).map(|(p, s)| (p, s, rstd))
+    // Two buffers of partial sums, alternate items: an item's writes come after the previous
+    // item's barrier, which follows every read of the item before.
+    let (mut partial, mut other) = (shared!([f32; 2 * WARPS]), shared!([f32; 2 * WARPS]));
+    loop {
+        let sums = tile_dot(&tile, stage, row_vectors, chunk);
+        let combined = combine(sums, partial, shift);
+        if let (Some(p), Some(s), Some(l)) = (out_pair(item), combined, late_values) {
+            epilogue(p, s, rstd, l);
+        }
+        (item, partial, other) = (item + step, other, partial);
+        if item >= items {
+            return;
+        }
+        tile = load_tile(w, rows(tile_pair(item)), row_vectors, chunk);
+        early_values = out_pair(item).map(&early);
+        late_values = out_pair(item).zip(early_values).map(|(p, e)| late(p, e));
+    }
 }
 
 /// Step kernel 1: `h = embedding[token]`, widened to f32; one block.
@@ -306,8 +374,9 @@ pub fn llama_embed(embedding: &[bf16], token: &[u32], h: Out<f32>) {
 /// Layer kernel 1: `q, k, v = W_qkv · RMSNorm(h)·norm_w`, RoPE on q and k (the table holds,
 /// per position, 32 cosines then 32 sines), q to `q` (f32), k and v rounded to bf16 into the
 /// caches (`kv heads × max_len × 64`) at `position[0]`. `w_qkv`: q, k, v heads' rows, each
-/// `hidden` long. Grid `pairs / pairs_per_block(hidden)` blocks of 256, `stage_bytes(hidden)`
-/// of dynamic shared memory.
+/// `hidden` long. Grid: blocks of 256, at most one per item of [`project`] (`pairs /
+/// pairs_per_block(hidden)`), `stage_bytes(hidden)` of dynamic shared memory; the same for the
+/// other projections.
 #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
 #[allow(clippy::too_many_arguments)]
 pub fn llama_qkv(h: Out<f32>, norm_w: &[bf16], w_qkv: &[bf16], rope: &[f32], position: &[u32], q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, max_len: u32) {
@@ -318,61 +387,63 @@ pub fn llama_qkv(h: Out<f32>, norm_w: &[bf16], w_qkv: &[bf16], rope: &[f32], pos
         let (base, i) = head_rows(p);
         (base + i, base + i + HEAD_DIM / 2)
     };
-    let Some((p, [a, b], rstd)) = project(&h, Some(norm_w), w_qkv, (q_rows + 2 * kv_rows) / 2, rows) else {
-        return;
-    };
-    let (a, b) = (a * rstd, b * rstd);
+    // The position and RoPE factors are the host's: they load before the PDL wait.
     let pos = position[0] as usize;
-    let (base, i) = head_rows(p);
-    let (cos, sin) = (rope[pos * HEAD_DIM + i], rope[pos * HEAD_DIM + HEAD_DIM / 2 + i]);
-    let (lo, hi) = (a.fma(cos, -(b * sin)), b.fma(cos, a * sin));
-    let cache_row = |kv_base: usize| (kv_base / HEAD_DIM * max_len + pos) * HEAD_DIM + i;
-    if base < q_rows {
-        q.set(base + i, lo);
-        q.set(base + i + HEAD_DIM / 2, hi);
-    } else if base < q_rows + kv_rows {
-        let row = cache_row(base - q_rows);
-        k_cache.set(row, bf16::from_f32(lo));
-        k_cache.set(row + HEAD_DIM / 2, bf16::from_f32(hi));
-    } else {
-        let row = cache_row(base - q_rows - kv_rows);
-        v_cache.set(row, bf16::from_f32(a));
-        v_cache.set(row + HEAD_DIM / 2, bf16::from_f32(b));
-    }
+    let early = |p: usize| {
+        let (_, i) = head_rows(p);
+        (rope[pos * HEAD_DIM + i], rope[pos * HEAD_DIM + HEAD_DIM / 2 + i])
+    };
+    let epilogue = |p: usize, [a, b]: [f32; 2], rstd: f32, (cos, sin): (f32, f32)| {
+        let (base, i) = head_rows(p);
+        let (a, b) = (a * rstd, b * rstd);
+        let (lo, hi) = (a.fma(cos, -(b * sin)), b.fma(cos, a * sin));
+        let cache_row = |kv_base: usize| (kv_base / HEAD_DIM * max_len + pos) * HEAD_DIM + i;
+        if base < q_rows {
+            q.set(base + i, lo);
+            q.set(base + i + HEAD_DIM / 2, hi);
+        } else if base < q_rows + kv_rows {
+            let row = cache_row(base - q_rows);
+            k_cache.set(row, bf16::from_f32(lo));
+            k_cache.set(row + HEAD_DIM / 2, bf16::from_f32(hi));
+        } else {
+            let row = cache_row(base - q_rows - kv_rows);
+            v_cache.set(row, bf16::from_f32(a));
+            v_cache.set(row + HEAD_DIM / 2, bf16::from_f32(b));
+        }
+    };
+    project(&h, Some(norm_w), w_qkv, (q_rows + 2 * kv_rows) / 2, rows, early, |_, e| e, epilogue);
 }
 
-/// Layer kernels 3 and 5: `h += w · x` (`w`: `h.len() × x.len()`). Grid
-/// `h.len() / 2 / pairs_per_block(x.len())` blocks of 256, `stage_bytes(x.len())` of dynamic
-/// shared memory.
+/// Layer kernels 3 and 5: `h += w · x` (`w`: `h.len() × x.len()`).
 #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
 pub fn llama_residual(x: Out<f32>, w: &[bf16], h: Out<f32>) {
-    if let Some((p, [a, b], _)) = project(&x, None, w, h.len() / 2, |p| (2 * p, 2 * p + 1)) {
-        h.set(2 * p, h.get(2 * p) + a);
-        h.set(2 * p + 1, h.get(2 * p + 1) + b);
-    }
+    // The residual's loads go out with the staging's (or the previous item's epilogue).
+    let late = |p: usize, ()| [h.get(2 * p), h.get(2 * p + 1)];
+    project(&x, None, w, h.len() / 2, |p| (2 * p, 2 * p + 1), |_| (), late, |p, [a, b], _, old: [f32; 2]| {
+        h.set(2 * p, old[0] + a);
+        h.set(2 * p + 1, old[1] + b);
+    });
 }
 
 /// Layer kernel 4: `act = silu(gate) · up` with `[gate; up] = w_gate_up · RMSNorm(h)·norm_w`
-/// (`w_gate_up`: the gate rows, then the up rows). Grid `act.len() / pairs_per_block(h.len())`
-/// blocks of 256, `stage_bytes(h.len())` of dynamic shared memory.
+/// (`w_gate_up`: the gate rows, then the up rows).
 #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
 pub fn llama_gate_up(h: Out<f32>, norm_w: &[bf16], w_gate_up: &[bf16], act: Out<f32>) {
     let inter = act.len();
-    if let Some((p, [gate, up], rstd)) = project(&h, Some(norm_w), w_gate_up, inter, |p| (p, inter + p)) {
+    project(&h, Some(norm_w), w_gate_up, inter, |p| (p, inter + p), |_| (), |_, ()| (), |p, [gate, up], rstd, ()| {
         let (gate, up) = (gate * rstd, up * rstd);
         act.set(p, gate * math::rcp(1.0 + math::exp(-gate)) * up);
-    }
+    });
 }
 
 /// The last kernel: `logits = embedding · RMSNorm(h)·norm_w` (`embedding`: `vocab × hidden`,
-/// vocab even). Grid `vocab / 2 / pairs_per_block(hidden)` blocks of 256 (rounded up),
-/// `stage_bytes(hidden)` of dynamic shared memory.
+/// vocab even).
 #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
 pub fn llama_lm_head(h: Out<f32>, norm_w: &[bf16], embedding: &[bf16], logits: Out<f32>) {
-    if let Some((p, [a, b], rstd)) = project(&h, Some(norm_w), embedding, logits.len() / 2, |p| (2 * p, 2 * p + 1)) {
+    project(&h, Some(norm_w), embedding, logits.len() / 2, |p| (2 * p, 2 * p + 1), |_| (), |_, ()| (), |p, [a, b], rstd, ()| {
         logits.set(2 * p, a * rstd);
         logits.set(2 * p + 1, b * rstd);
-    }
+    });
 }
 
 /// Sum over the 8 lanes of the caller's group (every lane of the warp calls it).
@@ -404,12 +475,12 @@ type Rows = ([Vector; TOKENS], [Vector; TOKENS]);
 /// Caches: `kv heads × max_len × 64`; `q`: `heads × 64`, `heads / kv heads ≤ 4`. Grid `kv
 /// heads × C` blocks of 256, clusters of `C`: block `r` of a cluster attends to the `r`-th
 /// `1/C` of tokens `0 .. position`, 32 groups of 8 lanes, `TOKENS` tokens per group in flight.
-#[kernel(launch_bounds(max_threads = 256))]
+#[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
 pub fn llama_attention(q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, position: &[u32], attn: Out<f32>, max_len: u32) {
     let max_len = max_len as usize;
     let kv_heads = k_cache.len() / (max_len * HEAD_DIM);
     let group_size = q.len() / HEAD_DIM / kv_heads;
-    if group_size == 0 || group_size > MAX_GROUP {
+    if group_size == 0 || group_size > MAX_GROUP || cluster::size() as usize > MAX_CLUSTER {
         arch::trap();
     }
     let (kv_head, rank, blocks) = (cluster::index_in_grid().x as usize, cluster::block_rank() as usize, cluster::size() as usize);
@@ -422,7 +493,7 @@ pub fn llama_attention(q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, posi
     let vector = |tok: usize| (kv_head * max_len + tok) * (HEAD_DIM / 8) + lane8;
     let load = |base: usize| -> Rows {
         let mut rows = ([[0u32; 4]; TOKENS], [[0u32; 4]; TOKENS]);
-        unroll!(u in [0 1 2 3] {
+        unroll!(u in [0 1] {
             // Past `end`, the last token again (ignored by the caller).
             let tok = (base + group + GROUPS * u).min(end - 1);
             rows.0[u] = load_vector(&k_cache, vector(tok));
@@ -434,19 +505,23 @@ pub fn llama_attention(q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, posi
     grid::launch_dependents();
     grid::wait_for_prerequisites();
 
-    let mut qs = [[0.0f32; 8]; MAX_GROUP];
+    // The group's query heads, scaled, in shared memory (registers hold keys and values).
+    let qs = shared!([f32; MAX_GROUP * HEAD_DIM]);
+    if t < group_size * HEAD_DIM / 4 {
+        qs.store16(t, q.load16::<4>(kv_head * group_size * HEAD_DIM / 4 + t).map(|v| v * Q_SCALE));
+    }
+    block::sync();
+    let query = |h: usize| -> [f32; 8] {
+        let (lo, hi) = (qs.load16::<4>(h * HEAD_DIM / 4 + 2 * lane8), qs.load16::<4>(h * HEAD_DIM / 4 + 2 * lane8 + 1));
+        [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+    };
     let mut states = [Softmax::EMPTY; MAX_GROUP];
-    unroll!(h in [0 1 2 3] {
-        if h < group_size {
-            qs[h] = load8(&q, (kv_head * group_size + h) * (HEAD_DIM / 8) + lane8).map(|v| v * Q_SCALE);
-        }
-    });
     if rank == 0 && t < 32 {
         // The whole warp shuffles; its first group keeps the result.
         let (k_new, v_new) = (load_vector(&k_cache, vector(pos)), load_vector(&v_cache, vector(pos)));
         unroll!(h in [0 1 2 3] {
             if h < group_size {
-                let score = group_sum(dot8(k_new, qs[h], 0.0));
+                let score = group_sum(dot8(k_new, query(h), 0.0));
                 if group == 0 {
                     states[h] = Softmax { m: score, l: 1.0, o: widen8(v_new) };
                 }
@@ -462,11 +537,11 @@ pub fn llama_attention(q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, posi
         }
         unroll!(h in [0 1 2 3] {
             if h < group_size {
-                let state = &mut states[h];
+                let (state, q) = (&mut states[h], query(h));
                 let mut s = [NO_SCORE; TOKENS];
                 let mut m = state.m;
-                unroll!(u in [0 1 2 3] {
-                    let score = group_sum(dot8(ks[u], qs[h], 0.0));
+                unroll!(u in [0 1] {
+                    let score = group_sum(dot8(ks[u], q, 0.0));
                     if base + group + GROUPS * u < end {
                         s[u] = score;
                         m = m.max(score);
@@ -477,7 +552,7 @@ pub fn llama_attention(q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, posi
                 for o in state.o.iter_mut() {
                     *o *= rescale;
                 }
-                unroll!(u in [0 1 2 3] {
+                unroll!(u in [0 1] {
                     let p = if base + group + GROUPS * u < end { math::exp2(s[u] - m) } else { 0.0 };
                     state.l += p;
                     for (o, &v) in state.o.iter_mut().zip(&widen8(vs[u])) {
@@ -490,60 +565,89 @@ pub fn llama_attention(q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, posi
         base = next;
     }
 
-    // Merge the groups (in group order), then the cluster's blocks (in rank order).
-    let parts = shared!([f32; GROUPS * MAX_GROUP * HEAD_DIM]);
-    let (ms, ls) = (shared!([f32; GROUPS * MAX_GROUP]), shared!([f32; GROUPS * MAX_GROUP]));
+    // Merge the 4 groups of each warp through shuffles (lanes 8g .. 8g + 8 hold group g's
+    // dimensions; after the two rounds lanes 0 .. 8 hold the warp's state), then the block's
+    // warps through shared memory (in warp order), then the cluster's blocks (in rank order).
     unroll!(h in [0 1 2 3] {
         if h < group_size {
-            let o = states[h].o;
-            let at = ((group * MAX_GROUP + h) * HEAD_DIM) / 4 + 2 * lane8;
-            parts.store16(at, [o[0], o[1], o[2], o[3]]);
-            parts.store16(at + 1, [o[4], o[5], o[6], o[7]]);
-            if lane8 == 0 {
-                ms.store(group * MAX_GROUP + h, states[h].m);
-                ls.store(group * MAX_GROUP + h, states[h].l);
+            for mask in [8, 16] {
+                let state = &mut states[h];
+                let (m_other, l_other) = (warp::shuffle_xor(state.m, mask), warp::shuffle_xor(state.l, mask));
+                let m = state.m.max(m_other);
+                let (mine, theirs) = (math::exp2(state.m - m), math::exp2(m_other - m));
+                state.l = state.l.fma(mine, l_other * theirs);
+                for o in state.o.iter_mut() {
+                    let other = warp::shuffle_xor(*o, mask);
+                    *o = o.fma(mine, other * theirs);
+                }
+                state.m = m;
             }
         }
     });
+    let parts = shared!([f32; WARPS * MAX_GROUP * HEAD_DIM]);
+    let (ms, ls) = (shared!([f32; WARPS * MAX_GROUP]), shared!([f32; WARPS * MAX_GROUP]));
+    let warp = warp::index_in_block() as usize;
+    if group == warp * 4 {
+        unroll!(h in [0 1 2 3] {
+            if h < group_size {
+                let o = states[h].o;
+                let at = ((warp * MAX_GROUP + h) * HEAD_DIM) / 4 + 2 * lane8;
+                parts.store16(at, [o[0], o[1], o[2], o[3]]);
+                parts.store16(at + 1, [o[4], o[5], o[6], o[7]]);
+                if lane8 == 0 {
+                    ms.store(warp * MAX_GROUP + h, states[h].m);
+                    ls.store(warp * MAX_GROUP + h, states[h].l);
+                }
+            }
+        });
+    }
     block::sync();
-    // `maxima`: the block's largest score per query head; `largest`: the same, then the cluster's.
-    let (merged, maxima, largest) = (shared!([f32; MAX_GROUP * STATE]), shared!([f32; MAX_GROUP]), shared!([f32; MAX_GROUP]));
-    for i in block::stride_loop(0..MAX_GROUP * STATE) {
-        let (h, e) = (i / STATE, i % STATE);
-        let mut value = 0.0f32;
-        if h < group_size && e <= HEAD_DIM {
-            let mut largest_here = NO_SCORE;
-            for g in 0..GROUPS {
-                largest_here = largest_here.max(ms.load(g * MAX_GROUP + h));
-            }
-            for g in 0..GROUPS {
-                let weight = math::exp2(ms.load(g * MAX_GROUP + h) - largest_here);
-                let x = if e < HEAD_DIM { parts.load((g * MAX_GROUP + h) * HEAD_DIM + e) } else { ls.load(g * MAX_GROUP + h) };
-                value = weight.fma(x, value);
-            }
-            if e == 0 {
-                maxima.store(h, largest_here);
-                largest.store(h, largest_here);
-            }
-        } else if e == 0 {
-            maxima.store(h, NO_SCORE);
-            largest.store(h, NO_SCORE);
+    // `merged`: per query head, the block's `o` (64), `l` and largest score `m`, `o` and `l`
+    // relative to `m`. One element of `o` per thread (a single pass when `group_size · 64 ≤
+    // 256`), each warp's maximum loaded before any is used; every thread forms its head's `l`
+    // too (broadcast loads), that of dimension 0 stores it and `m`.
+    let merged = shared!([f32; MAX_GROUP * STATE]);
+    for i in block::stride_loop(0..group_size * HEAD_DIM) {
+        let (h, d) = (i / HEAD_DIM, i % HEAD_DIM);
+        let maxima: [f32; WARPS] = core::array::from_fn(|w| ms.load(w * MAX_GROUP + h));
+        let largest = maxima.iter().fold(NO_SCORE, |a, &b| a.max(b));
+        let (mut o, mut l) = (0.0f32, 0.0f32);
+        for (w, &m) in maxima.iter().enumerate() {
+            let weight = math::exp2(m - largest);
+            o = weight.fma(parts.load((w * MAX_GROUP + h) * HEAD_DIM + d), o);
+            l = weight.fma(ls.load(w * MAX_GROUP + h), l);
         }
-        merged.store(i, value);
+        merged.store(h * STATE + d, o);
+        if d == 0 {
+            merged.store(h * STATE + HEAD_DIM, l);
+            merged.store(h * STATE + HEAD_DIM + 1, largest);
+        }
     }
-    // The reduction's leading cluster barrier orders the stores above before every read.
-    cluster::reduce(largest, Max);
-    for i in block::stride_loop(0..MAX_GROUP * STATE) {
-        let h = i / STATE;
-        merged.store(i, merged.load(i) * math::exp2(maxima.load(h) - largest.load(h)));
-    }
-    cluster::reduce(merged, Sum);
+    // One cluster barrier publishes every block's state; rank 0 reads them all through DSMEM
+    // (in rank order; every block's loads issued before any is used) and writes the result; the
+    // trailing barrier keeps the peers resident until it has.
+    cluster::sync();
     if rank == 0 {
         for i in block::stride_loop(0..group_size * HEAD_DIM) {
             let (h, d) = (i / HEAD_DIM, i % HEAD_DIM);
-            attn.set((kv_head * group_size + h) * HEAD_DIM + d, merged.load(h * STATE + d) / merged.load(h * STATE + HEAD_DIM));
+            let mut peers = [[0.0f32, 0.0, NO_SCORE]; MAX_CLUSTER];
+            unroll!(r in [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15] {
+                if r < blocks {
+                    let state = merged.in_block(r as u32);
+                    peers[r] = [state.load(h * STATE + d), state.load(h * STATE + HEAD_DIM), state.load(h * STATE + HEAD_DIM + 1)];
+                }
+            });
+            let largest = peers.iter().fold(NO_SCORE, |a, p| a.max(p[2]));
+            let (mut o, mut l) = (0.0f32, 0.0f32);
+            for [o_r, l_r, m_r] in peers {
+                let weight = math::exp2(m_r - largest);
+                o = weight.fma(o_r, o);
+                l = weight.fma(l_r, l);
+            }
+            attn.set((kv_head * group_size + h) * HEAD_DIM + d, o / l);
         }
     }
+    cluster::sync();
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
@@ -918,8 +1022,11 @@ pub mod host {
         }
     }
 
-    /// The six kernels, loaded.
+    /// The six kernels, loaded, and how many projection blocks the device holds at once.
     pub struct Kernels {
+        /// Two blocks per SM (on the emulator, 4 blocks: so that the tiny model's blocks
+        /// take several items each).
+        pub resident: u32,
         embed: llama_embed::Kernel,
         qkv: llama_qkv::Kernel,
         attention: llama_attention::Kernel,
@@ -931,7 +1038,9 @@ pub mod host {
     impl Kernels {
         /// Loads them on `gpu`.
         pub fn load(gpu: &Gpu) -> Result<Self> {
+            let sms = crate::wgmma_gemm::sm_count(gpu)?.unwrap_or(2);
             Ok(Self {
+                resident: 2 * sms as u32,
                 embed: llama_embed::load(gpu)?,
                 qkv: llama_qkv::load(gpu)?,
                 attention: llama_attention::load(gpu)?,
@@ -942,14 +1051,16 @@ pub mod host {
         }
     }
 
-    /// The launch of a projection over `pairs` row pairs of `k` columns.
-    pub fn projection_config(pairs: usize, k: usize, programmatic: bool) -> LaunchConfig {
-        let blocks = pairs.div_ceil(pairs_per_block(k)) as u32;
+    /// The launch of a projection over `pairs` row pairs of `k` columns: a block per item of
+    /// [`project`], at most `max_blocks`.
+    pub fn projection_config(pairs: usize, k: usize, max_blocks: u32, programmatic: bool) -> LaunchConfig {
+        let blocks = (pairs.div_ceil(pairs_per_block(k)) as u32).min(max_blocks);
         LaunchConfig { grid: blocks.into(), block: BLOCK.into(), cluster: None, dynamic_smem_bytes: stage_bytes(k) as u32, programmatic }
     }
 
-    /// The attention's launch: a cluster of `cluster` blocks per KV head.
+    /// The attention's launch: a cluster of `cluster` (at most [`MAX_CLUSTER`]) blocks per KV head.
     pub fn attention_config(shape: Shape, cluster: u32, programmatic: bool) -> LaunchConfig {
+        assert!(cluster as usize <= MAX_CLUSTER, "clusters of {cluster} blocks: the attention merges at most {MAX_CLUSTER}");
         LaunchConfig { grid: (shape.kv_heads as u32 * cluster).into(), block: BLOCK.into(), cluster: Some(cluster.into()), dynamic_smem_bytes: 0, programmatic }
     }
 
@@ -960,15 +1071,15 @@ pub mod host {
         let (h, i, max_len) = (shape.hidden, shape.inter, shape.max_len as u32);
         let embed = LaunchConfig { grid: 1.into(), block: BLOCK.into(), ..Default::default() };
         k.embed.launch(s, &embed, &b.embedding, &b.token, &mut b.h)?;
-        let p = programmatic;
+        let (p, r) = (programmatic, k.resident);
         for layer in &mut b.layers {
-            k.qkv.launch(s, &projection_config(shape.qkv_rows() / 2, h, p), &mut b.h, &layer.norm1, &layer.w_qkv, &b.rope, &b.position, &mut b.q, &mut layer.k_cache, &mut layer.v_cache, max_len)?;
+            k.qkv.launch(s, &projection_config(shape.qkv_rows() / 2, h, r, p), &mut b.h, &layer.norm1, &layer.w_qkv, &b.rope, &b.position, &mut b.q, &mut layer.k_cache, &mut layer.v_cache, max_len)?;
             k.attention.launch(s, &attention_config(shape, cluster, p), &mut b.q, &mut layer.k_cache, &mut layer.v_cache, &b.position, &mut b.attn, max_len)?;
-            k.residual.launch(s, &projection_config(h / 2, h, p), &mut b.attn, &layer.w_o, &mut b.h)?;
-            k.gate_up.launch(s, &projection_config(i, h, p), &mut b.h, &layer.norm2, &layer.w_gate_up, &mut b.act)?;
-            k.residual.launch(s, &projection_config(h / 2, i, p), &mut b.act, &layer.w_down, &mut b.h)?;
+            k.residual.launch(s, &projection_config(h / 2, h, r, p), &mut b.attn, &layer.w_o, &mut b.h)?;
+            k.gate_up.launch(s, &projection_config(i, h, r, p), &mut b.h, &layer.norm2, &layer.w_gate_up, &mut b.act)?;
+            k.residual.launch(s, &projection_config(h / 2, i, r, p), &mut b.act, &layer.w_down, &mut b.h)?;
         }
-        k.lm_head.launch(s, &projection_config(shape.vocab / 2, h, p), &mut b.h, &b.final_norm, &b.embedding, &mut b.logits)
+        k.lm_head.launch(s, &projection_config(shape.vocab / 2, h, r, p), &mut b.h, &b.final_norm, &b.embedding, &mut b.logits)
     }
 
     /// Relative error allowed against the f64 reference over the logits and the appended k, v.
@@ -982,7 +1093,7 @@ pub mod host {
         let shape = Shape::tiny();
         let mut model = Model::random(shape, 0, 0);
         let (mut outs, mut refs, mut runs) = (Vec::new(), Vec::new(), Vec::new());
-        for (n, (position, cluster)) in [(0, 2), (1, 4), (shape.max_len - 3, 4), (37, 2)].into_iter().enumerate() {
+        for (n, (position, cluster)) in [(0, 2), (1, 4), (shape.max_len - 3, 4), (37, 16)].into_iter().enumerate() {
             model.set_position(position);
             model.token = (7 + 331 * n as u32) % shape.vocab as u32;
             let reference = model.reference().all();

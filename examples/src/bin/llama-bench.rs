@@ -2,7 +2,8 @@
 //! heads of 64, MLP 8192, vocabulary 128256, tied embedding; random bf16 weights, 2.47 GB) at
 //! batch 1 and KV lengths 1024 and 4096: example 13's six kernels, 82 launches a step, launched
 //! in stream order or with programmatic dependent launch ("PDL"), directly or replayed from a
-//! CUDA graph of one step, the attention with clusters of 4 and 8 blocks per KV head.
+//! CUDA graph of one step, the attention with clusters of 4, 8 and 16 blocks per KV head; the
+//! PDL + graph variant also with a projection block per item instead of at most two per SM.
 //!
 //! Every variant is first checked against the f64 reference of the whole step (logits and
 //! every layer's appended k, v; relative error within 1e-3; activations and logits poisoned)
@@ -22,7 +23,7 @@ use std::error::Error;
 use std::time::Instant;
 
 const LENGTHS: [usize; 2] = [1024, 4096];
-const CLUSTERS: [u32; 2] = [4, 8];
+const CLUSTERS: [u32; 3] = [4, 8, 16];
 const PEAK_BYTES_PER_S: f64 = 4.3e12;
 const STEPS_PER_PASS: usize = 20;
 const WARMUP: usize = 3;
@@ -35,9 +36,10 @@ fn measure(gpu: &Gpu, kernels: &Kernels, model: &Model, expected: &[f64], cluste
     let pos = model.position;
     let roofline_us = model.shape.step_bytes(pos) as f64 / PEAK_BYTES_PER_S * 1e6;
     let label = format!(
-        "cluster {cluster}, {}, {}",
+        "cluster {cluster}, {}, {}{}",
         if programmatic { "PDL" } else { "stream order" },
-        if graph { "CUDA graph" } else { "launched" }
+        if graph { "CUDA graph" } else { "launched" },
+        if kernels.resident == u32::MAX { ", a block per item" } else { "" }
     );
     let mut b = Buffers::upload(gpu, model)?;
     step(kernels, gpu.stream(), &mut b, cluster, programmatic)?;
@@ -66,15 +68,15 @@ fn main() -> Result<()> {
     let Some(gpu) = gpu_or_skip("llama-bench") else {
         return Ok(());
     };
-    let kernels = Kernels::load(&gpu)?;
+    let mut kernels = Kernels::load(&gpu)?;
     let shape = Shape::llama_3_2_1b(LENGTHS[LENGTHS.len() - 1]);
     let (h, i) = (shape.hidden, shape.inter);
     for (name, c) in [
-        ("qkv", projection_config((shape.heads + 2 * shape.kv_heads) * 32, h, true)),
-        ("o_proj", projection_config(h / 2, h, true)),
-        ("gate_up", projection_config(i, h, true)),
-        ("down", projection_config(h / 2, i, true)),
-        ("lm_head", projection_config(shape.vocab / 2, h, true)),
+        ("qkv", projection_config((shape.heads + 2 * shape.kv_heads) * 32, h, kernels.resident, true)),
+        ("o_proj", projection_config(h / 2, h, kernels.resident, true)),
+        ("gate_up", projection_config(i, h, kernels.resident, true)),
+        ("down", projection_config(h / 2, i, kernels.resident, true)),
+        ("lm_head", projection_config(shape.vocab / 2, h, kernels.resident, true)),
         ("attention", attention_config(shape, CLUSTERS[0], true)),
     ] {
         eprintln!("{name}: {} blocks of {}, cluster {:?}, {} B dynamic shared memory", c.grid.x, c.block.x, c.cluster.map(|c| c.x), c.dynamic_smem_bytes);
@@ -89,7 +91,10 @@ fn main() -> Result<()> {
         let expected = model.reference().all();
         eprintln!("L = {len}: f64 reference in {:.1} s; runs ...", started.elapsed().as_secs_f64());
         for cluster in CLUSTERS {
-            for (programmatic, graph) in [(false, false), (true, false), (false, true), (true, true)] {
+            // The last variant again with a projection block per item (the grids before the item loop).
+            let resident = kernels.resident;
+            for (programmatic, graph, per_item) in [(false, false, false), (true, false, false), (false, true, false), (true, true, false), (true, true, true)] {
+                kernels.resident = if per_item { u32::MAX } else { resident };
                 // A variant the driver refuses (say, PDL on a cluster launch) is a FAIL row; the others still run.
                 let row = measure(&gpu, &kernels, &model, &expected, cluster, programmatic, graph).unwrap_or_else(|err| {
                     eprintln!("FAIL cluster {cluster}, PDL {programmatic}, graph {graph} at L {len}: {err}");
@@ -97,6 +102,7 @@ fn main() -> Result<()> {
                 });
                 rows.push(row);
             }
+            kernels.resident = resident;
         }
     }
     println!(
