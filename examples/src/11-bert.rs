@@ -11,8 +11,9 @@
 //! loads overlap the previous kernel's tail).
 //!
 //! Each projection runs on example 12's `wgmma` GEMM (weights as `out × in`, through tensor
-//! maps) once its 128 × 256 tiles cover the GPU, and on example 10's split-K `mma.sync` GEMM
-//! below that (weights as `in × out`): see `Gemm::pick`.
+//! maps) once its 128 × 256 tiles cover the GPU; below that (batch 1 of BERT-base), the fused
+//! mode runs example 12's split-K `wgmma` GEMM (128 × 64 tiles, K split over a cluster), the
+//! unfused one example 10's split-K `mma.sync` GEMM (weights as `in × out`): see `Gemm::pick`.
 //!
 //! Every attention kernel runs on the tensor cores, a block per 64 queries of a (batch
 //! element, head), reading Q, K and V from the QKV projection's output and writing the
@@ -264,6 +265,7 @@ mod host {
     use crate::gemm::{self, gemm_f16, gemm_f16_bias, gemm_f16_bias_gelu, gemm_f16_residual, GemmError};
     use crate::softmax::softmax;
     use crate::wgmma_gemm::{self, wgmma_f16, wgmma_f16_bias, wgmma_f16_bias_gelu, wgmma_f16_residual};
+    use crate::wgmma_gemm::{wgmma_split_f16, wgmma_split_f16_bias, wgmma_split_f16_bias_gelu, wgmma_split_f16_residual};
     use clusterfuse::host::{Buffer, Gpu, Result, Stream, TensorMap};
     use clusterfuse::Dim3;
     use rand::Rng;
@@ -372,17 +374,23 @@ mod host {
     }
 
     /// A projection's weight on a device: `in × out` for example 10's GEMM, and `out × in`
-    /// (Bᵀ, as `nn.Linear` stores it) with its tensor map for example 12's.
+    /// (Bᵀ, as `nn.Linear` stores it) with its tensor maps for example 12's GEMMs (`split`:
+    /// in the split-K kernels' boxes).
     struct Weight {
         w: Buffer<f16>,
         wt: Mapped,
+        split: TensorMap<'static>,
     }
 
     impl Weight {
         fn upload(gpu: &Gpu, w: &[f16], out: usize) -> Result<Self> {
             let fan_in = w.len() / out;
             let wt = gpu.upload(&wgmma_gemm::transpose(w, fan_in, out))?;
-            Ok(Self { w: gpu.upload(w)?, wt: Mapped::new(gpu, wt, (out, fan_in), wgmma_gemm::bt_map::<f16>)? })
+            let wt = Mapped::new(gpu, wt, (out, fan_in), wgmma_gemm::bt_map::<f16>)?;
+            // SAFETY: as `Mapped`'s map: `wt.buffer` lives in the same `Weight` and is never
+            // replaced.
+            let split = unsafe { wgmma_gemm::split_bt_map(gpu, &wt.buffer, (out, fan_in))?.detach() };
+            Ok(Self { w: gpu.upload(w)?, wt, split })
         }
     }
 
@@ -468,6 +476,10 @@ mod host {
         wgmma_bias: wgmma_f16_bias::Kernel,
         wgmma_bias_gelu: wgmma_f16_bias_gelu::Kernel,
         wgmma_residual: wgmma_f16_residual::Kernel,
+        split: wgmma_split_f16::Kernel,
+        split_bias: wgmma_split_f16_bias::Kernel,
+        split_bias_gelu: wgmma_split_f16_bias_gelu::Kernel,
+        split_residual: wgmma_split_f16_residual::Kernel,
         add_bias: add_bias::Kernel,
         add_residual: add_residual::Kernel,
         layer_norm: layer_norm::Kernel,
@@ -490,6 +502,10 @@ mod host {
                 wgmma_bias: wgmma_f16_bias::load(gpu)?,
                 wgmma_bias_gelu: wgmma_f16_bias_gelu::load(gpu)?,
                 wgmma_residual: wgmma_f16_residual::load(gpu)?,
+                split: wgmma_split_f16::load(gpu)?,
+                split_bias: wgmma_split_f16_bias::load(gpu)?,
+                split_bias_gelu: wgmma_split_f16_bias_gelu::load(gpu)?,
+                split_residual: wgmma_split_f16_residual::load(gpu)?,
                 add_bias: add_bias::load(gpu)?,
                 add_residual: add_residual::load(gpu)?,
                 layer_norm: layer_norm::load(gpu)?,
@@ -505,7 +521,7 @@ mod host {
         /// `out = epilogue(a · w)`, M × N × K, on the GEMM `gemm` picked.
         #[allow(clippy::too_many_arguments)]
         fn project(&self, s: &Stream, gemm: &Gemm, epilogue: Epilogue, a: &Mapped, w: &Weight, out: &mut Buffer<f16>, (m, n, k): (u32, u32, u32)) -> Result<()> {
-            let (x, wt) = (&a.buffer, &w.wt.map);
+            let (x, wt, split) = (&a.buffer, &w.wt.map, &w.split);
             match (gemm, epilogue) {
                 (Gemm::Mma(c), Epilogue::None) => self.gemm.launch(s, c, x, &w.w, out, m, n, k),
                 (Gemm::Mma(c), Epilogue::Bias(b)) => self.gemm_bias.launch(s, c, x, &w.w, b, out, m, n, k),
@@ -515,6 +531,10 @@ mod host {
                 (Gemm::Wgmma(c), Epilogue::Bias(b)) => self.wgmma_bias.launch(s, c, a.map.words(), wt.words(), b, out, m, n, k),
                 (Gemm::Wgmma(c), Epilogue::BiasGelu(b)) => self.wgmma_bias_gelu.launch(s, c, a.map.words(), wt.words(), b, out, m, n, k),
                 (Gemm::Wgmma(c), Epilogue::Residual(r)) => self.wgmma_residual.launch(s, c, a.map.words(), wt.words(), r, out, m, n, k),
+                (Gemm::Split(c), Epilogue::None) => self.split.launch(s, c, a.map.words(), split.words(), out, m, n, k),
+                (Gemm::Split(c), Epilogue::Bias(b)) => self.split_bias.launch(s, c, a.map.words(), split.words(), b, out, m, n, k),
+                (Gemm::Split(c), Epilogue::BiasGelu(b)) => self.split_bias_gelu.launch(s, c, a.map.words(), split.words(), b, out, m, n, k),
+                (Gemm::Split(c), Epilogue::Residual(r)) => self.split_residual.launch(s, c, a.map.words(), split.words(), r, out, m, n, k),
             }
         }
     }
@@ -530,7 +550,8 @@ mod host {
 
     /// The emulator stands for a GPU of 8 SMs in [`Gemm::pick`], so that [`TINY`] at batch 2
     /// (M = 160) runs its QKV and FFN1 projections on the wgmma GEMM and the others on
-    /// example 10's.
+    /// example 10's (unfused) or the split-K wgmma GEMM (fused; at batch 1 all four, O and
+    /// FFN2 split over 2 blocks).
     const EMULATOR_SMS: usize = 8;
 
     /// A projection's GEMM and its launch configuration.
@@ -540,6 +561,8 @@ mod host {
         Mma(LaunchConfig),
         /// Example 12's `wgmma` GEMM, persistent over 128 × 256 tiles.
         Wgmma(LaunchConfig),
+        /// Example 12's split-K `wgmma` GEMM: 128 × 64 tiles, K split over a cluster.
+        Split(LaunchConfig),
     }
 
     impl Gemm {
@@ -549,10 +572,15 @@ mod host {
         /// blocks while its tiles leave SMs idle. So: wgmma once its tiles, each worth two SMs
         /// of example 10's, cover the SMs (2 · tiles ≥ SMs); below that the split-K grid puts
         /// more of the GPU to work. BERT-base on 132 SMs: QKV and FFN1 from batch 8, O and
-        /// FFN2 from batch 32.
-        fn pick(m: usize, n: usize, k: usize, sms: usize) -> std::result::Result<Self, GemmError> {
+        /// FFN2 from batch 32. Below that the fused mode takes example 12's split-K kernels
+        /// instead (128 × 64 tiles, a block per SM: at batch 1 each projection on 96-108
+        /// SMs, where example 10's ran 24-96 blocks of 128 × 128); the unfused mode, the
+        /// framework's baseline, keeps example 10's.
+        fn pick(mode: Mode, m: usize, n: usize, k: usize, sms: usize) -> std::result::Result<Self, GemmError> {
             if 2 * m.div_ceil(wgmma_gemm::BM) * n.div_ceil(wgmma_gemm::BN) >= sms {
                 Ok(Self::Wgmma(wgmma_gemm::config(m, n, k, sms)?))
+            } else if mode == Mode::Fused {
+                Ok(Self::Split(wgmma_gemm::split_k_config(m, n, k, sms)?))
             } else {
                 Ok(Self::Mma(gemm::config(m, n, k)?))
             }
@@ -563,7 +591,26 @@ mod host {
             match self {
                 Self::Mma(c) => Self::Mma(programmatic(c)),
                 Self::Wgmma(c) => Self::Wgmma(programmatic(c)),
+                Self::Split(c) => Self::Split(programmatic(c)),
             }
+        }
+    }
+
+    /// The GEMMs of a layer's four projections in one mode.
+    #[derive(Clone, Copy)]
+    struct Projections {
+        qkv: Gemm,
+        o: Gemm,
+        up: Gemm,
+        down: Gemm,
+    }
+
+    impl Projections {
+        /// [`Gemm::pick`]'s choices for `tokens` rows of `dims` in `mode`.
+        fn pick(mode: Mode, dims: &Dims, tokens: usize, sms: usize) -> std::result::Result<Self, GemmError> {
+            let (h, f) = (dims.hidden, dims.ffn);
+            let gemm = |n: usize, k: usize| Gemm::pick(mode, tokens, n, k, sms);
+            Ok(Self { qkv: gemm(3 * h, h)?, o: gemm(h, h)?, up: gemm(f, h)?, down: gemm(h, f)? })
         }
     }
 
@@ -606,10 +653,8 @@ mod host {
         up: Mapped,
         scores: Buffer<f32>,
         probs: Buffer<f32>,
-        qkv_gemm: Gemm,
-        o_gemm: Gemm,
-        up_gemm: Gemm,
-        down_gemm: Gemm,
+        /// The projections' GEMMs, per mode (`Mode::ALL`'s order).
+        gemms: [Projections; 2],
         rows: LaunchConfig,
         rows_qkv: LaunchConfig,
         rows_up: LaunchConfig,
@@ -642,10 +687,7 @@ mod host {
                 up: mapped(poisoned(tokens * f), f)?,
                 scores: gpu.upload(&vec![f32::NAN; rows as usize * dims.seq])?,
                 probs: gpu.upload(&vec![f32::NAN; rows as usize * dims.seq])?,
-                qkv_gemm: Gemm::pick(tokens, 3 * h, h, sms)?,
-                o_gemm: Gemm::pick(tokens, h, h, sms)?,
-                up_gemm: Gemm::pick(tokens, f, h, sms)?,
-                down_gemm: Gemm::pick(tokens, h, f, sms)?,
+                gemms: [Projections::pick(Mode::Unfused, dims, tokens, sms)?, Projections::pick(Mode::Fused, dims, tokens, sms)?],
                 rows: row_config(h as u32, tokens as u32),
                 rows_qkv: row_config(3 * h as u32, tokens as u32),
                 rows_up: row_config(f as u32, tokens as u32),
@@ -664,22 +706,23 @@ mod host {
             let d = &model.dims;
             let (t, h, f, seq, heads) = (self.tokens as u32, d.hidden as u32, d.ffn as u32, d.seq as u32, d.heads as u32);
             let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+            let g = self.gemms[mode as usize];
             for l in &model.layers {
                 match mode {
                     Mode::Unfused => {
-                        k.project(s, &self.qkv_gemm, Epilogue::None, &self.x, &l.wqkv, &mut self.qkv_raw, (t, 3 * h, h))?;
+                        k.project(s, &g.qkv, Epilogue::None, &self.x, &l.wqkv, &mut self.qkv_raw, (t, 3 * h, h))?;
                         k.add_bias.launch(s, &self.rows_qkv, &self.qkv_raw, &l.bqkv, &mut self.qkv)?;
                         k.scores.launch(s, &self.attention, &self.qkv, &mut self.scores, seq, heads, scale)?;
                         k.softmax.launch(s, &self.softmax, &self.scores, &mut self.probs, seq)?;
                         k.context.launch(s, &self.attention, &self.probs, &self.qkv, &mut self.ctx.buffer, seq, heads)?;
-                        k.project(s, &self.o_gemm, Epilogue::None, &self.ctx, &l.wo, &mut self.proj, (t, h, h))?;
+                        k.project(s, &g.o, Epilogue::None, &self.ctx, &l.wo, &mut self.proj, (t, h, h))?;
                         k.add_bias.launch(s, &self.rows, &self.proj, &l.bo, &mut self.biased)?;
                         k.add_residual.launch(s, &self.rows, &self.biased, &self.x.buffer, &mut self.summed)?;
                         k.layer_norm.launch(s, &self.rows, &self.summed, &l.gamma1, &l.beta1, &mut self.h1.buffer, h)?;
-                        k.project(s, &self.up_gemm, Epilogue::None, &self.h1, &l.w1, &mut self.up_raw, (t, f, h))?;
+                        k.project(s, &g.up, Epilogue::None, &self.h1, &l.w1, &mut self.up_raw, (t, f, h))?;
                         k.add_bias.launch(s, &self.rows_up, &self.up_raw, &l.b1, &mut self.up_biased)?;
                         k.gelu.launch(s, &self.rows_up, &self.up_biased, &mut self.up.buffer)?;
-                        k.project(s, &self.down_gemm, Epilogue::None, &self.up, &l.w2, &mut self.proj, (t, h, f))?;
+                        k.project(s, &g.down, Epilogue::None, &self.up, &l.w2, &mut self.proj, (t, h, f))?;
                         k.add_bias.launch(s, &self.rows, &self.proj, &l.b2, &mut self.biased)?;
                         k.add_residual.launch(s, &self.rows, &self.biased, &self.h1.buffer, &mut self.summed)?;
                         k.layer_norm.launch(s, &self.rows, &self.summed, &l.gamma2, &l.beta2, &mut self.x.buffer, h)?;
@@ -689,7 +732,7 @@ mod host {
                         // one finishes, a GEMM's first weight loads in flight, and waits for it
                         // (`grid::wait_for_prerequisites`) before touching activations.
                         let (attention, rows) = (programmatic(self.attention), programmatic(self.rows));
-                        let (qkv, o, up, down) = (self.qkv_gemm.programmatic(), self.o_gemm.programmatic(), self.up_gemm.programmatic(), self.down_gemm.programmatic());
+                        let (qkv, o, up, down) = (g.qkv.programmatic(), g.o.programmatic(), g.up.programmatic(), g.down.programmatic());
                         k.project(s, &qkv, Epilogue::Bias(&l.bqkv), &self.x, &l.wqkv, &mut self.qkv, (t, 3 * h, h))?;
                         k.attention.launch(s, &attention, &self.qkv, &mut self.ctx.buffer, seq, heads, scale)?;
                         k.project(s, &o, Epilogue::Residual(&self.x.buffer), &self.ctx, &l.wo, &mut self.summed, (t, h, h))?;
