@@ -63,15 +63,16 @@ struct AttentionBlock {
 }
 
 impl AttentionBlock {
+    /// The block of a grid whose blocks each take `queries` queries (a multiple of 16).
     #[inline(always)]
-    fn new(seq: u32, heads: u32) -> Self {
+    fn new(seq: u32, heads: u32, queries: usize) -> Self {
         let (seq, heads) = (seq as usize, heads as usize);
         if seq == 0 || seq > MAX_SEQ || !seq.is_multiple_of(16) {
             arch::trap()
         }
-        let first = block::index_x() as usize * QUERIES_PER_BLOCK;
+        let first = block::index_x() as usize * queries;
         let (head, b) = (block::index().y as usize, block::index().z as usize);
-        Self { seq, heads, hidden: heads * HEAD_DIM, head, b, first, rows: QUERIES_PER_BLOCK.min(seq - first) }
+        Self { seq, heads, hidden: heads * HEAD_DIM, head, b, first, rows: queries.min(seq - first) }
     }
 
     /// Starts copying rows `0 .. count` of `part` (0: Q, 1: K, 2: V) of this head, from token
@@ -145,7 +146,7 @@ fn accumulate_context(o: &mut [FragC; COLUMN_TILES], p: FragA<f16>, values: Shar
 #[kernel(launch_bounds(max_threads = 128))]
 pub fn attention_scores(qkv: &[f16], scores: Out<f32>, seq: u32, heads: u32, scale: f32) {
     let (keys, queries) = (shared!([f16; MAX_SEQ * TILE_STRIDE]), shared!([f16; QUERIES_PER_BLOCK * TILE_STRIDE]));
-    let blk = AttentionBlock::new(seq, heads);
+    let blk = AttentionBlock::new(seq, heads, QUERIES_PER_BLOCK);
     blk.stage(qkv, keys, 1, 0, blk.seq);
     blk.stage(qkv, queries, 0, blk.first, blk.rows);
     shared::wait_async_copies();
@@ -166,7 +167,7 @@ pub fn attention_scores(qkv: &[f16], scores: Out<f32>, seq: u32, heads: u32, sca
 #[kernel(launch_bounds(max_threads = 128))]
 pub fn attention_context(probs: &[f32], qkv: &[f16], out: Out<f16>, seq: u32, heads: u32) {
     let values = shared!([f16; MAX_SEQ * TILE_STRIDE]);
-    let blk = AttentionBlock::new(seq, heads);
+    let blk = AttentionBlock::new(seq, heads, QUERIES_PER_BLOCK);
     blk.stage(qkv, values, 2, 0, blk.seq);
     shared::wait_async_copies();
     block::sync();
@@ -192,7 +193,7 @@ pub fn attention_context(probs: &[f32], qkv: &[f16], out: Out<f16>, seq: u32, he
 pub fn attention(qkv: &[f16], out: Out<f16>, seq: u32, heads: u32, scale: f32) {
     let (keys, values) = (shared!([f16; MAX_SEQ * TILE_STRIDE]), shared!([f16; MAX_SEQ * TILE_STRIDE]));
     let queries = shared!([f16; QUERIES_PER_BLOCK * TILE_STRIDE]);
-    let blk = AttentionBlock::new(seq, heads);
+    let blk = AttentionBlock::new(seq, heads, QUERIES_PER_BLOCK);
     // Launched programmatically after the QKV projection (see `Batch::forward`).
     grid::wait_for_prerequisites();
     grid::launch_dependents();
@@ -218,6 +219,79 @@ pub fn attention(qkv: &[f16], out: Out<f16>, seq: u32, heads: u32, scale: f32) {
         *total += warp::shuffle_xor(*total, 2);
     }
     blk.store_context(&o, [1.0 / sum[0], 1.0 / sum[1]], row0, &out);
+}
+
+/// Queries per block of [`attention_split`].
+pub const SPLIT_QUERIES: usize = 16;
+/// f32 words per lane of a warp's partial state in [`attention_split`]: its 32 context
+/// accumulators, its two rows' max and sum, and one of padding (an odd stride: a warp's
+/// 32 lanes hit 32 distinct banks).
+const PARTIAL_WORDS: usize = 4 * COLUMN_TILES + 5;
+
+/// Fused attention for few blocks' worth of work (small batches): [`attention`] with a block
+/// per 16 queries of a (batch element, head) — 4× the blocks — whose four warps split the keys
+/// (16 at a time, warp `w` chunks `w, w + 4, ..`), each keeping its own running max, sum and
+/// context, merged through shared memory at the end (FlashAttention's split-KV within a
+/// block): each warp then rescales and stores 16 of the 64 columns. Grid (seq / 16, heads,
+/// batch), 128 threads.
+#[kernel(launch_bounds(max_threads = 128))]
+pub fn attention_split(qkv: &[f16], out: Out<f16>, seq: u32, heads: u32, scale: f32) {
+    const WARPS: usize = ATTENTION_WARPS as usize;
+    let (keys, values) = (shared!([f16; MAX_SEQ * TILE_STRIDE]), shared!([f16; MAX_SEQ * TILE_STRIDE]));
+    let queries = shared!([f16; SPLIT_QUERIES * TILE_STRIDE]);
+    let partials = shared!([f32; ATTENTION_WARPS as usize * 32 * PARTIAL_WORDS]);
+    let blk = AttentionBlock::new(seq, heads, SPLIT_QUERIES);
+    // Launched programmatically after the QKV projection (see `Batch::forward`).
+    grid::wait_for_prerequisites();
+    grid::launch_dependents();
+    blk.stage(qkv, queries, 0, blk.first, SPLIT_QUERIES);
+    blk.stage(qkv, keys, 1, 0, blk.seq);
+    blk.stage(qkv, values, 2, 0, blk.seq);
+    shared::wait_async_copies();
+    block::sync();
+    let (w, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
+    let q = query_fragments(queries, 0);
+    let scale = scale * core::f32::consts::LOG2_E; // scores in exp2 units
+    // As in `attention`, over this warp's keys (none at all when seq < 16 · (w + 1): max
+    // stays -∞ and the merge weighs the warp by 0).
+    let (mut max, mut sum) = ([f32::NEG_INFINITY; 2], [0.0f32; 2]);
+    let mut o = [FragC::ZERO; COLUMN_TILES];
+    for kc in (16 * w..blk.seq).step_by(16 * WARPS) {
+        let mut s = score_chunk(&q, keys, kc);
+        online_softmax_row(&mut s, &mut o, &mut max[0], &mut sum[0], 0, scale);
+        online_softmax_row(&mut s, &mut o, &mut max[1], &mut sum[1], 2, scale);
+        accumulate_context(&mut o, FragA::from_accumulators(s[0], s[1]), values, kc);
+    }
+    for total in &mut sum {
+        *total += warp::shuffle_xor(*total, 1);
+        *total += warp::shuffle_xor(*total, 2);
+    }
+    // Word `i` of lane `lane`'s state in warp `p`'s partial.
+    let at = |p: usize, i: usize| (p * 32 + lane) * PARTIAL_WORDS + i;
+    for (j, acc) in o.iter().enumerate() {
+        for (v, &value) in acc.values.iter().enumerate() {
+            partials.store(at(w, 4 * j + v), value);
+        }
+    }
+    for r in 0..2 {
+        partials.store(at(w, 4 * COLUMN_TILES + r), max[r]);
+        partials.store(at(w, 4 * COLUMN_TILES + 2 + r), sum[r]);
+    }
+    block::sync();
+    // Every lane's rows are the same in every warp: merge lane by lane, in warp order.
+    let maxes: [[f32; 2]; WARPS] = core::array::from_fn(|p| core::array::from_fn(|r| partials.load(at(p, 4 * COLUMN_TILES + r))));
+    let merged: [f32; 2] = core::array::from_fn(|r| maxes.iter().fold(f32::NEG_INFINITY, |m, p| m.max(p[r])));
+    let weights: [[f32; 2]; WARPS] = core::array::from_fn(|p| core::array::from_fn(|r| math::exp2(maxes[p][r] - merged[r])));
+    let inverse: [f32; 2] =
+        core::array::from_fn(|r| 1.0 / (0..WARPS).fold(0.0, |total, p| partials.load(at(p, 4 * COLUMN_TILES + 2 + r)).fma(weights[p][r], total)));
+    let row0 = blk.b * blk.seq + blk.first;
+    for j in (COLUMN_TILES / WARPS * w..).take(COLUMN_TILES / WARPS) {
+        for v in 0..4 {
+            let value = (0..WARPS).fold(0.0, |acc: f32, p| partials.load(at(p, 4 * j + v)).fma(weights[p][v / 2], acc));
+            let (r, c) = FragC::position(v);
+            out.set((row0 + r) * blk.hidden + blk.head * HEAD_DIM + 8 * j + c, f16::from_f32(value * inverse[v / 2]));
+        }
+    }
 }
 
 /// One step of the online softmax for the accumulator row whose values are `v`, `v + 1`
@@ -488,6 +562,7 @@ mod host {
         softmax: softmax::Kernel,
         context: attention_context::Kernel,
         attention: attention::Kernel,
+        attention_split: attention_split::Kernel,
         bias_layer_norm: bias_layer_norm::Kernel,
     }
 
@@ -514,6 +589,7 @@ mod host {
                 softmax: softmax::load(gpu)?,
                 context: attention_context::load(gpu)?,
                 attention: attention::load(gpu)?,
+                attention_split: attention_split::load(gpu)?,
                 bias_layer_norm: bias_layer_norm::load(gpu)?,
             })
         }
@@ -551,7 +627,8 @@ mod host {
     /// The emulator stands for a GPU of 8 SMs in [`Gemm::pick`], so that [`TINY`] at batch 2
     /// (M = 160) runs its QKV and FFN1 projections on the wgmma GEMM and the others on
     /// example 10's (unfused) or the split-K wgmma GEMM (fused; at batch 1 all four, O and
-    /// FFN2 split over 2 blocks).
+    /// FFN2 split over 2 blocks); and the fused mode's attention runs [`attention_split`] at
+    /// batch 1 (8 blocks of 64 queries), [`attention`] at batch 2.
     const EMULATOR_SMS: usize = 8;
 
     /// A projection's GEMM and its launch configuration.
@@ -659,6 +736,9 @@ mod host {
         rows_qkv: LaunchConfig,
         rows_up: LaunchConfig,
         attention: LaunchConfig,
+        /// The fused mode's attention: [`attention_split`]'s grid while [`attention`]'s
+        /// would be at most one block per SM (BERT-base on 132 SMs: batch 1-4), else `None`.
+        attention_split: Option<LaunchConfig>,
         softmax: LaunchConfig,
     }
 
@@ -696,6 +776,11 @@ mod host {
                     block: (32 * ATTENTION_WARPS).into(),
                     ..LaunchConfig::default()
                 },
+                attention_split: (dims.seq.div_ceil(QUERIES_PER_BLOCK) * dims.heads * batch <= sms).then(|| LaunchConfig {
+                    grid: Dim3::new(dims.seq.div_ceil(SPLIT_QUERIES) as u32, dims.heads as u32, batch as u32),
+                    block: (32 * ATTENTION_WARPS).into(),
+                    ..LaunchConfig::default()
+                }),
                 // Example 04's softmax: a warp per row, 8 rows a block.
                 softmax: LaunchConfig { grid: rows.div_ceil(8).into(), block: 256.into(), ..LaunchConfig::default() },
             })
@@ -734,7 +819,10 @@ mod host {
                         let (attention, rows) = (programmatic(self.attention), programmatic(self.rows));
                         let (qkv, o, up, down) = (g.qkv.programmatic(), g.o.programmatic(), g.up.programmatic(), g.down.programmatic());
                         k.project(s, &qkv, Epilogue::Bias(&l.bqkv), &self.x, &l.wqkv, &mut self.qkv, (t, 3 * h, h))?;
-                        k.attention.launch(s, &attention, &self.qkv, &mut self.ctx.buffer, seq, heads, scale)?;
+                        match self.attention_split {
+                            Some(split) => k.attention_split.launch(s, &programmatic(split), &self.qkv, &mut self.ctx.buffer, seq, heads, scale)?,
+                            None => k.attention.launch(s, &attention, &self.qkv, &mut self.ctx.buffer, seq, heads, scale)?,
+                        }
                         k.project(s, &o, Epilogue::Residual(&self.x.buffer), &self.ctx, &l.wo, &mut self.summed, (t, h, h))?;
                         k.bias_layer_norm.launch(s, &rows, &self.summed, &l.bo, &l.gamma1, &l.beta1, &mut self.h1.buffer, h)?;
                         k.project(s, &up, Epilogue::BiasGelu(&l.b1), &self.h1, &l.w1, &mut self.up.buffer, (t, f, h))?;

@@ -255,7 +255,8 @@ fn bert_rejects_sizes_its_kernels_cannot_run() {
 
 /// Also which GEMM each projection takes: at batch 1 (M = 80) all split K, on example 10's
 /// (unfused) or example 12's split-K kernels (fused); at batch 2 (M = 160) QKV and FFN1 run on
-/// example 12's `wgmma` GEMM (the emulator stands for 8 SMs), O and FFN2 as at batch 1.
+/// example 12's `wgmma` GEMM (the emulator stands for 8 SMs), O and FFN2 as at batch 1. The
+/// fused mode's attention splits its keys over warps at batch 1 only.
 #[test]
 fn bert_launches_as_many_kernels_per_layer_as_its_mode_says() {
     use clusterfuse_examples::bert::{Batch, Kernels, Mode, Model, TINY};
@@ -276,12 +277,15 @@ fn bert_launches_as_many_kernels_per_layer_as_its_mode_says() {
                 .filter_map(|l| if l.kernel.starts_with("wgmma_split") { Some("split") } else { l.kernel.split('_').next().filter(|k| k.contains("mm")) })
                 .collect();
             assert_eq!(gemms, projections.repeat(TINY.layers), "batch {batch}, {}", mode.name());
+            let split_attention = trace.launches().any(|l| l.kernel == "attention_split");
+            assert_eq!(split_attention, mode == Mode::Fused && batch == 1, "batch {batch}, {}", mode.name());
         }
     }
 }
 
-/// Batch 1, whose fused projections all take example 12's split-K kernels (the example
-/// runner checks batch 2), against the f64 reference.
+/// Batch 1, whose fused projections all take example 12's split-K kernels and whose fused
+/// attention is `attention_split` (the example runner checks batch 2), against the f64
+/// reference.
 #[test]
 fn bert_at_batch_1_matches_its_reference() {
     use clusterfuse_examples::bert::{check, TINY};

@@ -171,6 +171,8 @@ fn every_kernel_assembles_without_spills() {
         ("attention_scores", (128 + 64) * 72 * 2),
         ("attention_context", 128 * 72 * 2),
         ("attention", (2 * 128 + 64) * 72 * 2),
+        // And the four warps' partial states (37 words a lane).
+        ("attention_split", (2 * 128 + 16) * 72 * 2 + 4 * 32 * 37 * 4),
         ("bias_layer_norm", 2 * 32),
         ("tma_box", 0),
         ("wgmma_bf16", 0),
@@ -183,6 +185,10 @@ fn every_kernel_assembles_without_spills() {
         ("wgmma_f16_bias_gelu", 0),
         ("wgmma_f16_residual", 0),
         ("wgmma_f16_scale", 0),
+        ("wgmma_split_f16", 0),
+        ("wgmma_split_f16_bias", 0),
+        ("wgmma_split_f16_bias_gelu", 0),
+        ("wgmma_split_f16_residual", 0),
         // The partial sums of a block's warps (64 B) and the RMSNorm reduction's scratch.
         ("llama_embed", 0),
         ("llama_qkv", 192),
