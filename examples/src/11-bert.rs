@@ -8,7 +8,10 @@
 //! epilogues, one attention kernel (FlashAttention-2 style on the tensor cores: scores,
 //! online softmax and context of 16 queries per warp in registers), and bias + LayerNorm in
 //! one kernel, each launched programmatically after the previous one (a GEMM's first weight
-//! loads overlap the previous kernel's tail).
+//! loads overlap the previous kernel's tail). At small batches the fused mode has 5 per
+//! layer: the O and FFN2 projections end in their bias + LayerNorm (example 12's split-K
+//! kernel, the last cluster of a row tile normalising it), and attention splits each block's
+//! keys over its warps (`attention_split`, 4× the blocks).
 //!
 //! Each projection runs on example 12's `wgmma` GEMM (weights as `out × in`, through tensor
 //! maps) once its 128 × 256 tiles cover the GPU; below that (batch 1 of BERT-base), the fused
@@ -339,7 +342,7 @@ mod host {
     use crate::gemm::{self, gemm_f16, gemm_f16_bias, gemm_f16_bias_gelu, gemm_f16_residual, GemmError};
     use crate::softmax::softmax;
     use crate::wgmma_gemm::{self, wgmma_f16, wgmma_f16_bias, wgmma_f16_bias_gelu, wgmma_f16_residual};
-    use crate::wgmma_gemm::{wgmma_split_f16, wgmma_split_f16_bias, wgmma_split_f16_bias_gelu, wgmma_split_f16_residual};
+    use crate::wgmma_gemm::{wgmma_split_f16, wgmma_split_f16_bias, wgmma_split_f16_bias_gelu, wgmma_split_f16_residual, wgmma_split_f16_residual_layer_norm};
     use clusterfuse::host::{Buffer, Gpu, Result, Stream, TensorMap};
     use clusterfuse::Dim3;
     use rand::Rng;
@@ -523,7 +526,8 @@ mod host {
             }
         }
 
-        /// Kernel launches per layer.
+        /// Kernel launches per layer, unless the fused mode folds its LayerNorms into the
+        /// projections before them ([`Batch::kernels_per_layer`]).
         pub fn kernels_per_layer(self) -> usize {
             match self {
                 Self::Unfused => 16,
@@ -554,6 +558,7 @@ mod host {
         split_bias: wgmma_split_f16_bias::Kernel,
         split_bias_gelu: wgmma_split_f16_bias_gelu::Kernel,
         split_residual: wgmma_split_f16_residual::Kernel,
+        split_norm: wgmma_split_f16_residual_layer_norm::Kernel,
         add_bias: add_bias::Kernel,
         add_residual: add_residual::Kernel,
         layer_norm: layer_norm::Kernel,
@@ -581,6 +586,7 @@ mod host {
                 split_bias: wgmma_split_f16_bias::load(gpu)?,
                 split_bias_gelu: wgmma_split_f16_bias_gelu::load(gpu)?,
                 split_residual: wgmma_split_f16_residual::load(gpu)?,
+                split_norm: wgmma_split_f16_residual_layer_norm::load(gpu)?,
                 add_bias: add_bias::load(gpu)?,
                 add_residual: add_residual::load(gpu)?,
                 layer_norm: layer_norm::load(gpu)?,
@@ -626,9 +632,9 @@ mod host {
 
     /// The emulator stands for a GPU of 8 SMs in [`Gemm::pick`], so that [`TINY`] at batch 2
     /// (M = 160) runs its QKV and FFN1 projections on the wgmma GEMM and the others on
-    /// example 10's (unfused) or the split-K wgmma GEMM (fused; at batch 1 all four, O and
-    /// FFN2 split over 2 blocks); and the fused mode's attention runs [`attention_split`] at
-    /// batch 1 (8 blocks of 64 queries), [`attention`] at batch 2.
+    /// example 10's, except that at batch 1 the fused mode's O and FFN2 split K over 2 blocks
+    /// of the split-K wgmma GEMM, ending in their LayerNorms; and the fused mode's attention
+    /// runs [`attention_split`] at batch 1 (8 blocks of 64 queries), [`attention`] at batch 2.
     const EMULATOR_SMS: usize = 8;
 
     /// A projection's GEMM and its launch configuration.
@@ -649,14 +655,15 @@ mod host {
         /// blocks while its tiles leave SMs idle. So: wgmma once its tiles, each worth two SMs
         /// of example 10's, cover the SMs (2 · tiles ≥ SMs); below that the split-K grid puts
         /// more of the GPU to work. BERT-base on 132 SMs: QKV and FFN1 from batch 8, O and
-        /// FFN2 from batch 32. Below that the fused mode takes example 12's split-K kernels
-        /// instead (128 × 64 tiles, a block per SM: at batch 1 each projection on 96-108
-        /// SMs, where example 10's ran 24-96 blocks of 128 × 128); the unfused mode, the
-        /// framework's baseline, keeps example 10's.
+        /// FFN2 from batch 32. Where example 12's split-K kernels can still split K (128 × 64
+        /// tiles, at least two blocks each within a block per SM) the fused mode takes them
+        /// instead: at batch 1 each projection on 96-108 SMs, where example 10's ran 24-96
+        /// blocks of 128 × 128; BERT-base on 132 SMs: all four at batch 1, O and FFN2 at
+        /// batch 2 and 4. The unfused mode, the framework's baseline, keeps example 10's.
         fn pick(mode: Mode, m: usize, n: usize, k: usize, sms: usize) -> std::result::Result<Self, GemmError> {
             if 2 * m.div_ceil(wgmma_gemm::BM) * n.div_ceil(wgmma_gemm::BN) >= sms {
                 Ok(Self::Wgmma(wgmma_gemm::config(m, n, k, sms)?))
-            } else if mode == Mode::Fused {
+            } else if mode == Mode::Fused && 2 * m.div_ceil(wgmma_gemm::BM) * n.div_ceil(wgmma_gemm::SPLIT_BN) <= sms {
                 Ok(Self::Split(wgmma_gemm::split_k_config(m, n, k, sms)?))
             } else {
                 Ok(Self::Mma(gemm::config(m, n, k)?))
@@ -736,6 +743,12 @@ mod host {
         rows_qkv: LaunchConfig,
         rows_up: LaunchConfig,
         attention: LaunchConfig,
+        /// Zeroed counts of the split-K LayerNorm's arrivals, one per row tile of 128.
+        arrivals: Buffer<u32>,
+        /// Whether the fused mode's O and FFN2 projections end in their LayerNorms
+        /// (`wgmma_split_f16_residual_layer_norm`: both on the split-K kernels, hidden at most
+        /// [`wgmma_gemm::NORM_MAX_N`]), 5 kernels a layer instead of 7.
+        fused_norms: bool,
         /// The fused mode's attention: [`attention_split`]'s grid while [`attention`]'s
         /// would be at most one block per SM (BERT-base on 132 SMs: batch 1-4), else `None`.
         attention_split: Option<LaunchConfig>,
@@ -752,6 +765,8 @@ mod host {
             let mapped = |buffer: Result<Buffer<f16>>, cols: usize| Mapped::new(gpu, buffer?, (tokens, cols), wgmma_gemm::a_map::<f16>);
             let rows = (tokens * dims.heads) as u32;
             let sms = wgmma_gemm::sm_count(gpu)?.unwrap_or(EMULATOR_SMS);
+            let fused = Projections::pick(Mode::Fused, dims, tokens, sms)?;
+            let fused_norms = matches!((fused.o, fused.down), (Gemm::Split(_), Gemm::Split(_))) && h <= wgmma_gemm::NORM_MAX_N;
             Ok(Self {
                 tokens,
                 x: mapped(gpu.upload(x), h)?,
@@ -767,7 +782,9 @@ mod host {
                 up: mapped(poisoned(tokens * f), f)?,
                 scores: gpu.upload(&vec![f32::NAN; rows as usize * dims.seq])?,
                 probs: gpu.upload(&vec![f32::NAN; rows as usize * dims.seq])?,
-                gemms: [Projections::pick(Mode::Unfused, dims, tokens, sms)?, Projections::pick(Mode::Fused, dims, tokens, sms)?],
+                gemms: [Projections::pick(Mode::Unfused, dims, tokens, sms)?, fused],
+                arrivals: gpu.upload(&vec![0u32; tokens.div_ceil(wgmma_gemm::BM)])?,
+                fused_norms,
                 rows: row_config(h as u32, tokens as u32),
                 rows_qkv: row_config(3 * h as u32, tokens as u32),
                 rows_up: row_config(f as u32, tokens as u32),
@@ -823,15 +840,36 @@ mod host {
                             Some(split) => k.attention_split.launch(s, &programmatic(split), &self.qkv, &mut self.ctx.buffer, seq, heads, scale)?,
                             None => k.attention.launch(s, &attention, &self.qkv, &mut self.ctx.buffer, seq, heads, scale)?,
                         }
-                        k.project(s, &o, Epilogue::Residual(&self.x.buffer), &self.ctx, &l.wo, &mut self.summed, (t, h, h))?;
-                        k.bias_layer_norm.launch(s, &rows, &self.summed, &l.bo, &l.gamma1, &l.beta1, &mut self.h1.buffer, h)?;
+                        match o {
+                            Gemm::Split(c) if self.fused_norms => {
+                                let (a, b) = (self.ctx.map.words(), l.wo.split.words());
+                                k.split_norm.launch(s, &c, a, b, &l.bo, &self.x.buffer, &l.gamma1, &l.beta1, &mut self.summed, &mut self.h1.buffer, &mut self.arrivals, t, h, h)?;
+                            }
+                            _ => {
+                                k.project(s, &o, Epilogue::Residual(&self.x.buffer), &self.ctx, &l.wo, &mut self.summed, (t, h, h))?;
+                                k.bias_layer_norm.launch(s, &rows, &self.summed, &l.bo, &l.gamma1, &l.beta1, &mut self.h1.buffer, h)?;
+                            }
+                        }
                         k.project(s, &up, Epilogue::BiasGelu(&l.b1), &self.h1, &l.w1, &mut self.up.buffer, (t, f, h))?;
-                        k.project(s, &down, Epilogue::Residual(&self.h1.buffer), &self.up, &l.w2, &mut self.summed, (t, h, f))?;
-                        k.bias_layer_norm.launch(s, &rows, &self.summed, &l.b2, &l.gamma2, &l.beta2, &mut self.x.buffer, h)?;
+                        match down {
+                            Gemm::Split(c) if self.fused_norms => {
+                                let (a, b) = (self.up.map.words(), l.w2.split.words());
+                                k.split_norm.launch(s, &c, a, b, &l.b2, &self.h1.buffer, &l.gamma2, &l.beta2, &mut self.summed, &mut self.x.buffer, &mut self.arrivals, t, h, f)?;
+                            }
+                            _ => {
+                                k.project(s, &down, Epilogue::Residual(&self.h1.buffer), &self.up, &l.w2, &mut self.summed, (t, h, f))?;
+                                k.bias_layer_norm.launch(s, &rows, &self.summed, &l.b2, &l.gamma2, &l.beta2, &mut self.x.buffer, h)?;
+                            }
+                        }
                     }
                 }
             }
             Ok(())
+        }
+
+        /// Kernel launches per layer in `mode`.
+        pub fn kernels_per_layer(&self, mode: Mode) -> usize {
+            mode.kernels_per_layer() - if mode == Mode::Fused && self.fused_norms { 2 } else { 0 }
         }
 
         /// The encoder's input, or after [`Batch::forward`] its output (`tokens × hidden`).

@@ -489,6 +489,112 @@ pub fn gemm_split_k<T: WgmmaInput + HalfFloat, E: Epilogue>(a_map: &[u64], b_map
     });
 }
 
+/// `C = A·Bᵀ + bias[col] + R` for an M × N residual R (the split-K kernels' epilogue before a
+/// LayerNorm).
+#[derive(Clone, Copy)]
+pub struct BiasResidual<'a, T>(pub &'a [T], pub &'a [T]);
+
+impl<T: HalfFloat> Epilogue for BiasResidual<'_, T> {
+    #[inline(always)]
+    fn apply(&self, acc: f32, row: usize, col: usize, n: usize) -> f32 {
+        acc + self.0[col].to_f32() + self.1[row * n + col].to_f32()
+    }
+}
+
+/// The widest row [`split_k_layer_norm`] normalises: 16-byte vectors `lane + 32 i` of a row,
+/// `i` below 4, in a warp's registers.
+pub const NORM_MAX_N: usize = 1024;
+
+/// The LayerNorm that follows [`gemm_split_k`] in [`wgmma_split_f16_residual_layer_norm`]:
+/// `out = LayerNorm(summed) · γ + β` for the block's row tile of `summed` (M × N, N a
+/// multiple of 256 up to [`NORM_MAX_N`]), once every cluster of the row tile has stored its
+/// columns of it. Each cluster counts itself in `arrivals[row tile]` (one atomic, after a
+/// release fence of every thread's stores); the last to arrive resets the count for the next
+/// launch and normalises the tile's rows, a warp per row, warps of all its blocks taking rows
+/// in turn. Which cluster comes last varies, what it computes does not (one warp reads the
+/// whole row from `summed`): the result is deterministic.
+#[inline(always)]
+fn split_k_layer_norm(summed: &Out<f16>, gamma: &[f16], beta: &[f16], out: &Out<f16>, arrivals: &Out<u32>, m: usize, n: usize) {
+    const WARPS: usize = THREADS / 32;
+    let vectors = n / 8;
+    if !n.is_multiple_of(256) || n > NORM_MAX_N || out.len() < m * n {
+        arch::trap()
+    }
+    let last = shared!([u32; 1]);
+    // This thread's stores of `summed`, then the cluster's, before its arrival.
+    arch::fence_acq_rel_gpu();
+    cluster::sync();
+    let (rank, tile) = (cluster::block_rank(), block::index().y as usize);
+    if rank == 0 && thread::rank_in_block() == 0 {
+        let clusters = arch::nctaid_x();
+        let arrived = arrivals.atomic_add(tile, 1) + 1 == clusters;
+        if arrived {
+            arrivals.set(tile, 0);
+        }
+        for peer in 0..cluster::size() {
+            last.in_block(peer).store(0, arrived as u32);
+        }
+    }
+    cluster::sync();
+    if last.load(0) == 0 {
+        return;
+    }
+    // Every other cluster's stores, released before its arrival, are visible from here.
+    arch::fence_acq_rel_gpu();
+    let (first, rows) = (tile * BM, BM.min(m - tile * BM));
+    let (lane, warps) = (warp::lane() as usize, WARPS * cluster::size() as usize);
+    let warp = rank as usize * WARPS + warp::index_in_block() as usize;
+    for row in (first + warp..first + rows).step_by(warps) {
+        // Unrolled, so that `x` is only indexed by constants and stays in registers.
+        let mut x = [[0.0f32; 8]; 4];
+        let mut sum = 0.0;
+        unroll!(i in [0 1 2 3] {
+            if lane + 32 * i < vectors {
+                x[i] = summed.load16::<8>(row * vectors + lane + 32 * i).map(f16::to_f32);
+                sum += x[i].iter().sum::<f32>();
+            }
+        });
+        let inverse = 1.0 / n as f32;
+        let mean = warp::reduce_sum(sum) * inverse;
+        let mut squares = 0.0;
+        unroll!(i in [0 1 2 3] {
+            if lane + 32 * i < vectors {
+                squares += x[i].iter().map(|&v| (v - mean) * (v - mean)).sum::<f32>();
+            }
+        });
+        let rstd = math::rsqrt(warp::reduce_sum(squares) * inverse + crate::fused_norms::EPS);
+        unroll!(i in [0 1 2 3] {
+            let v = lane + 32 * i;
+            if v < vectors {
+                let (g, b) = (global::load16::<f16, 8>(gamma, v), global::load16::<f16, 8>(beta, v));
+                out.store16_rounded(row * vectors + v, core::array::from_fn(|j| ((x[i][j] - mean) * rstd).fma(g[j].to_f32(), b[j].to_f32())));
+            }
+        });
+    }
+}
+
+/// `out = LayerNorm(a · bᵀ + bias + residual) · γ + β`, f16, for small M: the split-K kernel
+/// with [`BiasResidual`] into `summed`, then [`split_k_layer_norm`] (`arrivals`: a zeroed
+/// count per row tile of 128, left zeroed); launched as the plain split-K kernel.
+#[kernel(launch_bounds(max_threads = 384, min_blocks = 2))]
+pub fn wgmma_split_f16_residual_layer_norm(
+    a_map: &[u64],
+    b_map: &[u64],
+    bias: &[f16],
+    residual: &[f16],
+    gamma: &[f16],
+    beta: &[f16],
+    summed: Out<f16>,
+    out: Out<f16>,
+    arrivals: Out<u32>,
+    m: u32,
+    n: u32,
+    k: u32,
+) {
+    gemm_split_k(a_map, b_map, &summed, m, n, k, BiasResidual(bias, residual));
+    split_k_layer_norm(&summed, gamma, beta, &out, &arrivals, m as usize, n as usize);
+}
+
 macro_rules! split_k_kernels {
     ($($t:ident: $plain:ident, $bias:ident, $bias_gelu:ident, $residual:ident;)*) => {$(
         #[doc = concat!("`out = a · bᵀ`, ", stringify!($t), ", for small M ([`gemm_split_k`]): grid (⌈N/64⌉, ⌈M/128⌉, splits), clusters of (1, 1, splits) ([`split_k_config`]), 384 threads, [`SPLIT_SMEM_BYTES`] of dynamic shared memory.")]
