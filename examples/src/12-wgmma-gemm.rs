@@ -577,6 +577,7 @@ fn split_k_layer_norm(summed: &Out<f16>, gamma: &[f16], beta: &[f16], out: &Out<
 /// with [`BiasResidual`] into `summed`, then [`split_k_layer_norm`] (`arrivals`: a zeroed
 /// count per row tile of 128, left zeroed); launched as the plain split-K kernel.
 #[kernel(launch_bounds(max_threads = 384, min_blocks = 2))]
+#[allow(clippy::too_many_arguments)]
 pub fn wgmma_split_f16_residual_layer_norm(
     a_map: &[u64],
     b_map: &[u64],
