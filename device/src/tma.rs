@@ -138,6 +138,13 @@ impl<const STAGES: usize> Pipeline<STAGES> {
         self.full + s
     }
 
+    /// The full barrier of `state`'s stage, for more loads into a stage the producer has
+    /// already acquired (announcing their bytes then).
+    #[inline(always)]
+    pub fn full(&self, state: PipelineState<STAGES>) -> u32 {
+        self.full + state.stage * 8
+    }
+
     /// Consumer: waits until `state`'s stage is loaded.
     #[inline(always)]
     pub fn consumer_wait(&self, state: PipelineState<STAGES>) {

@@ -5,7 +5,8 @@
 //! the block is whole warpgroups; the warpgroup-collective operations take it, so they cannot
 //! be called where no warpgroup is defined. One [`Warpgroup::mma_m64n256k16`] computes
 //! `D += A·Bᵀ` for A 64 × 16 and B 256 × 16, both K-major in shared memory as [`Operand`]
-//! descriptors say, into [`AccM64N256`], 128 f32 per thread:
+//! descriptors say, into [`AccM64N256`], 128 f32 per thread ([`Warpgroup::mma_m64n64k16`]:
+//! B 64 × 16 into [`AccM64N64`], the first 32 of them):
 //!
 //! | register `4j + v` of thread `t` | row | column |
 //! |---|---|---|
@@ -93,6 +94,19 @@ impl Warpgroup {
     pub unsafe fn mma_m64n256k16<T: WgmmaInput>(self, a: Operand<T>, b: Operand<T>, acc: &mut AccM64N256, accumulate: bool) {
         T::wgmma_m64n256k16(a.desc, b.desc, &mut acc.values, accumulate)
     }
+
+    /// `wgmma.mma_async.m64n64k16` with f32 accumulators: as [`Warpgroup::mma_m64n256k16`]
+    /// for B 64 × 16.
+    ///
+    /// # Safety
+    /// 1. `a` and `b` describe shared memory of this block holding the operands (A 64 rows,
+    ///    B 64 rows, 16 elements of K each), which nothing writes until a [`Warpgroup::wait`]
+    ///    covers this `wgmma`'s group; `acc` is not read or written until then either.
+    /// 2. Every thread of the warpgroup calls it together, after a [`Warpgroup::fence`].
+    #[inline(always)]
+    pub unsafe fn mma_m64n64k16<T: WgmmaInput>(self, a: Operand<T>, b: Operand<T>, acc: &mut AccM64N64, accumulate: bool) {
+        T::wgmma_m64n64k16(a.desc, b.desc, &mut acc.values, accumulate)
+    }
 }
 
 mod sealed {
@@ -109,6 +123,12 @@ pub trait WgmmaInput: sealed::Sealed + SharedWord {
     /// As [`Warpgroup::mma_m64n256k16`].
     unsafe fn wgmma_m64n256k16(a: u64, b: u64, d: &mut [f32; 128], accumulate: bool);
 
+    /// `wgmma.mma_async.sync.aligned.m64n64k16.f32.{T}.{T}` on raw descriptors.
+    ///
+    /// # Safety
+    /// As [`Warpgroup::mma_m64n64k16`].
+    unsafe fn wgmma_m64n64k16(a: u64, b: u64, d: &mut [f32; 32], accumulate: bool);
+
     /// `x` and `y` rounded to this type in one `cvt.rn.{T}x2.f32`, `x` first in memory.
     fn pair_from_f32(x: f32, y: f32) -> [Self; 2];
 }
@@ -117,6 +137,11 @@ impl WgmmaInput for bf16 {
     #[inline(always)]
     unsafe fn wgmma_m64n256k16(a: u64, b: u64, d: &mut [f32; 128], accumulate: bool) {
         arch::wgmma_mma_async_m64n256k16_f32_bf16_bf16(a, b, d, accumulate)
+    }
+
+    #[inline(always)]
+    unsafe fn wgmma_m64n64k16(a: u64, b: u64, d: &mut [f32; 32], accumulate: bool) {
+        arch::wgmma_mma_async_m64n64k16_f32_bf16_bf16(a, b, d, accumulate)
     }
 
     #[inline(always)]
@@ -130,6 +155,11 @@ impl WgmmaInput for f16 {
     #[inline(always)]
     unsafe fn wgmma_m64n256k16(a: u64, b: u64, d: &mut [f32; 128], accumulate: bool) {
         arch::wgmma_mma_async_m64n256k16_f32_f16_f16(a, b, d, accumulate)
+    }
+
+    #[inline(always)]
+    unsafe fn wgmma_m64n64k16(a: u64, b: u64, d: &mut [f32; 32], accumulate: bool) {
+        arch::wgmma_mma_async_m64n64k16_f32_f16_f16(a, b, d, accumulate)
     }
 
     #[inline(always)]
@@ -193,4 +223,15 @@ impl AccM64N256 {
         let (t, j, v) = (t as usize, i / 4, i % 4);
         (16 * (t / 32) + t % 32 / 4 + 8 * (v / 2), 8 * j + 2 * (t % 4) + v % 2)
     }
+}
+
+/// A warpgroup's 64 × 64 f32 accumulators of `wgmma.m64n64k16`, 32 per thread, laid out as
+/// [`AccM64N256`]'s first 32 registers.
+pub struct AccM64N64 {
+    pub values: [f32; 32],
+}
+
+impl AccM64N64 {
+    /// All zeros.
+    pub const ZERO: AccM64N64 = AccM64N64 { values: [0.0; 32] };
 }

@@ -8,11 +8,15 @@
 //! epilogues, one attention kernel (FlashAttention-2 style on the tensor cores: scores,
 //! online softmax and context of 16 queries per warp in registers), and bias + LayerNorm in
 //! one kernel, each launched programmatically after the previous one (a GEMM's first weight
-//! loads overlap the previous kernel's tail).
+//! loads overlap the previous kernel's tail). At small batches the fused mode has 5 per
+//! layer: the O and FFN2 projections end in their bias + LayerNorm (example 12's split-K
+//! kernel, the last cluster of a row tile normalising it), and attention splits each block's
+//! keys over its warps (`attention_split`, 4× the blocks).
 //!
 //! Each projection runs on example 12's `wgmma` GEMM (weights as `out × in`, through tensor
-//! maps) once its 128 × 256 tiles cover the GPU, and on example 10's split-K `mma.sync` GEMM
-//! below that (weights as `in × out`): see `Gemm::pick`.
+//! maps) once its 128 × 256 tiles cover the GPU; below that (batch 1 of BERT-base), the fused
+//! mode runs example 12's split-K `wgmma` GEMM (128 × 64 tiles, K split over a cluster), the
+//! unfused one example 10's split-K `mma.sync` GEMM (weights as `in × out`): see `Gemm::pick`.
 //!
 //! Every attention kernel runs on the tensor cores, a block per 64 queries of a (batch
 //! element, head), reading Q, K and V from the QKV projection's output and writing the
@@ -62,15 +66,16 @@ struct AttentionBlock {
 }
 
 impl AttentionBlock {
+    /// The block of a grid whose blocks each take `queries` queries (a multiple of 16).
     #[inline(always)]
-    fn new(seq: u32, heads: u32) -> Self {
+    fn new(seq: u32, heads: u32, queries: usize) -> Self {
         let (seq, heads) = (seq as usize, heads as usize);
         if seq == 0 || seq > MAX_SEQ || !seq.is_multiple_of(16) {
             arch::trap()
         }
-        let first = block::index_x() as usize * QUERIES_PER_BLOCK;
+        let first = block::index_x() as usize * queries;
         let (head, b) = (block::index().y as usize, block::index().z as usize);
-        Self { seq, heads, hidden: heads * HEAD_DIM, head, b, first, rows: QUERIES_PER_BLOCK.min(seq - first) }
+        Self { seq, heads, hidden: heads * HEAD_DIM, head, b, first, rows: queries.min(seq - first) }
     }
 
     /// Starts copying rows `0 .. count` of `part` (0: Q, 1: K, 2: V) of this head, from token
@@ -144,7 +149,7 @@ fn accumulate_context(o: &mut [FragC; COLUMN_TILES], p: FragA<f16>, values: Shar
 #[kernel(launch_bounds(max_threads = 128))]
 pub fn attention_scores(qkv: &[f16], scores: Out<f32>, seq: u32, heads: u32, scale: f32) {
     let (keys, queries) = (shared!([f16; MAX_SEQ * TILE_STRIDE]), shared!([f16; QUERIES_PER_BLOCK * TILE_STRIDE]));
-    let blk = AttentionBlock::new(seq, heads);
+    let blk = AttentionBlock::new(seq, heads, QUERIES_PER_BLOCK);
     blk.stage(qkv, keys, 1, 0, blk.seq);
     blk.stage(qkv, queries, 0, blk.first, blk.rows);
     shared::wait_async_copies();
@@ -165,7 +170,7 @@ pub fn attention_scores(qkv: &[f16], scores: Out<f32>, seq: u32, heads: u32, sca
 #[kernel(launch_bounds(max_threads = 128))]
 pub fn attention_context(probs: &[f32], qkv: &[f16], out: Out<f16>, seq: u32, heads: u32) {
     let values = shared!([f16; MAX_SEQ * TILE_STRIDE]);
-    let blk = AttentionBlock::new(seq, heads);
+    let blk = AttentionBlock::new(seq, heads, QUERIES_PER_BLOCK);
     blk.stage(qkv, values, 2, 0, blk.seq);
     shared::wait_async_copies();
     block::sync();
@@ -191,7 +196,7 @@ pub fn attention_context(probs: &[f32], qkv: &[f16], out: Out<f16>, seq: u32, he
 pub fn attention(qkv: &[f16], out: Out<f16>, seq: u32, heads: u32, scale: f32) {
     let (keys, values) = (shared!([f16; MAX_SEQ * TILE_STRIDE]), shared!([f16; MAX_SEQ * TILE_STRIDE]));
     let queries = shared!([f16; QUERIES_PER_BLOCK * TILE_STRIDE]);
-    let blk = AttentionBlock::new(seq, heads);
+    let blk = AttentionBlock::new(seq, heads, QUERIES_PER_BLOCK);
     // Launched programmatically after the QKV projection (see `Batch::forward`).
     grid::wait_for_prerequisites();
     grid::launch_dependents();
@@ -217,6 +222,79 @@ pub fn attention(qkv: &[f16], out: Out<f16>, seq: u32, heads: u32, scale: f32) {
         *total += warp::shuffle_xor(*total, 2);
     }
     blk.store_context(&o, [1.0 / sum[0], 1.0 / sum[1]], row0, &out);
+}
+
+/// Queries per block of [`attention_split`].
+pub const SPLIT_QUERIES: usize = 16;
+/// f32 words per lane of a warp's partial state in [`attention_split`]: its 32 context
+/// accumulators, its two rows' max and sum, and one of padding (an odd stride: a warp's
+/// 32 lanes hit 32 distinct banks).
+const PARTIAL_WORDS: usize = 4 * COLUMN_TILES + 5;
+
+/// Fused attention for few blocks' worth of work (small batches): [`attention`] with a block
+/// per 16 queries of a (batch element, head) — 4× the blocks — whose four warps split the keys
+/// (16 at a time, warp `w` chunks `w, w + 4, ..`), each keeping its own running max, sum and
+/// context, merged through shared memory at the end (FlashAttention's split-KV within a
+/// block): each warp then rescales and stores 16 of the 64 columns. Grid (seq / 16, heads,
+/// batch), 128 threads.
+#[kernel(launch_bounds(max_threads = 128))]
+pub fn attention_split(qkv: &[f16], out: Out<f16>, seq: u32, heads: u32, scale: f32) {
+    const WARPS: usize = ATTENTION_WARPS as usize;
+    let (keys, values) = (shared!([f16; MAX_SEQ * TILE_STRIDE]), shared!([f16; MAX_SEQ * TILE_STRIDE]));
+    let queries = shared!([f16; SPLIT_QUERIES * TILE_STRIDE]);
+    let partials = shared!([f32; ATTENTION_WARPS as usize * 32 * PARTIAL_WORDS]);
+    let blk = AttentionBlock::new(seq, heads, SPLIT_QUERIES);
+    // Launched programmatically after the QKV projection (see `Batch::forward`).
+    grid::wait_for_prerequisites();
+    grid::launch_dependents();
+    blk.stage(qkv, queries, 0, blk.first, SPLIT_QUERIES);
+    blk.stage(qkv, keys, 1, 0, blk.seq);
+    blk.stage(qkv, values, 2, 0, blk.seq);
+    shared::wait_async_copies();
+    block::sync();
+    let (w, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
+    let q = query_fragments(queries, 0);
+    let scale = scale * core::f32::consts::LOG2_E; // scores in exp2 units
+    // As in `attention`, over this warp's keys (none at all when seq < 16 · (w + 1): max
+    // stays -∞ and the merge weighs the warp by 0).
+    let (mut max, mut sum) = ([f32::NEG_INFINITY; 2], [0.0f32; 2]);
+    let mut o = [FragC::ZERO; COLUMN_TILES];
+    for kc in (16 * w..blk.seq).step_by(16 * WARPS) {
+        let mut s = score_chunk(&q, keys, kc);
+        online_softmax_row(&mut s, &mut o, &mut max[0], &mut sum[0], 0, scale);
+        online_softmax_row(&mut s, &mut o, &mut max[1], &mut sum[1], 2, scale);
+        accumulate_context(&mut o, FragA::from_accumulators(s[0], s[1]), values, kc);
+    }
+    for total in &mut sum {
+        *total += warp::shuffle_xor(*total, 1);
+        *total += warp::shuffle_xor(*total, 2);
+    }
+    // Word `i` of lane `lane`'s state in warp `p`'s partial.
+    let at = |p: usize, i: usize| (p * 32 + lane) * PARTIAL_WORDS + i;
+    for (j, acc) in o.iter().enumerate() {
+        for (v, &value) in acc.values.iter().enumerate() {
+            partials.store(at(w, 4 * j + v), value);
+        }
+    }
+    for r in 0..2 {
+        partials.store(at(w, 4 * COLUMN_TILES + r), max[r]);
+        partials.store(at(w, 4 * COLUMN_TILES + 2 + r), sum[r]);
+    }
+    block::sync();
+    // Every lane's rows are the same in every warp: merge lane by lane, in warp order.
+    let maxes: [[f32; 2]; WARPS] = core::array::from_fn(|p| core::array::from_fn(|r| partials.load(at(p, 4 * COLUMN_TILES + r))));
+    let merged: [f32; 2] = core::array::from_fn(|r| maxes.iter().fold(f32::NEG_INFINITY, |m, p| m.max(p[r])));
+    let weights: [[f32; 2]; WARPS] = core::array::from_fn(|p| core::array::from_fn(|r| math::exp2(maxes[p][r] - merged[r])));
+    let inverse: [f32; 2] =
+        core::array::from_fn(|r| 1.0 / (0..WARPS).fold(0.0, |total, p| partials.load(at(p, 4 * COLUMN_TILES + 2 + r)).fma(weights[p][r], total)));
+    let row0 = blk.b * blk.seq + blk.first;
+    for j in (COLUMN_TILES / WARPS * w..).take(COLUMN_TILES / WARPS) {
+        for v in 0..4 {
+            let value = (0..WARPS).fold(0.0, |acc: f32, p| partials.load(at(p, 4 * j + v)).fma(weights[p][v / 2], acc));
+            let (r, c) = FragC::position(v);
+            out.set((row0 + r) * blk.hidden + blk.head * HEAD_DIM + 8 * j + c, f16::from_f32(value * inverse[v / 2]));
+        }
+    }
 }
 
 /// One step of the online softmax for the accumulator row whose values are `v`, `v + 1`
@@ -264,6 +342,7 @@ mod host {
     use crate::gemm::{self, gemm_f16, gemm_f16_bias, gemm_f16_bias_gelu, gemm_f16_residual, GemmError};
     use crate::softmax::softmax;
     use crate::wgmma_gemm::{self, wgmma_f16, wgmma_f16_bias, wgmma_f16_bias_gelu, wgmma_f16_residual};
+    use crate::wgmma_gemm::{wgmma_split_f16, wgmma_split_f16_bias, wgmma_split_f16_bias_gelu, wgmma_split_f16_residual, wgmma_split_f16_residual_layer_norm};
     use clusterfuse::host::{Buffer, Gpu, Result, Stream, TensorMap};
     use clusterfuse::Dim3;
     use rand::Rng;
@@ -372,17 +451,23 @@ mod host {
     }
 
     /// A projection's weight on a device: `in × out` for example 10's GEMM, and `out × in`
-    /// (Bᵀ, as `nn.Linear` stores it) with its tensor map for example 12's.
+    /// (Bᵀ, as `nn.Linear` stores it) with its tensor maps for example 12's GEMMs (`split`:
+    /// in the split-K kernels' boxes).
     struct Weight {
         w: Buffer<f16>,
         wt: Mapped,
+        split: TensorMap<'static>,
     }
 
     impl Weight {
         fn upload(gpu: &Gpu, w: &[f16], out: usize) -> Result<Self> {
             let fan_in = w.len() / out;
             let wt = gpu.upload(&wgmma_gemm::transpose(w, fan_in, out))?;
-            Ok(Self { w: gpu.upload(w)?, wt: Mapped::new(gpu, wt, (out, fan_in), wgmma_gemm::bt_map::<f16>)? })
+            let wt = Mapped::new(gpu, wt, (out, fan_in), wgmma_gemm::bt_map::<f16>)?;
+            // SAFETY: as `Mapped`'s map: `wt.buffer` lives in the same `Weight` and is never
+            // replaced.
+            let split = unsafe { wgmma_gemm::split_bt_map(gpu, &wt.buffer, (out, fan_in))?.detach() };
+            Ok(Self { w: gpu.upload(w)?, wt, split })
         }
     }
 
@@ -441,7 +526,8 @@ mod host {
             }
         }
 
-        /// Kernel launches per layer.
+        /// Kernel launches per layer, unless the fused mode folds its LayerNorms into the
+        /// projections before them ([`Batch::kernels_per_layer`]).
         pub fn kernels_per_layer(self) -> usize {
             match self {
                 Self::Unfused => 16,
@@ -468,6 +554,11 @@ mod host {
         wgmma_bias: wgmma_f16_bias::Kernel,
         wgmma_bias_gelu: wgmma_f16_bias_gelu::Kernel,
         wgmma_residual: wgmma_f16_residual::Kernel,
+        split: wgmma_split_f16::Kernel,
+        split_bias: wgmma_split_f16_bias::Kernel,
+        split_bias_gelu: wgmma_split_f16_bias_gelu::Kernel,
+        split_residual: wgmma_split_f16_residual::Kernel,
+        split_norm: wgmma_split_f16_residual_layer_norm::Kernel,
         add_bias: add_bias::Kernel,
         add_residual: add_residual::Kernel,
         layer_norm: layer_norm::Kernel,
@@ -476,6 +567,7 @@ mod host {
         softmax: softmax::Kernel,
         context: attention_context::Kernel,
         attention: attention::Kernel,
+        attention_split: attention_split::Kernel,
         bias_layer_norm: bias_layer_norm::Kernel,
     }
 
@@ -490,6 +582,11 @@ mod host {
                 wgmma_bias: wgmma_f16_bias::load(gpu)?,
                 wgmma_bias_gelu: wgmma_f16_bias_gelu::load(gpu)?,
                 wgmma_residual: wgmma_f16_residual::load(gpu)?,
+                split: wgmma_split_f16::load(gpu)?,
+                split_bias: wgmma_split_f16_bias::load(gpu)?,
+                split_bias_gelu: wgmma_split_f16_bias_gelu::load(gpu)?,
+                split_residual: wgmma_split_f16_residual::load(gpu)?,
+                split_norm: wgmma_split_f16_residual_layer_norm::load(gpu)?,
                 add_bias: add_bias::load(gpu)?,
                 add_residual: add_residual::load(gpu)?,
                 layer_norm: layer_norm::load(gpu)?,
@@ -498,6 +595,7 @@ mod host {
                 softmax: softmax::load(gpu)?,
                 context: attention_context::load(gpu)?,
                 attention: attention::load(gpu)?,
+                attention_split: attention_split::load(gpu)?,
                 bias_layer_norm: bias_layer_norm::load(gpu)?,
             })
         }
@@ -505,7 +603,7 @@ mod host {
         /// `out = epilogue(a · w)`, M × N × K, on the GEMM `gemm` picked.
         #[allow(clippy::too_many_arguments)]
         fn project(&self, s: &Stream, gemm: &Gemm, epilogue: Epilogue, a: &Mapped, w: &Weight, out: &mut Buffer<f16>, (m, n, k): (u32, u32, u32)) -> Result<()> {
-            let (x, wt) = (&a.buffer, &w.wt.map);
+            let (x, wt, split) = (&a.buffer, &w.wt.map, &w.split);
             match (gemm, epilogue) {
                 (Gemm::Mma(c), Epilogue::None) => self.gemm.launch(s, c, x, &w.w, out, m, n, k),
                 (Gemm::Mma(c), Epilogue::Bias(b)) => self.gemm_bias.launch(s, c, x, &w.w, b, out, m, n, k),
@@ -515,6 +613,10 @@ mod host {
                 (Gemm::Wgmma(c), Epilogue::Bias(b)) => self.wgmma_bias.launch(s, c, a.map.words(), wt.words(), b, out, m, n, k),
                 (Gemm::Wgmma(c), Epilogue::BiasGelu(b)) => self.wgmma_bias_gelu.launch(s, c, a.map.words(), wt.words(), b, out, m, n, k),
                 (Gemm::Wgmma(c), Epilogue::Residual(r)) => self.wgmma_residual.launch(s, c, a.map.words(), wt.words(), r, out, m, n, k),
+                (Gemm::Split(c), Epilogue::None) => self.split.launch(s, c, a.map.words(), split.words(), out, m, n, k),
+                (Gemm::Split(c), Epilogue::Bias(b)) => self.split_bias.launch(s, c, a.map.words(), split.words(), b, out, m, n, k),
+                (Gemm::Split(c), Epilogue::BiasGelu(b)) => self.split_bias_gelu.launch(s, c, a.map.words(), split.words(), b, out, m, n, k),
+                (Gemm::Split(c), Epilogue::Residual(r)) => self.split_residual.launch(s, c, a.map.words(), split.words(), r, out, m, n, k),
             }
         }
     }
@@ -530,7 +632,9 @@ mod host {
 
     /// The emulator stands for a GPU of 8 SMs in [`Gemm::pick`], so that [`TINY`] at batch 2
     /// (M = 160) runs its QKV and FFN1 projections on the wgmma GEMM and the others on
-    /// example 10's.
+    /// example 10's, except that at batch 1 the fused mode's O and FFN2 split K over 2 blocks
+    /// of the split-K wgmma GEMM, ending in their LayerNorms; and the fused mode's attention
+    /// runs [`attention_split`] at batch 1 (8 blocks of 64 queries), [`attention`] at batch 2.
     const EMULATOR_SMS: usize = 8;
 
     /// A projection's GEMM and its launch configuration.
@@ -540,6 +644,8 @@ mod host {
         Mma(LaunchConfig),
         /// Example 12's `wgmma` GEMM, persistent over 128 × 256 tiles.
         Wgmma(LaunchConfig),
+        /// Example 12's split-K `wgmma` GEMM: 128 × 64 tiles, K split over a cluster.
+        Split(LaunchConfig),
     }
 
     impl Gemm {
@@ -549,10 +655,16 @@ mod host {
         /// blocks while its tiles leave SMs idle. So: wgmma once its tiles, each worth two SMs
         /// of example 10's, cover the SMs (2 · tiles ≥ SMs); below that the split-K grid puts
         /// more of the GPU to work. BERT-base on 132 SMs: QKV and FFN1 from batch 8, O and
-        /// FFN2 from batch 32.
-        fn pick(m: usize, n: usize, k: usize, sms: usize) -> std::result::Result<Self, GemmError> {
+        /// FFN2 from batch 32. Where example 12's split-K kernels can still split K (128 × 64
+        /// tiles, at least two blocks each within a block per SM) the fused mode takes them
+        /// instead: at batch 1 each projection on 96-108 SMs, where example 10's ran 24-96
+        /// blocks of 128 × 128; BERT-base on 132 SMs: all four at batch 1, O and FFN2 at
+        /// batch 2 and 4. The unfused mode, the framework's baseline, keeps example 10's.
+        fn pick(mode: Mode, m: usize, n: usize, k: usize, sms: usize) -> std::result::Result<Self, GemmError> {
             if 2 * m.div_ceil(wgmma_gemm::BM) * n.div_ceil(wgmma_gemm::BN) >= sms {
                 Ok(Self::Wgmma(wgmma_gemm::config(m, n, k, sms)?))
+            } else if mode == Mode::Fused && 2 * m.div_ceil(wgmma_gemm::BM) * n.div_ceil(wgmma_gemm::SPLIT_BN) <= sms {
+                Ok(Self::Split(wgmma_gemm::split_k_config(m, n, k, sms)?))
             } else {
                 Ok(Self::Mma(gemm::config(m, n, k)?))
             }
@@ -563,7 +675,26 @@ mod host {
             match self {
                 Self::Mma(c) => Self::Mma(programmatic(c)),
                 Self::Wgmma(c) => Self::Wgmma(programmatic(c)),
+                Self::Split(c) => Self::Split(programmatic(c)),
             }
+        }
+    }
+
+    /// The GEMMs of a layer's four projections in one mode.
+    #[derive(Clone, Copy)]
+    struct Projections {
+        qkv: Gemm,
+        o: Gemm,
+        up: Gemm,
+        down: Gemm,
+    }
+
+    impl Projections {
+        /// [`Gemm::pick`]'s choices for `tokens` rows of `dims` in `mode`.
+        fn pick(mode: Mode, dims: &Dims, tokens: usize, sms: usize) -> std::result::Result<Self, GemmError> {
+            let (h, f) = (dims.hidden, dims.ffn);
+            let gemm = |n: usize, k: usize| Gemm::pick(mode, tokens, n, k, sms);
+            Ok(Self { qkv: gemm(3 * h, h)?, o: gemm(h, h)?, up: gemm(f, h)?, down: gemm(h, f)? })
         }
     }
 
@@ -606,14 +737,21 @@ mod host {
         up: Mapped,
         scores: Buffer<f32>,
         probs: Buffer<f32>,
-        qkv_gemm: Gemm,
-        o_gemm: Gemm,
-        up_gemm: Gemm,
-        down_gemm: Gemm,
+        /// The projections' GEMMs, per mode (`Mode::ALL`'s order).
+        gemms: [Projections; 2],
         rows: LaunchConfig,
         rows_qkv: LaunchConfig,
         rows_up: LaunchConfig,
         attention: LaunchConfig,
+        /// Zeroed counts of the split-K LayerNorm's arrivals, one per row tile of 128.
+        arrivals: Buffer<u32>,
+        /// Whether the fused mode's O and FFN2 projections end in their LayerNorms
+        /// (`wgmma_split_f16_residual_layer_norm`: both on the split-K kernels, hidden at most
+        /// [`wgmma_gemm::NORM_MAX_N`]), 5 kernels a layer instead of 7.
+        fused_norms: bool,
+        /// The fused mode's attention: [`attention_split`]'s grid while [`attention`]'s
+        /// would be at most one block per SM (BERT-base on 132 SMs: batch 1-4), else `None`.
+        attention_split: Option<LaunchConfig>,
         softmax: LaunchConfig,
     }
 
@@ -627,6 +765,8 @@ mod host {
             let mapped = |buffer: Result<Buffer<f16>>, cols: usize| Mapped::new(gpu, buffer?, (tokens, cols), wgmma_gemm::a_map::<f16>);
             let rows = (tokens * dims.heads) as u32;
             let sms = wgmma_gemm::sm_count(gpu)?.unwrap_or(EMULATOR_SMS);
+            let fused = Projections::pick(Mode::Fused, dims, tokens, sms)?;
+            let fused_norms = matches!((fused.o, fused.down), (Gemm::Split(_), Gemm::Split(_))) && h <= wgmma_gemm::NORM_MAX_N;
             Ok(Self {
                 tokens,
                 x: mapped(gpu.upload(x), h)?,
@@ -642,10 +782,9 @@ mod host {
                 up: mapped(poisoned(tokens * f), f)?,
                 scores: gpu.upload(&vec![f32::NAN; rows as usize * dims.seq])?,
                 probs: gpu.upload(&vec![f32::NAN; rows as usize * dims.seq])?,
-                qkv_gemm: Gemm::pick(tokens, 3 * h, h, sms)?,
-                o_gemm: Gemm::pick(tokens, h, h, sms)?,
-                up_gemm: Gemm::pick(tokens, f, h, sms)?,
-                down_gemm: Gemm::pick(tokens, h, f, sms)?,
+                gemms: [Projections::pick(Mode::Unfused, dims, tokens, sms)?, fused],
+                arrivals: gpu.upload(&vec![0u32; tokens.div_ceil(wgmma_gemm::BM)])?,
+                fused_norms,
                 rows: row_config(h as u32, tokens as u32),
                 rows_qkv: row_config(3 * h as u32, tokens as u32),
                 rows_up: row_config(f as u32, tokens as u32),
@@ -654,6 +793,11 @@ mod host {
                     block: (32 * ATTENTION_WARPS).into(),
                     ..LaunchConfig::default()
                 },
+                attention_split: (dims.seq.div_ceil(QUERIES_PER_BLOCK) * dims.heads * batch <= sms).then(|| LaunchConfig {
+                    grid: Dim3::new(dims.seq.div_ceil(SPLIT_QUERIES) as u32, dims.heads as u32, batch as u32),
+                    block: (32 * ATTENTION_WARPS).into(),
+                    ..LaunchConfig::default()
+                }),
                 // Example 04's softmax: a warp per row, 8 rows a block.
                 softmax: LaunchConfig { grid: rows.div_ceil(8).into(), block: 256.into(), ..LaunchConfig::default() },
             })
@@ -664,22 +808,23 @@ mod host {
             let d = &model.dims;
             let (t, h, f, seq, heads) = (self.tokens as u32, d.hidden as u32, d.ffn as u32, d.seq as u32, d.heads as u32);
             let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+            let g = self.gemms[mode as usize];
             for l in &model.layers {
                 match mode {
                     Mode::Unfused => {
-                        k.project(s, &self.qkv_gemm, Epilogue::None, &self.x, &l.wqkv, &mut self.qkv_raw, (t, 3 * h, h))?;
+                        k.project(s, &g.qkv, Epilogue::None, &self.x, &l.wqkv, &mut self.qkv_raw, (t, 3 * h, h))?;
                         k.add_bias.launch(s, &self.rows_qkv, &self.qkv_raw, &l.bqkv, &mut self.qkv)?;
                         k.scores.launch(s, &self.attention, &self.qkv, &mut self.scores, seq, heads, scale)?;
                         k.softmax.launch(s, &self.softmax, &self.scores, &mut self.probs, seq)?;
                         k.context.launch(s, &self.attention, &self.probs, &self.qkv, &mut self.ctx.buffer, seq, heads)?;
-                        k.project(s, &self.o_gemm, Epilogue::None, &self.ctx, &l.wo, &mut self.proj, (t, h, h))?;
+                        k.project(s, &g.o, Epilogue::None, &self.ctx, &l.wo, &mut self.proj, (t, h, h))?;
                         k.add_bias.launch(s, &self.rows, &self.proj, &l.bo, &mut self.biased)?;
                         k.add_residual.launch(s, &self.rows, &self.biased, &self.x.buffer, &mut self.summed)?;
                         k.layer_norm.launch(s, &self.rows, &self.summed, &l.gamma1, &l.beta1, &mut self.h1.buffer, h)?;
-                        k.project(s, &self.up_gemm, Epilogue::None, &self.h1, &l.w1, &mut self.up_raw, (t, f, h))?;
+                        k.project(s, &g.up, Epilogue::None, &self.h1, &l.w1, &mut self.up_raw, (t, f, h))?;
                         k.add_bias.launch(s, &self.rows_up, &self.up_raw, &l.b1, &mut self.up_biased)?;
                         k.gelu.launch(s, &self.rows_up, &self.up_biased, &mut self.up.buffer)?;
-                        k.project(s, &self.down_gemm, Epilogue::None, &self.up, &l.w2, &mut self.proj, (t, h, f))?;
+                        k.project(s, &g.down, Epilogue::None, &self.up, &l.w2, &mut self.proj, (t, h, f))?;
                         k.add_bias.launch(s, &self.rows, &self.proj, &l.b2, &mut self.biased)?;
                         k.add_residual.launch(s, &self.rows, &self.biased, &self.h1.buffer, &mut self.summed)?;
                         k.layer_norm.launch(s, &self.rows, &self.summed, &l.gamma2, &l.beta2, &mut self.x.buffer, h)?;
@@ -689,18 +834,42 @@ mod host {
                         // one finishes, a GEMM's first weight loads in flight, and waits for it
                         // (`grid::wait_for_prerequisites`) before touching activations.
                         let (attention, rows) = (programmatic(self.attention), programmatic(self.rows));
-                        let (qkv, o, up, down) = (self.qkv_gemm.programmatic(), self.o_gemm.programmatic(), self.up_gemm.programmatic(), self.down_gemm.programmatic());
+                        let (qkv, o, up, down) = (g.qkv.programmatic(), g.o.programmatic(), g.up.programmatic(), g.down.programmatic());
                         k.project(s, &qkv, Epilogue::Bias(&l.bqkv), &self.x, &l.wqkv, &mut self.qkv, (t, 3 * h, h))?;
-                        k.attention.launch(s, &attention, &self.qkv, &mut self.ctx.buffer, seq, heads, scale)?;
-                        k.project(s, &o, Epilogue::Residual(&self.x.buffer), &self.ctx, &l.wo, &mut self.summed, (t, h, h))?;
-                        k.bias_layer_norm.launch(s, &rows, &self.summed, &l.bo, &l.gamma1, &l.beta1, &mut self.h1.buffer, h)?;
+                        match self.attention_split {
+                            Some(split) => k.attention_split.launch(s, &programmatic(split), &self.qkv, &mut self.ctx.buffer, seq, heads, scale)?,
+                            None => k.attention.launch(s, &attention, &self.qkv, &mut self.ctx.buffer, seq, heads, scale)?,
+                        }
+                        match o {
+                            Gemm::Split(c) if self.fused_norms => {
+                                let (a, b) = (self.ctx.map.words(), l.wo.split.words());
+                                k.split_norm.launch(s, &c, a, b, &l.bo, &self.x.buffer, &l.gamma1, &l.beta1, &mut self.summed, &mut self.h1.buffer, &mut self.arrivals, t, h, h)?;
+                            }
+                            _ => {
+                                k.project(s, &o, Epilogue::Residual(&self.x.buffer), &self.ctx, &l.wo, &mut self.summed, (t, h, h))?;
+                                k.bias_layer_norm.launch(s, &rows, &self.summed, &l.bo, &l.gamma1, &l.beta1, &mut self.h1.buffer, h)?;
+                            }
+                        }
                         k.project(s, &up, Epilogue::BiasGelu(&l.b1), &self.h1, &l.w1, &mut self.up.buffer, (t, f, h))?;
-                        k.project(s, &down, Epilogue::Residual(&self.h1.buffer), &self.up, &l.w2, &mut self.summed, (t, h, f))?;
-                        k.bias_layer_norm.launch(s, &rows, &self.summed, &l.b2, &l.gamma2, &l.beta2, &mut self.x.buffer, h)?;
+                        match down {
+                            Gemm::Split(c) if self.fused_norms => {
+                                let (a, b) = (self.up.map.words(), l.w2.split.words());
+                                k.split_norm.launch(s, &c, a, b, &l.b2, &self.h1.buffer, &l.gamma2, &l.beta2, &mut self.summed, &mut self.x.buffer, &mut self.arrivals, t, h, f)?;
+                            }
+                            _ => {
+                                k.project(s, &down, Epilogue::Residual(&self.h1.buffer), &self.up, &l.w2, &mut self.summed, (t, h, f))?;
+                                k.bias_layer_norm.launch(s, &rows, &self.summed, &l.b2, &l.gamma2, &l.beta2, &mut self.x.buffer, h)?;
+                            }
+                        }
                     }
                 }
             }
             Ok(())
+        }
+
+        /// Kernel launches per layer in `mode`.
+        pub fn kernels_per_layer(&self, mode: Mode) -> usize {
+            mode.kernels_per_layer() - if mode == Mode::Fused && self.fused_norms { 2 } else { 0 }
         }
 
         /// The encoder's input, or after [`Batch::forward`] its output (`tokens × hidden`).

@@ -24,7 +24,7 @@ use crate::gemm::{gelu, Bias, BiasGelu, Epilogue, Plain, Residual, Scale};
 use clusterfuse::arch;
 use clusterfuse::prelude::*;
 use clusterfuse::tma::{Pipeline, PipelineState, TensorMap};
-use clusterfuse::warpgroup::{AccM64N256, Operand, Warpgroup, WgmmaInput};
+use clusterfuse::warpgroup::{AccM64N256, AccM64N64, Operand, Warpgroup, WgmmaInput};
 
 /// Rows of C per block.
 pub const BM: usize = 128;
@@ -354,6 +354,280 @@ macro_rules! unroll {
 }
 use unroll;
 
+/// Columns of C per block of the split-K kernels ([`gemm_split_k`]).
+pub const SPLIT_BN: usize = 64;
+/// Pipeline stages of the split-K kernels.
+const SPLIT_STAGES: usize = 4;
+/// Bytes of one stage of Bᵀ of the split-K kernels.
+const SPLIT_B_STAGE_BYTES: u32 = (SPLIT_BN * BK * 2) as u32;
+/// Row stride, in f32, of a split-K block's partial tile: 8 words of padding, so that a warp's
+/// accumulator stores (8 rows × 4 column pairs) hit each bank at most twice.
+const PARTIAL_STRIDE: usize = SPLIT_BN + 8;
+/// Dynamic shared memory per block of the split-K kernels: the stages, their mbarriers, and
+/// 1024 bytes to align the tiles for the swizzle (99 392 bytes: two blocks fit on an SM, so
+/// the next kernel's blocks can start beside them). The f32 partial tile (36 864 bytes) takes
+/// the drained stages' place.
+pub const SPLIT_SMEM_BYTES: u32 = 1024 + SPLIT_STAGES as u32 * (A_STAGE_BYTES + SPLIT_B_STAGE_BYTES) + 16 * SPLIT_STAGES as u32;
+
+/// The block's share of the 128 × 64 tile of `out = epilogue(a · bᵀ)` at (block y, block x),
+/// for small M: the blocks of a cluster along z split K's steps between them, as example
+/// 10's do, and sum their partial tiles over DSMEM in rank order
+/// (`cluster::reduce_scatter`, deterministic), each applying the epilogue to and storing its
+/// share. Same threads and roles as [`gemm`] (a producer warpgroup issuing TMA loads, two
+/// consumer warpgroups of 64 rows, here `wgmma.m64n64k16`), but one tile a block and no
+/// `setmaxnreg` (32 accumulators a thread). The producer loads the first stages' Bᵀ (the
+/// weights) before waiting for the kernel it may be launched programmatically after. Traps
+/// unless K is a positive multiple of 8, `out` holds M × N and every block has a k-step.
+#[inline(always)]
+pub fn gemm_split_k<T: WgmmaInput + HalfFloat, E: Epilogue>(a_map: &[u64], b_map: &[u64], out: &Out<T>, m: u32, n: u32, k: u32, epilogue: E) {
+    const { assert!(THREADS as u32 == (1 + CONSUMERS) * 128 && BM * PARTIAL_STRIDE * 4 <= SPLIT_STAGES * (BM + SPLIT_BN) * BK * 2) };
+    let (m, n, k) = (m as usize, n as usize, k as usize);
+    let (splits, split) = (cluster::size() as usize, cluster::block_rank() as usize);
+    let all_steps = k.div_ceil(BK);
+    let (first, steps) = (all_steps * split / splits, all_steps * (split + 1) / splits - all_steps * split / splits);
+    if out.len() < m * n || k == 0 || !k.is_multiple_of(8) || steps == 0 {
+        arch::trap()
+    }
+    let (a_map, b_map) = (TensorMap::new(a_map), TensorMap::new(b_map));
+    let mut smem = shared::dynamic();
+    smem.align_to(1024);
+    let tiles = smem.take::<T>(SPLIT_STAGES * (BM + SPLIT_BN) * BK);
+    let (a_tiles, b_tiles) = (tiles.addr(), tiles.addr() + SPLIT_STAGES as u32 * A_STAGE_BYTES);
+    let pipeline = Pipeline::<SPLIT_STAGES>::new(smem.take::<u64>(2 * SPLIT_STAGES), CONSUMERS);
+    block::sync();
+    let (bm, bn) = (block::index().y as usize * BM, block::index_x() as usize * SPLIT_BN);
+    let wg = Warpgroup::current();
+    let mut acc = AccM64N64::ZERO;
+    // This warpgroup's 64 rows of the tile (consumers).
+    let rows = 64 * (wg.index().max(1) as usize - 1);
+    if wg.index() == 0 {
+        if wg.thread_rank() == 0 {
+            let bytes = A_STAGE_BYTES + SPLIT_B_STAGE_BYTES;
+            let ahead = steps.min(SPLIT_STAGES);
+            let mut state = PipelineState::START;
+            for kt in 0..ahead {
+                let full = pipeline.producer_acquire(state, bytes);
+                // SAFETY: the stage's tile is 1024-aligned and sized for the box, and free
+                // (first time round); the full barrier expects both boxes' bytes.
+                unsafe { b_map.load_2d(b_tiles + kt as u32 * SPLIT_B_STAGE_BYTES, ((first + kt) * BK) as i32, bn as i32, full) };
+                state = state.next();
+            }
+            // A (activations) only once the previous kernel has completed.
+            grid::wait_for_prerequisites();
+            let mut early = PipelineState::<SPLIT_STAGES>::START;
+            for kt in 0..ahead {
+                // SAFETY: as above; this stage's full barrier already counts A's bytes.
+                unsafe { a_map.load_2d(a_tiles + kt as u32 * A_STAGE_BYTES, ((first + kt) * BK) as i32, bm as i32, pipeline.full(early)) };
+                early = early.next();
+            }
+            for kt in ahead..steps {
+                let full = pipeline.producer_acquire(state, bytes);
+                let s = state.stage() as u32;
+                // SAFETY: as above (the stage's empty barrier passed).
+                unsafe {
+                    a_map.load_2d(a_tiles + s * A_STAGE_BYTES, ((first + kt) * BK) as i32, bm as i32, full);
+                    b_map.load_2d(b_tiles + s * SPLIT_B_STAGE_BYTES, ((first + kt) * BK) as i32, bn as i32, full);
+                }
+                state = state.next();
+            }
+        }
+        // The epilogue reads the residual, which the previous kernel may write.
+        grid::wait_for_prerequisites();
+        grid::launch_dependents();
+    } else {
+        grid::wait_for_prerequisites();
+        grid::launch_dependents();
+        let mut state = PipelineState::<SPLIT_STAGES>::START;
+        let mut previous: Option<PipelineState<SPLIT_STAGES>> = None;
+        // At least one step (checked on entry), as in `gemm`.
+        let mut kt = 0;
+        loop {
+            pipeline.consumer_wait(state);
+            let s = state.stage() as u32;
+            let (a_tile, b_tile) = (a_tiles + s * A_STAGE_BYTES, b_tiles + s * SPLIT_B_STAGE_BYTES);
+            wg.fence();
+            for kk in 0..(BK / 16) as u32 {
+                let a = Operand::<T>::k_major_swizzle_128b(a_tile, 16 * kk).rows_down(rows as u32);
+                let b = Operand::<T>::k_major_swizzle_128b(b_tile, 16 * kk);
+                // SAFETY: as in `gemm`: the stage is loaded and not refilled until both
+                // consumers release it, after the wait below; the whole warpgroup runs this.
+                unsafe { wg.mma_m64n64k16(a, b, &mut acc, kt > 0 || kk > 0) };
+            }
+            wg.commit();
+            wg.wait::<1>();
+            if let (Some(done), 0) = (previous, wg.thread_rank()) {
+                pipeline.consumer_release(done);
+            }
+            previous = Some(state);
+            state = state.next();
+            kt += 1;
+            if kt == steps {
+                break;
+            }
+        }
+        wg.wait::<0>();
+    }
+    // Every load has landed and every wgmma has read its operands: the partial tile may take
+    // the stages' place.
+    block::sync();
+    // SAFETY: the first BM × PARTIAL_STRIDE f32 of the stages (fewer bytes, checked above),
+    // 1024-aligned; nothing reads the stages any more.
+    let partial = unsafe { SharedSlice::<f32>::from_raw_parts(a_tiles, BM * PARTIAL_STRIDE) };
+    if wg.index() > 0 {
+        let t = wg.thread_rank();
+        // Unrolled, so that `acc` is only indexed by constants and stays in registers.
+        unroll!(i in [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31] {
+            let (r, c) = AccM64N256::position(t, i);
+            partial.store((rows + r) * PARTIAL_STRIDE + c, acc.values[i]);
+        });
+    }
+    cluster::reduce_scatter(partial, Sum, |e, value| {
+        let (row, col) = (bm + e / PARTIAL_STRIDE, bn + e % PARTIAL_STRIDE);
+        if e % PARTIAL_STRIDE < SPLIT_BN && row < m && col < n {
+            out.set(row * n + col, T::from_f32(epilogue.apply(value, row, col, n)));
+        }
+    });
+}
+
+/// `C = A·Bᵀ + bias[col] + R` for an M × N residual R (the split-K kernels' epilogue before a
+/// LayerNorm).
+#[derive(Clone, Copy)]
+pub struct BiasResidual<'a, T>(pub &'a [T], pub &'a [T]);
+
+impl<T: HalfFloat> Epilogue for BiasResidual<'_, T> {
+    #[inline(always)]
+    fn apply(&self, acc: f32, row: usize, col: usize, n: usize) -> f32 {
+        acc + self.0[col].to_f32() + self.1[row * n + col].to_f32()
+    }
+}
+
+/// The widest row [`split_k_layer_norm`] normalises: 16-byte vectors `lane + 32 i` of a row,
+/// `i` below 4, in a warp's registers.
+pub const NORM_MAX_N: usize = 1024;
+
+/// The LayerNorm that follows [`gemm_split_k`] in [`wgmma_split_f16_residual_layer_norm`]:
+/// `out = LayerNorm(summed) · γ + β` for the block's row tile of `summed` (M × N, N a
+/// multiple of 256 up to [`NORM_MAX_N`]), once every cluster of the row tile has stored its
+/// columns of it. Each cluster counts itself in `arrivals[row tile]` (one atomic, after a
+/// release fence of every thread's stores); the last to arrive resets the count for the next
+/// launch and normalises the tile's rows, a warp per row, warps of all its blocks taking rows
+/// in turn. Which cluster comes last varies, what it computes does not (one warp reads the
+/// whole row from `summed`): the result is deterministic.
+#[inline(always)]
+fn split_k_layer_norm(summed: &Out<f16>, gamma: &[f16], beta: &[f16], out: &Out<f16>, arrivals: &Out<u32>, m: usize, n: usize) {
+    const WARPS: usize = THREADS / 32;
+    let vectors = n / 8;
+    if !n.is_multiple_of(256) || n > NORM_MAX_N || out.len() < m * n {
+        arch::trap()
+    }
+    let last = shared!([u32; 1]);
+    // This thread's stores of `summed`, then the cluster's, before its arrival.
+    arch::fence_acq_rel_gpu();
+    cluster::sync();
+    let (rank, tile) = (cluster::block_rank(), block::index().y as usize);
+    if rank == 0 && thread::rank_in_block() == 0 {
+        let clusters = arch::nctaid_x();
+        let arrived = arrivals.atomic_add(tile, 1) + 1 == clusters;
+        if arrived {
+            arrivals.set(tile, 0);
+        }
+        for peer in 0..cluster::size() {
+            last.in_block(peer).store(0, arrived as u32);
+        }
+    }
+    cluster::sync();
+    if last.load(0) == 0 {
+        return;
+    }
+    // Every other cluster's stores, released before its arrival, are visible from here.
+    arch::fence_acq_rel_gpu();
+    let (first, rows) = (tile * BM, BM.min(m - tile * BM));
+    let (lane, warps) = (warp::lane() as usize, WARPS * cluster::size() as usize);
+    let warp = rank as usize * WARPS + warp::index_in_block() as usize;
+    for row in (first + warp..first + rows).step_by(warps) {
+        // Unrolled, so that `x` is only indexed by constants and stays in registers.
+        let mut x = [[0.0f32; 8]; 4];
+        let mut sum = 0.0;
+        unroll!(i in [0 1 2 3] {
+            if lane + 32 * i < vectors {
+                x[i] = summed.load16::<8>(row * vectors + lane + 32 * i).map(f16::to_f32);
+                sum += x[i].iter().sum::<f32>();
+            }
+        });
+        let inverse = 1.0 / n as f32;
+        let mean = warp::reduce_sum(sum) * inverse;
+        let mut squares = 0.0;
+        unroll!(i in [0 1 2 3] {
+            if lane + 32 * i < vectors {
+                squares += x[i].iter().map(|&v| (v - mean) * (v - mean)).sum::<f32>();
+            }
+        });
+        let rstd = math::rsqrt(warp::reduce_sum(squares) * inverse + crate::fused_norms::EPS);
+        unroll!(i in [0 1 2 3] {
+            let v = lane + 32 * i;
+            if v < vectors {
+                let (g, b) = (global::load16::<f16, 8>(gamma, v), global::load16::<f16, 8>(beta, v));
+                out.store16_rounded(row * vectors + v, core::array::from_fn(|j| ((x[i][j] - mean) * rstd).fma(g[j].to_f32(), b[j].to_f32())));
+            }
+        });
+    }
+}
+
+/// `out = LayerNorm(a · bᵀ + bias + residual) · γ + β`, f16, for small M: the split-K kernel
+/// with [`BiasResidual`] into `summed`, then [`split_k_layer_norm`] (`arrivals`: a zeroed
+/// count per row tile of 128, left zeroed); launched as the plain split-K kernel.
+#[kernel(launch_bounds(max_threads = 384, min_blocks = 2))]
+#[allow(clippy::too_many_arguments)]
+pub fn wgmma_split_f16_residual_layer_norm(
+    a_map: &[u64],
+    b_map: &[u64],
+    bias: &[f16],
+    residual: &[f16],
+    gamma: &[f16],
+    beta: &[f16],
+    summed: Out<f16>,
+    out: Out<f16>,
+    arrivals: Out<u32>,
+    m: u32,
+    n: u32,
+    k: u32,
+) {
+    gemm_split_k(a_map, b_map, &summed, m, n, k, BiasResidual(bias, residual));
+    split_k_layer_norm(&summed, gamma, beta, &out, &arrivals, m as usize, n as usize);
+}
+
+macro_rules! split_k_kernels {
+    ($($t:ident: $plain:ident, $bias:ident, $bias_gelu:ident, $residual:ident;)*) => {$(
+        #[doc = concat!("`out = a · bᵀ`, ", stringify!($t), ", for small M ([`gemm_split_k`]): grid (⌈N/64⌉, ⌈M/128⌉, splits), clusters of (1, 1, splits) ([`split_k_config`]), 384 threads, [`SPLIT_SMEM_BYTES`] of dynamic shared memory.")]
+        #[kernel(launch_bounds(max_threads = 384, min_blocks = 2))]
+        pub fn $plain(a_map: &[u64], b_map: &[u64], out: Out<$t>, m: u32, n: u32, k: u32) {
+            gemm_split_k(a_map, b_map, &out, m, n, k, Plain);
+        }
+
+        #[doc = concat!("`out = a · bᵀ + bias`, ", stringify!($t), "; launched as the plain split-K kernel.")]
+        #[kernel(launch_bounds(max_threads = 384, min_blocks = 2))]
+        pub fn $bias(a_map: &[u64], b_map: &[u64], bias: &[$t], out: Out<$t>, m: u32, n: u32, k: u32) {
+            gemm_split_k(a_map, b_map, &out, m, n, k, Bias(bias));
+        }
+
+        #[doc = concat!("`out = gelu(a · bᵀ + bias)`, ", stringify!($t), "; launched as the plain split-K kernel.")]
+        #[kernel(launch_bounds(max_threads = 384, min_blocks = 2))]
+        pub fn $bias_gelu(a_map: &[u64], b_map: &[u64], bias: &[$t], out: Out<$t>, m: u32, n: u32, k: u32) {
+            gemm_split_k(a_map, b_map, &out, m, n, k, BiasGelu(bias));
+        }
+
+        #[doc = concat!("`out = a · bᵀ + residual`, ", stringify!($t), "; launched as the plain split-K kernel.")]
+        #[kernel(launch_bounds(max_threads = 384, min_blocks = 2))]
+        pub fn $residual(a_map: &[u64], b_map: &[u64], residual: &[$t], out: Out<$t>, m: u32, n: u32, k: u32) {
+            gemm_split_k(a_map, b_map, &out, m, n, k, Residual(residual));
+        }
+    )*};
+}
+
+split_k_kernels! {
+    f16: wgmma_split_f16, wgmma_split_f16_bias, wgmma_split_f16_bias_gelu, wgmma_split_f16_residual;
+}
+
 macro_rules! wgmma_kernels {
     ($($t:ident: $plain:ident, $bias:ident, $bias_gelu:ident, $residual:ident, $scale:ident;)*) => {$(
         #[doc = concat!("`out = a · bᵀ`, ", stringify!($t), ", from the tensor maps of A and Bᵀ; at most one block per SM, each looping over 128 × 256 tiles of C ([`config`]), 384 threads, [`SMEM_BYTES`] of dynamic shared memory.")]
@@ -432,6 +706,7 @@ mod host {
     use clusterfuse::host::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
     use clusterfuse::host::cudarc::driver::DeviceRepr;
     use clusterfuse::host::{Buffer, Error, Result, Swizzle, TensorMap, TmaElement};
+    use clusterfuse::Dim3;
 
     /// The launch configuration of an M × N × K GEMM on at most `blocks` blocks (the SMs), or
     /// why the kernels cannot compute it.
@@ -453,6 +728,33 @@ mod host {
             dynamic_smem_bytes: SMEM_BYTES,
             ..LaunchConfig::default()
         })
+    }
+
+    /// The launch configuration of the split-K kernels ([`gemm_split_k`]) for an M × N × K
+    /// GEMM on `sms` SMs, or why they cannot compute it: per 128 × 64 tile of C, the most
+    /// blocks (a cluster along z, up to the portable 8, at most one per k-step) that keep the
+    /// grid within one block per SM. BERT-base at batch 1 on 132 SMs: QKV 36 tiles × 3, O
+    /// and FFN2 12 × 8, FFN1 48 × 2.
+    pub fn split_k_config(m: usize, n: usize, k: usize, sms: usize) -> std::result::Result<LaunchConfig, GemmError> {
+        config(m, n, k, 1)?;
+        let (tiles_n, tiles_m) = (n.div_ceil(SPLIT_BN), m.div_ceil(BM));
+        if tiles_m > 65535 {
+            return Err(GemmError::Shape(format!("M = {m}, N = {n}, K = {k}: at most 65535 row tiles of {BM}")));
+        }
+        let steps = k.div_ceil(BK);
+        let splits = (1..=8).rev().find(|&s| s <= steps && tiles_n * tiles_m * s <= sms).unwrap_or(1) as u32;
+        Ok(LaunchConfig {
+            grid: Dim3::new(tiles_n as u32, tiles_m as u32, splits),
+            block: (THREADS as u32).into(),
+            cluster: Some(Dim3::new(1, 1, splits)),
+            dynamic_smem_bytes: SPLIT_SMEM_BYTES,
+            ..LaunchConfig::default()
+        })
+    }
+
+    /// The tensor map of an N × K Bᵀ in the split-K kernels' boxes (64 × 64, 128-byte swizzle).
+    pub fn split_bt_map<'a, T: TmaElement>(gpu: &Gpu, bt: &'a Buffer<T>, (n, k): (usize, usize)) -> Result<TensorMap<'a>> {
+        gpu.tensor_map_2d(bt, (n, k), (SPLIT_BN as u32, BK as u32), Swizzle::B128)
     }
 
     /// Bᵀ (N × K) of the operands' B (K × N), as the kernels take it.
@@ -646,6 +948,42 @@ mod host {
         Ok(Report::new(format!("{m} × {n} × {k}, {}, {}", T::NAME, epilogue.name()), &out, &reference, tolerance))
     }
 
+    /// The SMs the emulator stands for in [`run_split_k`] (and a GPU running its shapes), so
+    /// that its 2 tiles split K three ways, 5-6 k-steps a block: the pipeline wraps.
+    const EMULATOR_SPLIT_SMS: usize = 6;
+
+    /// Checks one epilogue of the f16 split-K kernels against its f64 reference, on every
+    /// output: on a GPU BERT-base's FFN2 at batch 1 (128 × 768 × 3072, 12 tiles × 8 blocks);
+    /// on the emulator M = 100 (one partial row tile), N = 72 (the second column tile 8 wide),
+    /// K = 1048 (17 k-steps, the last 24 deep) over 3 blocks.
+    pub fn run_split_k(gpu: &Gpu, epilogue: EpilogueKind) -> Result<Report> {
+        let (m, n, k) = shape(gpu, (128, 768, 3072), (100, 72, 1048));
+        let sms = shape(gpu, sm_count(gpu)?.unwrap_or(EMULATOR_SPLIT_SMS), EMULATOR_SPLIT_SMS);
+        let host = HostOperands::<f16>::random(m, n, k);
+        let x = Operands::upload(gpu, &host)?;
+        let bt = gpu.upload(&transpose(&host.b, k, n))?;
+        let mut out = gpu.upload(&vec![f16::NAN; m * n])?;
+        let unsupported = |err: GemmError| match err {
+            GemmError::Launch(err) => err,
+            GemmError::Shape(what) => unreachable!("the example's shapes are supported: {what}"),
+        };
+        let config = split_k_config(m, n, k, sms).map_err(unsupported)?;
+        let (a_map, b_map) = (a_map(gpu, &x.a, (m, k))?, split_bt_map(gpu, &bt, (n, k))?);
+        let (s, a, b, (mu, nu, ku)) = (gpu.stream(), a_map.words(), b_map.words(), (m as u32, n as u32, k as u32));
+        match epilogue {
+            EpilogueKind::None => wgmma_split_f16::load(gpu)?.launch(s, &config, a, b, &mut out, mu, nu, ku)?,
+            EpilogueKind::Bias => wgmma_split_f16_bias::load(gpu)?.launch(s, &config, a, b, &x.bias, &mut out, mu, nu, ku)?,
+            EpilogueKind::BiasGelu => wgmma_split_f16_bias_gelu::load(gpu)?.launch(s, &config, a, b, &x.bias, &mut out, mu, nu, ku)?,
+            EpilogueKind::Residual => wgmma_split_f16_residual::load(gpu)?.launch(s, &config, a, b, &x.residual, &mut out, mu, nu, ku)?,
+            EpilogueKind::Scale => unreachable!("the split-K kernels have no scaling epilogue"),
+        }
+        let out: Vec<f32> = gpu.download(&out)?.into_iter().map(HalfFloat::to_f32).collect();
+        let reference: Vec<f64> =
+            (0..m * n).map(|i| epilogue.reference(host.dot(i / n, i % n, n, k), i / n, i % n, n, &host)).collect();
+        let shape = format!("{m} × {n} × {k}, f16, {}, split K over {}", epilogue.name(), config.grid.z);
+        Ok(Report::new(shape, &out, &reference, crate::gemm::F16_TOLERANCE))
+    }
+
     /// Dynamic shared memory of [`tma_box`]: the tile, its barrier, and room to align them.
     pub const TMA_BOX_SMEM: u32 = 3072;
 
@@ -689,5 +1027,21 @@ mod host {
         f16_bias_gelu => f16, BiasGelu, F16_TOLERANCE;
         f16_residual => f16, Residual, F16_TOLERANCE;
         f16_scale => f16, Scale, F16_TOLERANCE;
+    }
+
+    macro_rules! split_runners {
+        ($($name:ident => $kind:ident;)*) => {$(
+            #[doc = concat!("Example runner: the f16 split-K kernel, epilogue ", stringify!($kind), ".")]
+            pub fn $name(gpu: &Gpu) -> Result<Report> {
+                run_split_k(gpu, EpilogueKind::$kind)
+            }
+        )*};
+    }
+
+    split_runners! {
+        split_f16_plain => None;
+        split_f16_bias => Bias;
+        split_f16_bias_gelu => BiasGelu;
+        split_f16_residual => Residual;
     }
 }

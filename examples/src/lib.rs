@@ -86,5 +86,9 @@ pub const EXAMPLES: &[(&str, check::Runner)] = &[
     ("12-wgmma-f16-gelu", wgmma_gemm::f16_bias_gelu),
     ("12-wgmma-f16-resid", wgmma_gemm::f16_residual),
     ("12-wgmma-f16-scale", wgmma_gemm::f16_scale),
+    ("12-split-f16", wgmma_gemm::split_f16_plain),
+    ("12-split-f16-bias", wgmma_gemm::split_f16_bias),
+    ("12-split-f16-gelu", wgmma_gemm::split_f16_bias_gelu),
+    ("12-split-f16-resid", wgmma_gemm::split_f16_residual),
     ("13-llama-decode", llama_decode::run),
 ];

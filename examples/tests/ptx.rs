@@ -171,6 +171,8 @@ fn every_kernel_assembles_without_spills() {
         ("attention_scores", (128 + 64) * 72 * 2),
         ("attention_context", 128 * 72 * 2),
         ("attention", (2 * 128 + 64) * 72 * 2),
+        // And the four warps' partial states (37 words a lane).
+        ("attention_split", (2 * 128 + 16) * 72 * 2 + 4 * 32 * 37 * 4),
         ("bias_layer_norm", 2 * 32),
         ("tma_box", 0),
         ("wgmma_bf16", 0),
@@ -183,6 +185,12 @@ fn every_kernel_assembles_without_spills() {
         ("wgmma_f16_bias_gelu", 0),
         ("wgmma_f16_residual", 0),
         ("wgmma_f16_scale", 0),
+        ("wgmma_split_f16", 0),
+        ("wgmma_split_f16_bias", 0),
+        ("wgmma_split_f16_bias_gelu", 0),
+        ("wgmma_split_f16_residual", 0),
+        // The flag saying a cluster arrived last (one u32, 16-byte aligned).
+        ("wgmma_split_f16_residual_layer_norm", 16),
         // The partial sums of a block's warps (64 B, twice: alternate items) and the RMSNorm
         // reduction's scratch.
         ("llama_embed", 0),
@@ -350,6 +358,24 @@ const WGMMA_KERNELS: [(&str, &str); 10] = [
     ("wgmma_f16_residual", "f16"),
     ("wgmma_f16_scale", "f16"),
 ];
+
+#[test]
+fn split_k_wgmma_gemm_uses_tma_wgmma_m64n64_and_two_blocks_per_sm() {
+    for kernel in ["wgmma_split_f16", "wgmma_split_f16_bias", "wgmma_split_f16_bias_gelu", "wgmma_split_f16_residual", "wgmma_split_f16_residual_layer_norm"] {
+        let text = entry(kernel);
+        assert!(text.contains(".maxntid 384, 1, 1") && text.contains(".minnctapersm 2"), "`{kernel}`: launch bounds");
+        for instruction in [
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16",
+            "wgmma.wait_group.sync.aligned 1",
+            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
+            "griddepcontrol.wait",
+            "mapa",
+        ] {
+            assert!(text.contains(instruction), "`{kernel}` lacks `{instruction}`");
+        }
+        assert!(!text.contains("setmaxnreg"), "`{kernel}`: one tile a block needs no register split");
+    }
+}
 
 #[test]
 fn wgmma_gemm_uses_tma_wgmma_and_setmaxnreg() {
