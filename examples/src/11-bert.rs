@@ -8,7 +8,7 @@
 //! epilogues, one attention kernel (FlashAttention-2 style on the tensor cores: scores,
 //! online softmax and context of 16 queries per warp in registers), and bias + LayerNorm in
 //! one kernel, each launched programmatically after the previous one (a GEMM's first weight
-//! loads overlap the previous kernel's tail). At small batches the fused mode has 5 per
+//! loads overlap the previous kernel's tail). At batch 1 the fused mode has 5 per
 //! layer: the O and FFN2 projections end in their bias + LayerNorm (example 12's split-K
 //! kernel, the last cluster of a row tile normalising it), and attention splits each block's
 //! keys over its warps (`attention_split`, 4× the blocks).
@@ -655,15 +655,17 @@ mod host {
         /// blocks while its tiles leave SMs idle. So: wgmma once its tiles, each worth two SMs
         /// of example 10's, cover the SMs (2 · tiles ≥ SMs); below that the split-K grid puts
         /// more of the GPU to work. BERT-base on 132 SMs: QKV and FFN1 from batch 8, O and
-        /// FFN2 from batch 32. Where example 12's split-K kernels can still split K (128 × 64
-        /// tiles, at least two blocks each within a block per SM) the fused mode takes them
-        /// instead: at batch 1 each projection on 96-108 SMs, where example 10's ran 24-96
-        /// blocks of 128 × 128; BERT-base on 132 SMs: all four at batch 1, O and FFN2 at
-        /// batch 2 and 4. The unfused mode, the framework's baseline, keeps example 10's.
+        /// FFN2 from batch 32. Where the rows are one 128-row tile and example 12's split-K kernels
+        /// can still split K (128 × 64 tiles, at least two blocks each within a block per SM)
+        /// the fused mode takes them instead: BERT-base at batch 1, each projection on 96-108
+        /// SMs where example 10's ran 24-96 blocks of 128 × 128 (the H200, session 5: the pass
+        /// 647.3 µs against 752.1 µs). With more row tiles they lost: taking them for O and
+        /// FFN2 at batch 2 and 4 ran the pass in 873.0 and 1304.9 µs against 847.7 and 1135.3.
+        /// The unfused mode, the framework's baseline, keeps example 10's.
         fn pick(mode: Mode, m: usize, n: usize, k: usize, sms: usize) -> std::result::Result<Self, GemmError> {
             if 2 * m.div_ceil(wgmma_gemm::BM) * n.div_ceil(wgmma_gemm::BN) >= sms {
                 Ok(Self::Wgmma(wgmma_gemm::config(m, n, k, sms)?))
-            } else if mode == Mode::Fused && 2 * m.div_ceil(wgmma_gemm::BM) * n.div_ceil(wgmma_gemm::SPLIT_BN) <= sms {
+            } else if mode == Mode::Fused && m <= wgmma_gemm::BM && 2 * n.div_ceil(wgmma_gemm::SPLIT_BN) <= sms {
                 Ok(Self::Split(wgmma_gemm::split_k_config(m, n, k, sms)?))
             } else {
                 Ok(Self::Mma(gemm::config(m, n, k)?))
@@ -749,8 +751,11 @@ mod host {
         /// (`wgmma_split_f16_residual_layer_norm`: both on the split-K kernels, hidden at most
         /// [`wgmma_gemm::NORM_MAX_N`]), 5 kernels a layer instead of 7.
         fused_norms: bool,
-        /// The fused mode's attention: [`attention_split`]'s grid while [`attention`]'s
-        /// would be at most one block per SM (BERT-base on 132 SMs: batch 1-4), else `None`.
+        /// The fused mode's attention: [`attention_split`]'s grid where the tokens are one
+        /// 128-row tile, as for the split-K projections (BERT-base: batch 1), else `None`.
+        /// Taken up to one block of [`attention`] per SM (batch 1-4), with the split-K
+        /// projections at batch 2 and 4, the pass lost there (the H200, session 5: see
+        /// `Gemm::pick`).
         attention_split: Option<LaunchConfig>,
         softmax: LaunchConfig,
     }
@@ -793,7 +798,7 @@ mod host {
                     block: (32 * ATTENTION_WARPS).into(),
                     ..LaunchConfig::default()
                 },
-                attention_split: (dims.seq.div_ceil(QUERIES_PER_BLOCK) * dims.heads * batch <= sms).then(|| LaunchConfig {
+                attention_split: (tokens <= wgmma_gemm::BM).then(|| LaunchConfig {
                     grid: Dim3::new(dims.seq.div_ceil(SPLIT_QUERIES) as u32, dims.heads as u32, batch as u32),
                     block: (32 * ATTENTION_WARPS).into(),
                     ..LaunchConfig::default()
