@@ -770,8 +770,8 @@ fn o_proj<T: Packed, const B: usize, const R: usize, const V: usize>(attn: &[f32
     });
 }
 
-/// 16-byte vectors per lane per row of an item of [`qkv_rope`] (with its 2 rows, 8 loads per
-/// thread; the next item's are issued before this one's are used, so up to 16 are in flight).
+/// 16-byte vectors per lane per row of an item of [`qkv_rope`]: with its 2 rows, 8 loads per
+/// thread, two items (16 loads, 256 bytes) in flight.
 const SPREAD_VECTORS: usize = 4;
 
 /// Spread 1/3's body (batch 1): `W_qkv · RMSNorm(x)` over the whole GPU, a warp per pair of
@@ -818,7 +818,8 @@ fn qkv_rope<T: Packed, const V: usize>(
         });
         w
     };
-    let mut w = load(0);
+    // Two items in flight from the start, across the staging below.
+    let (mut w, mut next) = (load(0), if steps > 1 { load(1) } else { [[[0; 4]; V]; 2] });
     // Nothing of the attention kernel's early work (the cache's past tokens) is written here.
     grid::launch_dependents();
 
@@ -839,7 +840,6 @@ fn qkv_rope<T: Packed, const V: usize>(
 
     let mut acc = [[0.0f32; 1]; 2];
     for k in 0..steps {
-        let next = if k + 1 < steps { load(k + 1) } else { w };
         unroll!(j in [0 1 2 3] {
             let c = vector(k, j);
             if j < V && c < row_vectors {
@@ -847,6 +847,9 @@ fn qkv_rope<T: Packed, const V: usize>(
             }
         });
         w = next;
+        if k + 2 < steps {
+            next = load(k + 2);
+        }
     }
     let (lo, hi) = (warp::reduce_sum(acc[0][0]) * rstd, warp::reduce_sum(acc[1][0]) * rstd);
     if lane == 0 {
@@ -1501,6 +1504,25 @@ pub mod host {
             }
         }
         Ok(Report::new(format!("{}, hidden {hidden}: {}", T::NAME, runs.join("; ")), &outs, &refs, T::TOLERANCE))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        /// The spread variant at Llama-2-7B's hidden 4096 on the emulator (a short cache), so
+        /// that spread 1/3's warps run all four items of a row pair, not the one of the
+        /// emulator's usual hidden 256.
+        #[test]
+        fn spread_at_hidden_4096_matches_the_reference() {
+            let gpu = Gpu::emulator();
+            let kernels = <f16 as DecodeType>::load(&gpu).unwrap();
+            let step = Step::<f16>::random(4096, 24, &[21]);
+            let mut b = Buffers::upload(&gpu, &step).unwrap();
+            spread(&kernels, gpu.stream(), &mut b, 4, true).unwrap();
+            let report = Report::new("spread, hidden 4096".into(), &b.results(&gpu, &step).unwrap(), &step.reference().all(), f16::TOLERANCE);
+            assert!(report.passed(), "{report:?}");
+        }
     }
 
     /// Fused, spread and separate, f16, batch 1 at positions 0, 1, 77 and near the end of the
