@@ -60,6 +60,31 @@
 //! its 180 registers did not fit beside fused 1/2's 128). Staged activations are padded so
 //! that the lanes' 16-byte shared loads are free of bank conflicts (see `staged`).
 //!
+//! **Spread** (three launches, batch 1, f16 or bf16; `spread(..)`): the fused 1/2 kernel
+//! streams the 100 MB of `W_qkv` from one block per SM (32 clusters of 4: 8 warps an SM), so
+//! [`decode_qkv_rope_f16`] moves the projection onto the whole GPU, as the output projection
+//! is, and leaves the clusters only the attention:
+//! 1. [`decode_qkv_rope_f16`] (and bf16): a warp per pair of whole rows `i`, `i + 64` of one
+//!    head's q, k or v (no split-K: a row is 8 KB; the pair is RoPE's), 8 warps a block, grid
+//!    `3·hidden / 16` (768 blocks). Each warp issues two items of `W_qkv` (2 rows × 4 16-byte
+//!    vectors per lane each) before anything else, calls `grid::launch_dependents`, stages
+//!    `x ⊙ norm_w` and sums `x²` (each block recomputes `1/rms` of the 8 KB `x`, from L2),
+//!    then keeps two items in flight through its 4 steps; lane 0 scales by `1/rms`, applies
+//!    RoPE and writes q (f32) to a buffer, k and v (rounded) to the caches.
+//! 2. [`decode_attend_appended_f16`] (and bf16): a cluster per head, launched
+//!    programmatically: each block issues its first loads of the cached tokens `0 .. pos`
+//!    (spread 1/3 writes only token `pos`), calls `grid::launch_dependents` so that the
+//!    output projection may start streaming `W_o`, waits for spread 1/3
+//!    (`grid::wait_for_prerequisites`), reads q and the new k, v, then runs fused 1/2's steps
+//!    5-6 (flash-decoding, block and cluster merge in rank order).
+//! 3. [`decode_o_proj_f16`] as in the fused variant.
+//!
+//! `ptxas -v` at hidden 4096: spread 1/3 uses 128 registers (`min_blocks = 2`; 36 bytes
+//! spilled, stored before the weight loop and reloaded after it) and 24 KB of dynamic shared
+//! memory, so two blocks (16 warps, 16 16-byte loads per thread: up to 128 KB) are in flight
+//! on an SM, 768 blocks in about three waves; spread 2/3 uses 125 registers and 9 KB of
+//! static shared memory. Whether this beats fused 1/2 is for `decode-bench` on the GPU to say.
+//!
 //! **Separate** (five launches, f16, batch 1, f32 intermediates in global memory, as a
 //! framework would): [`decode_rms_norm`], [`decode_qkv`], [`decode_rope_append`],
 //! [`decode_attend`] (the same flash-decoding and cluster merge) and [`decode_o_proj_f16`].
@@ -1506,6 +1531,22 @@ pub mod host {
         Ok(Report::new(format!("{}, hidden {hidden}: {}", T::NAME, runs.join("; ")), &outs, &refs, T::TOLERANCE))
     }
 
+    /// Fused, spread and separate, f16, batch 1 at positions 0, 1, 77 and near the end of the
+    /// cache.
+    pub fn run(gpu: &Gpu) -> Result<Report> {
+        check::<f16>(gpu, &[1, 1, 1, 1], true)
+    }
+
+    /// Fused, bf16, batch 1 and 3; spread, bf16, batch 1.
+    pub fn run_bf16(gpu: &Gpu) -> Result<Report> {
+        check::<bf16>(gpu, &[1, 3], false)
+    }
+
+    /// Fused, f16, batches 2, 3 and 8, each sequence at its own position.
+    pub fn run_batch(gpu: &Gpu) -> Result<Report> {
+        check::<f16>(gpu, &[2, 3, 8], false)
+    }
+
     #[cfg(test)]
     mod tests {
         use super::*;
@@ -1523,22 +1564,6 @@ pub mod host {
             let report = Report::new("spread, hidden 4096".into(), &b.results(&gpu, &step).unwrap(), &step.reference().all(), f16::TOLERANCE);
             assert!(report.passed(), "{report:?}");
         }
-    }
-
-    /// Fused, spread and separate, f16, batch 1 at positions 0, 1, 77 and near the end of the
-    /// cache.
-    pub fn run(gpu: &Gpu) -> Result<Report> {
-        check::<f16>(gpu, &[1, 1, 1, 1], true)
-    }
-
-    /// Fused, bf16, batch 1 and 3; spread, bf16, batch 1.
-    pub fn run_bf16(gpu: &Gpu) -> Result<Report> {
-        check::<bf16>(gpu, &[1, 3], false)
-    }
-
-    /// Fused, f16, batches 2, 3 and 8, each sequence at its own position.
-    pub fn run_batch(gpu: &Gpu) -> Result<Report> {
-        check::<f16>(gpu, &[2, 3, 8], false)
     }
 }
 

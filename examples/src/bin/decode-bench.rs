@@ -4,8 +4,8 @@
 //! replayed from a CUDA graph of one step, and with the output projection a programmatic
 //! dependent launch, "PDL", launched and from a graph) and 8, the spread variant (three
 //! launches: the QKV projection with RMSNorm and RoPE over the whole GPU, the attention a
-//! cluster of 4 per head, the output projection; the same four launch modes; f16 and bf16,
-//! batch 1), the same stages as five separate kernels (f16, batch 1), the fused kernels on
+//! cluster of 4 per head, the output projection; the same four launch modes, and clusters of
+//! 8 launched with and without PDL; f16 and bf16, batch 1), the same stages as five separate kernels (f16, batch 1), the fused kernels on
 //! bf16, and at batch 8 (eight sequences, each with its own cache, all at the same length).
 //!
 //! Every variant is first checked at every length against the f64 reference of the whole
@@ -211,6 +211,7 @@ fn main() -> Result<()> {
         let first = variant_rows(&gpu, &f16_kernels, fused_variant(), &f16_step, &expected, &CLUSTERS[..1], true, true, &mut rows)?;
         variant_rows(&gpu, &f16_kernels, fused_variant(), &f16_step, &expected, &CLUSTERS[1..], false, false, &mut rows)?;
         let spread_first = variant_rows(&gpu, &f16_kernels, spread_variant(), &f16_step, &expected, &CLUSTERS[..1], true, true, &mut rows)?;
+        variant_rows(&gpu, &f16_kernels, spread_variant(), &f16_step, &expected, &CLUSTERS[1..], false, true, &mut rows)?;
         if let (Some(dir), 1024) = (&dump_dir, len) {
             for (dir, results) in [(dir.clone(), first), (dir.join("spread"), spread_first)] {
                 if let Some(results) = results {
