@@ -66,11 +66,12 @@
 //! is, and leaves the clusters only the attention:
 //! 1. [`decode_qkv_rope_f16`] (and bf16): a warp per pair of whole rows `i`, `i + 64` of one
 //!    head's q, k or v (no split-K: a row is 8 KB; the pair is RoPE's), 8 warps a block, grid
-//!    `3·hidden / 16` (768 blocks). Each warp issues two items of `W_qkv` (2 rows × 4 16-byte
-//!    vectors per lane each) before anything else, calls `grid::launch_dependents`, stages
+//!    `3·hidden / 16` (768 blocks). Each warp issues its first item of `W_qkv` (2 rows × 4
+//!    16-byte vectors per lane) before anything else, calls `grid::launch_dependents`, stages
 //!    `x ⊙ norm_w` and sums `x²` (each block recomputes `1/rms` of the 8 KB `x`, from L2),
-//!    then keeps two items in flight through its 4 steps; lane 0 scales by `1/rms`, applies
-//!    RoPE and writes q (f32) to a buffer, k and v (rounded) to the caches.
+//!    then issues each next item before using the current one (4 items a warp); lane 0
+//!    scales by `1/rms`, applies RoPE and writes q (f32) to a buffer, k and v (rounded) to
+//!    the caches.
 //! 2. [`decode_attend_appended_f16`] (and bf16): a cluster per head, launched
 //!    programmatically: each block issues its first loads of the cached tokens `0 .. pos`
 //!    (spread 1/3 writes only token `pos`), calls `grid::launch_dependents` so that the
@@ -79,11 +80,11 @@
 //!    5-6 (flash-decoding, block and cluster merge in rank order).
 //! 3. [`decode_o_proj_f16`] as in the fused variant.
 //!
-//! `ptxas -v` at hidden 4096: spread 1/3 uses 128 registers (`min_blocks = 2`; 36 bytes
-//! spilled, stored before the weight loop and reloaded after it) and 24 KB of dynamic shared
-//! memory, so two blocks (16 warps, 16 16-byte loads per thread: up to 128 KB) are in flight
-//! on an SM, 768 blocks in about three waves; spread 2/3 uses 125 registers and 9 KB of
-//! static shared memory. Whether this beats fused 1/2 is for `decode-bench` on the GPU to say.
+//! `ptxas -v` at hidden 4096: spread 1/3 uses 118 registers (`min_blocks = 2`; at 3, 80
+//! registers and spills) and 24 KB of dynamic shared memory, so two blocks (16 warps, up to
+//! 16 16-byte loads per thread: 128 KB) are in flight on an SM, 768 blocks in about three
+//! waves; spread 2/3 uses 125 registers and 9 KB of static shared memory. Whether this beats
+//! fused 1/2 is for `decode-bench` on the GPU to say.
 //!
 //! **Separate** (five launches, f16, batch 1, f32 intermediates in global memory, as a
 //! framework would): [`decode_rms_norm`], [`decode_qkv`], [`decode_rope_append`],
@@ -796,7 +797,8 @@ fn o_proj<T: Packed, const B: usize, const R: usize, const V: usize>(attn: &[f32
 }
 
 /// 16-byte vectors per lane per row of an item of [`qkv_rope`]: with its 2 rows, 8 loads per
-/// thread, two items (16 loads, 256 bytes) in flight.
+/// thread; the next item's are issued before this one's are used, so up to 16 (256 bytes)
+/// are in flight.
 const SPREAD_VECTORS: usize = 4;
 
 /// Spread 1/3's body (batch 1): `W_qkv · RMSNorm(x)` over the whole GPU, a warp per pair of
@@ -843,8 +845,8 @@ fn qkv_rope<T: Packed, const V: usize>(
         });
         w
     };
-    // Two items in flight from the start, across the staging below.
-    let (mut w, mut next) = (load(0), if steps > 1 { load(1) } else { [[[0; 4]; V]; 2] });
+    // One item in flight across the staging below, two in the loop.
+    let mut w = load(0);
     // Nothing of the attention kernel's early work (the cache's past tokens) is written here.
     grid::launch_dependents();
 
@@ -865,6 +867,7 @@ fn qkv_rope<T: Packed, const V: usize>(
 
     let mut acc = [[0.0f32; 1]; 2];
     for k in 0..steps {
+        let next = if k + 1 < steps { load(k + 1) } else { w };
         unroll!(j in [0 1 2 3] {
             let c = vector(k, j);
             if j < V && c < row_vectors {
@@ -872,9 +875,6 @@ fn qkv_rope<T: Packed, const V: usize>(
             }
         });
         w = next;
-        if k + 2 < steps {
-            next = load(k + 2);
-        }
     }
     let (lo, hi) = (warp::reduce_sum(acc[0][0]) * rstd, warp::reduce_sum(acc[1][0]) * rstd);
     if lane == 0 {
