@@ -5,8 +5,9 @@
 //! dependent launch, "PDL", launched and from a graph) and 8, the spread variant (three
 //! launches: the QKV projection with RMSNorm and RoPE over the whole GPU, the attention a
 //! cluster of 4 per head, the output projection; the same four launch modes, and clusters of
-//! 8 launched with and without PDL; f16 and bf16, batch 1), the same stages as five separate kernels (f16, batch 1), the fused kernels on
-//! bf16, and at batch 8 (eight sequences, each with its own cache, all at the same length).
+//! 8 launched with and without PDL; f16 and bf16, batch 1), the same stages as five separate
+//! kernels (f16, batch 1), the fused kernels on bf16, and at batch 8 (eight sequences, each
+//! with its own cache, all at the same length).
 //!
 //! Every variant is first checked at every length against the f64 reference of the whole
 //! block (fresh random weights and caches each run; `out` poisoned; relative error over
