@@ -60,6 +60,32 @@
 //! its 180 registers did not fit beside fused 1/2's 128). Staged activations are padded so
 //! that the lanes' 16-byte shared loads are free of bank conflicts (see `staged`).
 //!
+//! **Spread** (three launches, batch 1, f16 or bf16; `spread(..)`): the fused 1/2 kernel
+//! streams the 100 MB of `W_qkv` from one block per SM (32 clusters of 4: 8 warps an SM), so
+//! [`decode_qkv_rope_f16`] moves the projection onto the whole GPU, as the output projection
+//! is, and leaves the clusters only the attention:
+//! 1. [`decode_qkv_rope_f16`] (and bf16): a warp per pair of whole rows `i`, `i + 64` of one
+//!    head's q, k or v (no split-K: a row is 8 KB; the pair is RoPE's), 8 warps a block, grid
+//!    `3·hidden / 16` (768 blocks). Each warp issues its first item of `W_qkv` (2 rows × 4
+//!    16-byte vectors per lane) before anything else, calls `grid::launch_dependents`, stages
+//!    `x ⊙ norm_w` and sums `x²` (each block recomputes `1/rms` of the 8 KB `x`, from L2),
+//!    then issues each next item before using the current one (4 items a warp); lane 0
+//!    scales by `1/rms`, applies RoPE and writes q (f32) to a buffer, k and v (rounded) to
+//!    the caches.
+//! 2. [`decode_attend_appended_f16`] (and bf16): a cluster per head, launched
+//!    programmatically: each block issues its first loads of the cached tokens `0 .. pos`
+//!    (spread 1/3 writes only token `pos`), calls `grid::launch_dependents` so that the
+//!    output projection may start streaming `W_o`, waits for spread 1/3
+//!    (`grid::wait_for_prerequisites`), reads q and the new k, v, then runs fused 1/2's steps
+//!    5-6 (flash-decoding, block and cluster merge in rank order).
+//! 3. [`decode_o_proj_f16`] as in the fused variant.
+//!
+//! `ptxas -v` at hidden 4096: spread 1/3 uses 118 registers (`min_blocks = 2`; at 3, 80
+//! registers and spills) and 24 KB of dynamic shared memory, so two blocks (16 warps, up to
+//! 16 16-byte loads per thread: 128 KB) are in flight on an SM, 768 blocks in about three
+//! waves; spread 2/3 uses 125 registers and 9 KB of static shared memory. Whether this beats
+//! fused 1/2 is for `decode-bench` on the GPU to say.
+//!
 //! **Separate** (five launches, f16, batch 1, f32 intermediates in global memory, as a
 //! framework would): [`decode_rms_norm`], [`decode_qkv`], [`decode_rope_append`],
 //! [`decode_attend`] (the same flash-decoding and cluster merge) and [`decode_o_proj_f16`].
@@ -770,11 +796,149 @@ fn o_proj<T: Packed, const B: usize, const R: usize, const V: usize>(attn: &[f32
     });
 }
 
+/// 16-byte vectors per lane per row of an item of [`qkv_rope`]: with its 2 rows, 8 loads per
+/// thread; the next item's are issued before this one's are used, so up to 16 (256 bytes)
+/// are in flight.
+const SPREAD_VECTORS: usize = 4;
+
+/// Spread 1/3's body (batch 1): `W_qkv · RMSNorm(x)` over the whole GPU, a warp per pair of
+/// rows `i`, `i + 64` of one head's q, k or v (whole rows, no split-K: RoPE's pairs meet in
+/// the warp), then RoPE; q goes to `q` (f32), k and v to the caches at `positions[0]`, rounded
+/// to `T`. Every block stages `x ⊙ norm_w` in `3 · hidden · 2` bytes of dynamic shared memory
+/// and sums `x²` itself (16 KB from L2 a block) after its first `W_qkv` loads are issued.
+/// Grid `3·hidden / 16` blocks of 256.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn qkv_rope<T: Packed, const V: usize>(
+    x: &[T],
+    norm_w: &[T],
+    w_qkv: &[T],
+    rope: &[f32],
+    positions: &[u32],
+    q: &Out<f32>,
+    k_cache: &Out<T>,
+    v_cache: &Out<T>,
+    max_len: u32,
+) {
+    if positions.len() != 1 {
+        // One token a step; fail loudly rather than drop the others.
+        arch::trap();
+    }
+    let hidden = norm_w.len();
+    let row_vectors = hidden / 8;
+    let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
+    let pair = block::index_x() as usize * WARPS + warp;
+    let (part, within) = (pair / (hidden / 2), pair % (hidden / 2));
+    let (head, i) = (within / 64, within % 64);
+    let row = part * hidden + head * HEAD_DIM + i;
+    let steps = row_vectors.div_ceil(32 * V);
+    let vector = |k: usize, j: usize| k * 32 * V + 32 * j + lane;
+    let load = |k: usize| {
+        let mut w = [[[0u32; 4]; V]; 2];
+        unroll!(u in [0 1] {
+            unroll!(j in [0 1 2 3] {
+                if j < V {
+                    // Unconditional, as in `load_rows`: past the row, its last vector.
+                    w[u][j] = load_words(w_qkv, (row + 64 * u) * row_vectors + vector(k, j).min(row_vectors - 1));
+                }
+            });
+        });
+        w
+    };
+    // One item in flight across the staging below, two in the loop.
+    let mut w = load(0);
+    // Nothing of the attention kernel's early work (the cache's past tokens) is written here.
+    grid::launch_dependents();
+
+    let xg = shared::dynamic().take::<f32>(stage_units(1) * row_vectors * 4);
+    let mut squares = 0.0f32;
+    for c in block::stride_loop(0..row_vectors) {
+        let (xv, gv) = (global::load16::<T, 8>(x, c), global::load16::<T, 8>(norm_w, c));
+        let mut v = [0.0f32; 8];
+        for k in 0..8 {
+            let f = xv[k].to_f32();
+            squares = f.fma(f, squares);
+            v[k] = f * gv[k].to_f32();
+        }
+        store8(xg, staged::<1>(c, 0), v);
+    }
+    // Its barriers also publish `xg`.
+    let rstd = math::rsqrt(block::reduce_sum(squares, shared!([f32; WARPS])) / hidden as f32 + EPS);
+
+    let mut acc = [[0.0f32; 1]; 2];
+    for k in 0..steps {
+        let next = if k + 1 < steps { load(k + 1) } else { w };
+        unroll!(j in [0 1 2 3] {
+            let c = vector(k, j);
+            if j < V && c < row_vectors {
+                accumulate::<T, 1, 2, V>(&mut acc, &w, j, xg, c);
+            }
+        });
+        w = next;
+    }
+    let (lo, hi) = (warp::reduce_sum(acc[0][0]) * rstd, warp::reduce_sum(acc[1][0]) * rstd);
+    if lane == 0 {
+        let new_row = (head * max_len as usize + positions[0] as usize) * HEAD_DIM;
+        if part == 2 {
+            v_cache.set(new_row + i, T::from_f32(lo));
+            v_cache.set(new_row + i + 64, T::from_f32(hi));
+        } else {
+            let (lo, hi) = rotate(lo, hi, i, rope);
+            if part == 0 {
+                q.set(head * HEAD_DIM + i, lo);
+                q.set(head * HEAD_DIM + i + 64, hi);
+            } else {
+                k_cache.set(new_row + i, T::from_f32(lo));
+                k_cache.set(new_row + i + 64, T::from_f32(hi));
+            }
+        }
+    }
+}
+
+/// Spread 2/3's body (batch 1): a head's attention over its cache, tokens `0 ..= pos` (`pos =
+/// positions[0]`), the new one appended by spread 1/3, flash-decoding split over a cluster of
+/// `C` blocks per head (as fused 1/2's step 5-6). Launched programmatically after spread 1/3:
+/// each block issues its first loads of the cached tokens `0 .. pos` (which spread 1/3 does not
+/// write) before [`grid::wait_for_prerequisites`], then reads `q` and the new k, v. Grid
+/// `heads × C` blocks of 256, cluster `C`.
+#[inline(always)]
+fn attend_appended<T: Packed>(q: &[f32], positions: &[u32], k_cache: &Out<T>, v_cache: &Out<T>, attn: &Out<f32>, max_len: u32) {
+    let (head, rank, blocks) = (cluster::index_in_grid().x as usize, cluster::block_rank(), cluster::size());
+    let t = thread::rank_in_block() as usize;
+    let (group, lane16) = (t / 16, t % 16);
+    let pos = positions[0];
+    let (start, end) = (pos * rank / blocks, pos * (rank + 1) / blocks);
+    let rows = head * max_len as usize * (HEAD_DIM / 8) + lane16;
+    let key = |tok: u32| load_words_out(k_cache, rows + tok as usize * (HEAD_DIM / 8));
+    let value = |tok: u32| load_words_out(v_cache, rows + tok as usize * (HEAD_DIM / 8));
+    // An empty share loads nothing: its clamped row could be the one being appended.
+    let first = if start < end { first_rows(start, end, &key, &value) } else { ([[0; 4]; TOKENS], [[0; 4]; TOKENS]) };
+    // The output projection may start streaming W_o: it waits for this grid before reading `attn`.
+    grid::launch_dependents();
+    grid::wait_for_prerequisites();
+
+    let qs: [f32; 8] = core::array::from_fn(|k| q[head * HEAD_DIM + lane16 * 8 + k] * Q_SCALE);
+    let (k_new, v_new) = (widen::<T>(key(pos)), widen::<T>(value(pos)));
+    let mut s_new = 0.0f32;
+    for k in 0..8 {
+        s_new = qs[k].fma(k_new[k], s_new);
+    }
+    let s_new = group_sum(s_new);
+    let mut state = if rank == 0 && group == 0 { Softmax { m: s_new, l: 1.0, o: v_new } } else { Softmax::EMPTY };
+    attend::<T>(&mut state, qs, start, end, first, key, value);
+    let (merged, maximum) = (shared!([f32; STATE]), shared!([f32; 1]));
+    merge_block(state, merged, maximum);
+    merge_cluster(merged, maximum, 1);
+    if rank == 0 && t < HEAD_DIM {
+        attn.set(head * HEAD_DIM + t, merged.load(t) / merged.load(HEAD_DIM));
+    }
+}
+
 /// Rows per warp of the output projection at batch 1, and at batch tile 8.
 pub const O_ROWS: [usize; 2] = [2, 4];
 
 macro_rules! decode_kernels {
-    ($($t:ident: $attention:ident, $attention8:ident, $o_proj:ident, $o_proj8:ident;)*) => {$(
+    ($($t:ident: $attention:ident, $attention8:ident, $o_proj:ident, $o_proj8:ident, $qkv_rope:ident, $attend:ident;)*) => {$(
         #[doc = concat!("Fused 1/2, ", stringify!($t), ", batch 1: RMSNorm → QKV → RoPE → append → attention, a cluster per head (see the module docs).")]
         #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
         #[allow(clippy::too_many_arguments)]
@@ -800,12 +964,25 @@ macro_rules! decode_kernels {
         pub fn $o_proj8(attn: &[f32], w_o: &[$t], x: &[$t], out: Out<$t>, batch: u32) {
             o_proj::<$t, 8, { O_ROWS[1] }, { O_VECTORS[1] }>(attn, w_o, x, &out, batch);
         }
+
+        #[doc = concat!("Spread 1/3, ", stringify!($t), ", batch 1: RMSNorm → QKV → RoPE → append over the whole GPU (see the module docs).")]
+        #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
+        #[allow(clippy::too_many_arguments)]
+        pub fn $qkv_rope(x: &[$t], norm_w: &[$t], w_qkv: &[$t], rope: &[f32], positions: &[u32], q: Out<f32>, k_cache: Out<$t>, v_cache: Out<$t>, max_len: u32) {
+            qkv_rope::<$t, SPREAD_VECTORS>(x, norm_w, w_qkv, rope, positions, &q, &k_cache, &v_cache, max_len);
+        }
+
+        #[doc = concat!("Spread 2/3, ", stringify!($t), ", batch 1: a head's attention over its cache, a cluster per head (see the module docs).")]
+        #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
+        pub fn $attend(q: &[f32], positions: &[u32], k_cache: Out<$t>, v_cache: Out<$t>, attn: Out<f32>, max_len: u32) {
+            attend_appended::<$t>(q, positions, &k_cache, &v_cache, &attn, max_len);
+        }
     )*};
 }
 
 decode_kernels! {
-    f16: decode_attention_f16, decode_attention_f16_b8, decode_o_proj_f16, decode_o_proj_f16_b8;
-    bf16: decode_attention_bf16, decode_attention_bf16_b8, decode_o_proj_bf16, decode_o_proj_bf16_b8;
+    f16: decode_attention_f16, decode_attention_f16_b8, decode_o_proj_f16, decode_o_proj_f16_b8, decode_qkv_rope_f16, decode_attend_appended_f16;
+    bf16: decode_attention_bf16, decode_attention_bf16_b8, decode_o_proj_bf16, decode_o_proj_bf16_b8, decode_qkv_rope_bf16, decode_attend_appended_bf16;
 }
 
 // The same block as five kernels, f16, batch 1, f32 intermediates in global memory.
@@ -925,16 +1102,22 @@ pub mod host {
         /// Fused 2/2 at `b`'s batch, on `stream`; with `programmatic`, a programmatic dependent
         /// launch that starts streaming `W_o` while fused 1/2 finishes.
         fn o_proj(kernels: &Self::Kernels, stream: &Stream, b: &mut Buffers<Self>, programmatic: bool) -> Result<()>;
+        /// The spread variant (batch 1) on `stream`: spread 1/3, then spread 2/3 with clusters
+        /// of `cluster` and the output projection, both launched programmatically with
+        /// `programmatic`.
+        fn spread(kernels: &Self::Kernels, stream: &Stream, b: &mut Buffers<Self>, cluster: u32, programmatic: bool) -> Result<()>;
         /// Most clusters of `cluster` blocks of fused 1/2 resident at once, at `batch`.
         fn max_active_clusters(kernels: &Self::Kernels, gpu: &Gpu, hidden: usize, batch: usize, cluster: u32) -> Result<u32>;
     }
 
-    /// The fused kernels of one type, batch 1 and batch tile 8.
-    pub struct Kernels<A1, A8, O1, O8> {
+    /// The fused kernels of one type, batch 1 and batch tile 8, and spread 1/3 and 2/3.
+    pub struct Kernels<A1, A8, O1, O8, QR, AA> {
         attention: A1,
         attention8: A8,
         o_proj: O1,
         o_proj8: O8,
+        qkv_rope: QR,
+        attend: AA,
     }
 
     fn config(grid: usize, block: u32, cluster: Option<u32>, dynamic_smem_bytes: usize) -> LaunchConfig {
@@ -963,15 +1146,35 @@ pub mod host {
         config(hidden / rows, BLOCK, None, stage_units(tile(batch)) * hidden * 2 + ring_bytes(O_STAGES, O_ROWS[t], O_VECTORS[t]))
     }
 
+    /// Spread 1/3's launch: a pair of rows of `W_qkv` a warp, `x ⊙ norm_w` in dynamic shared
+    /// memory.
+    pub fn qkv_rope_config(hidden: usize) -> LaunchConfig {
+        let rows = 2 * WARPS;
+        assert!(hidden.is_multiple_of(HEAD_DIM), "hidden {hidden} is not a multiple of {HEAD_DIM}");
+        config(3 * hidden / rows, BLOCK, None, stage_units(1) * hidden * 2)
+    }
+
+    /// Spread 2/3's launch: a cluster of `cluster` blocks per head.
+    pub fn attend_config(hidden: usize, cluster: u32, programmatic: bool) -> LaunchConfig {
+        LaunchConfig { programmatic, ..config(hidden / HEAD_DIM * cluster as usize, BLOCK, Some(cluster), 0) }
+    }
+
     macro_rules! decode_type {
-        ($($t:ident, $name:literal, $tolerance:literal: $attention:ident, $attention8:ident, $o_proj:ident, $o_proj8:ident;)*) => {$(
+        ($($t:ident, $name:literal, $tolerance:literal: $attention:ident, $attention8:ident, $o_proj:ident, $o_proj8:ident, $qkv_rope:ident, $attend:ident;)*) => {$(
             impl DecodeType for $t {
                 const NAME: &'static str = $name;
                 const TOLERANCE: f64 = $tolerance;
-                type Kernels = Kernels<$attention::Kernel, $attention8::Kernel, $o_proj::Kernel, $o_proj8::Kernel>;
+                type Kernels = Kernels<$attention::Kernel, $attention8::Kernel, $o_proj::Kernel, $o_proj8::Kernel, $qkv_rope::Kernel, $attend::Kernel>;
 
                 fn load(gpu: &Gpu) -> Result<Self::Kernels> {
-                    Ok(Kernels { attention: $attention::load(gpu)?, attention8: $attention8::load(gpu)?, o_proj: $o_proj::load(gpu)?, o_proj8: $o_proj8::load(gpu)? })
+                    Ok(Kernels {
+                        attention: $attention::load(gpu)?,
+                        attention8: $attention8::load(gpu)?,
+                        o_proj: $o_proj::load(gpu)?,
+                        o_proj8: $o_proj8::load(gpu)?,
+                        qkv_rope: $qkv_rope::load(gpu)?,
+                        attend: $attend::load(gpu)?,
+                    })
                 }
 
                 fn attention(k: &Self::Kernels, s: &Stream, b: &mut Buffers<Self>, cluster: u32) -> Result<()> {
@@ -992,6 +1195,14 @@ pub mod host {
                     }
                 }
 
+                fn spread(k: &Self::Kernels, s: &Stream, b: &mut Buffers<Self>, cluster: u32, programmatic: bool) -> Result<()> {
+                    assert_eq!(b.batch, 1, "the spread variant runs batch 1");
+                    let max_len = b.max_len as u32;
+                    k.qkv_rope.launch(s, &qkv_rope_config(b.hidden), &b.x, &b.norm_w, &b.w_qkv, &b.rope, &b.positions, &mut b.q, &mut b.k_cache, &mut b.v_cache, max_len)?;
+                    k.attend.launch(s, &attend_config(b.hidden, cluster, programmatic), &b.q, &b.positions, &mut b.k_cache, &mut b.v_cache, &mut b.attn, max_len)?;
+                    Self::o_proj(k, s, b, programmatic)
+                }
+
                 fn max_active_clusters(k: &Self::Kernels, gpu: &Gpu, hidden: usize, batch: usize, cluster: u32) -> Result<u32> {
                     let raw = if batch == 1 { k.attention.raw() } else { k.attention8.raw() };
                     raw.max_active_clusters(gpu.stream(), &raw.plan(&attention_config(hidden, batch, cluster))?)
@@ -1001,8 +1212,8 @@ pub mod host {
     }
 
     decode_type! {
-        f16, "f16", 2e-3: decode_attention_f16, decode_attention_f16_b8, decode_o_proj_f16, decode_o_proj_f16_b8;
-        bf16, "bf16", 5e-3: decode_attention_bf16, decode_attention_bf16_b8, decode_o_proj_bf16, decode_o_proj_bf16_b8;
+        f16, "f16", 2e-3: decode_attention_f16, decode_attention_f16_b8, decode_o_proj_f16, decode_o_proj_f16_b8, decode_qkv_rope_f16, decode_attend_appended_f16;
+        bf16, "bf16", 5e-3: decode_attention_bf16, decode_attention_bf16_b8, decode_o_proj_bf16, decode_o_proj_bf16_b8, decode_qkv_rope_bf16, decode_attend_appended_bf16;
     }
 
     /// One decode step's inputs for a batch of sequences. Cache tokens `pos ..` of each
@@ -1176,10 +1387,12 @@ pub mod host {
         pub out: Buffer<T>,
         /// The heads' attention outputs, `batch × hidden` (f32).
         pub attn: Buffer<f32>,
+        /// The spread variant's rotated q, `batch × hidden` (f32).
+        pub q: Buffer<f32>,
     }
 
     impl<T: DecodeType> Buffers<T> {
-        /// Uploads `step`, with `out` and `attn` poisoned.
+        /// Uploads `step`, with `out`, `attn` and `q` poisoned.
         pub fn upload(gpu: &Gpu, step: &Step<T>) -> Result<Self> {
             let (h, batch) = (step.hidden, step.batch());
             let positions: Vec<u32> = step.positions.iter().map(|&p| p as u32).collect();
@@ -1198,13 +1411,15 @@ pub mod host {
                 v_cache: gpu.upload(&step.v_cache)?,
                 out: gpu.upload(&vec![T::from_f32(f32::NAN); batch * h])?,
                 attn: gpu.upload(&vec![f32::NAN; batch * h])?,
+                q: gpu.upload(&vec![f32::NAN; batch * h])?,
             })
         }
 
-        /// Poisons `out` and `attn` again.
+        /// Poisons `out`, `attn` and `q` again.
         pub fn poison(&mut self, gpu: &Gpu) -> Result<()> {
             self.out = gpu.upload(&vec![T::from_f32(f32::NAN); self.out.len()])?;
             self.attn = gpu.upload(&vec![f32::NAN; self.attn.len()])?;
+            self.q = gpu.upload(&vec![f32::NAN; self.q.len()])?;
             Ok(())
         }
 
@@ -1229,6 +1444,11 @@ pub mod host {
     pub fn fused<T: DecodeType>(kernels: &T::Kernels, stream: &Stream, b: &mut Buffers<T>, cluster: u32, programmatic: bool) -> Result<()> {
         T::attention(kernels, stream, b, cluster)?;
         T::o_proj(kernels, stream, b, programmatic)
+    }
+
+    /// The spread variant on `stream` (batch 1): [`DecodeType::spread`].
+    pub fn spread<T: DecodeType>(kernels: &T::Kernels, stream: &Stream, b: &mut Buffers<T>, cluster: u32, programmatic: bool) -> Result<()> {
+        T::spread(kernels, stream, b, cluster, programmatic)
     }
 
     /// The five separate kernels (f16, batch 1), loaded, with their f32 intermediates.
@@ -1275,8 +1495,9 @@ pub mod host {
 
     /// Checks the fused variant of `T` at `batches` (fresh steps, each sequence at its own
     /// position, clusters alternating over `clusters`, the output projection launched
-    /// programmatically in runs 1, 2, 5, 6, ...) against the f64 reference, and with
-    /// `separate`, the five kernels too.
+    /// programmatically in runs 1, 2, 5, 6, ...) against the f64 reference, at batch 1 the
+    /// spread variant too (on the same step, cluster and launch mode), and with `separate`,
+    /// the five kernels too.
     fn check<T: DecodeType>(gpu: &Gpu, batches: &[usize], separate: bool) -> Result<Report> {
         let kernels = T::load(gpu)?;
         let (hidden, max_len, clusters) = crate::check::shape(gpu, (4096, 1040, [4, 8]), (256, 320, [2, 4]));
@@ -1293,6 +1514,12 @@ pub mod host {
             outs.extend(b.results(gpu, &step)?);
             refs.extend(reference.iter().copied());
             runs.push(format!("batch {batch} at {positions:?}, cluster {cluster}{}", if programmatic { ", PDL" } else { "" }));
+            if batch == 1 {
+                let mut b = Buffers::upload(gpu, &step)?;
+                spread(&kernels, gpu.stream(), &mut b, cluster, programmatic)?;
+                outs.extend(b.results(gpu, &step)?);
+                refs.extend(reference.iter().copied());
+            }
             if separate && batch == 1 {
                 let step = Step::<f16>::random(hidden, max_len, &positions);
                 let mut b = Buffers::upload(gpu, &step)?;
@@ -1304,12 +1531,13 @@ pub mod host {
         Ok(Report::new(format!("{}, hidden {hidden}: {}", T::NAME, runs.join("; ")), &outs, &refs, T::TOLERANCE))
     }
 
-    /// Fused and separate, f16, batch 1 at positions 0, 1, 77 and near the end of the cache.
+    /// Fused, spread and separate, f16, batch 1 at positions 0, 1, 77 and near the end of the
+    /// cache.
     pub fn run(gpu: &Gpu) -> Result<Report> {
         check::<f16>(gpu, &[1, 1, 1, 1], true)
     }
 
-    /// Fused, bf16, batch 1 and 3.
+    /// Fused, bf16, batch 1 and 3; spread, bf16, batch 1.
     pub fn run_bf16(gpu: &Gpu) -> Result<Report> {
         check::<bf16>(gpu, &[1, 3], false)
     }
@@ -1317,6 +1545,25 @@ pub mod host {
     /// Fused, f16, batches 2, 3 and 8, each sequence at its own position.
     pub fn run_batch(gpu: &Gpu) -> Result<Report> {
         check::<f16>(gpu, &[2, 3, 8], false)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        /// The spread variant at Llama-2-7B's hidden 4096 on the emulator (a short cache), so
+        /// that spread 1/3's warps run all four items of a row pair, not the one of the
+        /// emulator's usual hidden 256.
+        #[test]
+        fn spread_at_hidden_4096_matches_the_reference() {
+            let gpu = Gpu::emulator();
+            let kernels = <f16 as DecodeType>::load(&gpu).unwrap();
+            let step = Step::<f16>::random(4096, 24, &[21]);
+            let mut b = Buffers::upload(&gpu, &step).unwrap();
+            spread(&kernels, gpu.stream(), &mut b, 4, true).unwrap();
+            let report = Report::new("spread, hidden 4096".into(), &b.results(&gpu, &step).unwrap(), &step.reference().all(), f16::TOLERANCE);
+            assert!(report.passed(), "{report:?}");
+        }
     }
 }
 

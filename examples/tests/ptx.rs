@@ -156,6 +156,11 @@ fn every_kernel_assembles_without_spills() {
         ("decode_qkv", 0),
         ("decode_rope_append", 0),
         ("decode_attend", 8896),
+        // The spread variant: the RMSNorm reduction's scratch; the attention's merge states.
+        ("decode_qkv_rope_f16", 32),
+        ("decode_qkv_rope_bf16", 32),
+        ("decode_attend_appended_f16", 8896),
+        ("decode_attend_appended_bf16", 8896),
         ("mma_tile", 3 * 512),
         ("gemm_f16", 0),
         ("gemm_f16_bias", 0),
@@ -220,9 +225,22 @@ fn every_kernel_assembles_without_spills() {
     assert_eq!(kernels["block_sum"].barriers, 1);
     assert_eq!(argmax_scratch, 48 * 8, "argmax declares `shared(scratch: [u64; 48])`");
     // Two blocks of 256 threads per SM, so that clusters of 4 over 32 heads are resident at
-    // once; the batch-1 output projection fits two blocks per SM as well.
-    // The same for the Llama attention, so that its clusters fit beside the QKV kernel's blocks.
-    for name in ["decode_attention_f16", "decode_attention_f16_b8", "decode_attention_bf16", "decode_attention_bf16_b8", "decode_o_proj_f16", "decode_o_proj_bf16", "llama_attention"] {
+    // once; the batch-1 output projection and the spread variant's kernels fit two blocks per
+    // SM as well. The same for the Llama attention, so that its clusters fit beside the QKV
+    // kernel's blocks.
+    for name in [
+        "decode_attention_f16",
+        "decode_attention_f16_b8",
+        "decode_attention_bf16",
+        "decode_attention_bf16_b8",
+        "decode_o_proj_f16",
+        "decode_o_proj_bf16",
+        "decode_qkv_rope_f16",
+        "decode_qkv_rope_bf16",
+        "decode_attend_appended_f16",
+        "decode_attend_appended_bf16",
+        "llama_attention",
+    ] {
         assert!(kernels[name].registers <= 128, "{name}: {:?}", kernels[name]);
     }
 }

@@ -2,8 +2,12 @@
 //! 1024, 4096 and 16384: example 09's fused kernels (two launches: a cluster per head up to
 //! the attention, then the output projection over the whole GPU) with clusters of 4 (also
 //! replayed from a CUDA graph of one step, and with the output projection a programmatic
-//! dependent launch, "PDL", launched and from a graph) and 8, the same stages as five separate kernels (f16, batch 1), the fused kernels on bf16, and at
-//! batch 8 (eight sequences, each with its own cache, all at the same length).
+//! dependent launch, "PDL", launched and from a graph) and 8, the spread variant (three
+//! launches: the QKV projection with RMSNorm and RoPE over the whole GPU, the attention a
+//! cluster of 4 per head, the output projection; the same four launch modes, and clusters of
+//! 8 launched with and without PDL; f16 and bf16, batch 1), the same stages as five separate
+//! kernels (f16, batch 1), the fused kernels on bf16, and at batch 8 (eight sequences, each
+//! with its own cache, all at the same length).
 //!
 //! Every variant is first checked at every length against the f64 reference of the whole
 //! block (fresh random weights and caches each run; `out` poisoned; relative error over
@@ -15,14 +19,15 @@
 //! every sequence's cache tokens 0..pos, the new k/v, x and out) / 4.3 TB/s.
 //!
 //! `--dump DIR` also writes the L = 1024 inputs and the fused f16 batch-1 results as raw
-//! little-endian files for `scripts/decode-torch.py --check DIR`.
+//! little-endian files for `scripts/decode-torch.py --check DIR`, and the same inputs with the
+//! spread variant's results in `DIR/spread`.
 //!
 //! `cargo run --release -p clusterfuse-examples --bin decode-bench [-- --dump DIR]`
 
 use clusterfuse::host::{Gpu, Stream};
 use clusterfuse::{bf16, f16};
 use clusterfuse_examples::check::{gpu_or_skip, median_us_per_call, print_rows, Report};
-use clusterfuse_examples::decode_attention::host::{attention_config, fused, o_proj_config, Buffers, DecodeType, Separate, Step};
+use clusterfuse_examples::decode_attention::host::{attend_config, attention_config, fused, o_proj_config, qkv_rope_config, spread, Buffers, DecodeType, Separate, Step};
 use clusterfuse_examples::decode_attention::{EPS, HEAD_DIM, THETA};
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -124,13 +129,28 @@ fn dump(dir: &Path, step: &Step<f16>, results: &[f32]) -> Result<()> {
     Ok(())
 }
 
-/// Rows of the fused kernels of `T` at `step`'s length, one per cluster size in `clusters`,
-/// launched and (with `graph`) also replayed from a CUDA graph of one step, in stream order
-/// and (with `pdl`) with the output projection launched programmatically.
+/// How a variant runs a step: [`fused`] or [`spread`].
+type Launch<T> = fn(&<T as DecodeType>::Kernels, &Stream, &mut Buffers<T>, u32, bool) -> clusterfuse::host::Result<()>;
+
+/// The fused variant (2 kernels).
+fn fused_variant<T: DecodeType>() -> (&'static str, u32, Launch<T>) {
+    ("fused", 2, fused::<T>)
+}
+
+/// The spread variant (3 kernels, batch 1).
+fn spread_variant<T: DecodeType>() -> (&'static str, u32, Launch<T>) {
+    ("spread", 3, spread::<T>)
+}
+
+/// Rows of a variant of `T` (its name, kernels and launch) at `step`'s length, one per cluster
+/// size in `clusters`, launched and (with `graph`) also replayed from a CUDA graph of one
+/// step, in stream order and (with `pdl`) with the kernels after the first launched
+/// programmatically. Returns the first row's results.
 #[allow(clippy::too_many_arguments)]
-fn fused_rows<T: DecodeType>(
+fn variant_rows<T: DecodeType>(
     gpu: &Gpu,
     kernels: &T::Kernels,
+    (variant, launches, launch): (&str, u32, Launch<T>),
     step: &Step<T>,
     expected: &[f64],
     clusters: &[u32],
@@ -148,9 +168,9 @@ fn fused_rows<T: DecodeType>(
                     (true, false) => ", PDL",
                     (true, true) => ", PDL, CUDA graph",
                 };
-                let label = format!("clusterfuse fused (cluster {cluster}{how}), {}, batch {}", T::NAME, step.batch());
-                let row = Row { gpu, step, expected, label, kernels: 2, graph };
-                let (line, results) = row.measure(|s, b| fused(kernels, s, b, cluster, programmatic))?;
+                let label = format!("clusterfuse {variant} (cluster {cluster}{how}), {}, batch {}", T::NAME, step.batch());
+                let row = Row { gpu, step, expected, label, kernels: launches, graph };
+                let (line, results) = row.measure(|s, b| launch(kernels, s, b, cluster, programmatic))?;
                 rows.push(line);
                 first_results = first_results.or(results);
             }
@@ -177,6 +197,8 @@ fn main() -> Result<()> {
         let o = o_proj_config(HIDDEN, batch);
         eprintln!("fused 2/2, batch {batch}: {} blocks of {}, {} B dynamic shared memory a block", o.grid.x, o.block.x, o.dynamic_smem_bytes);
     }
+    let (q, a) = (qkv_rope_config(HIDDEN), attend_config(HIDDEN, CLUSTERS[0], true));
+    eprintln!("spread 1/3: {} blocks of {}, {} B dynamic shared memory a block; spread 2/3: {} blocks in clusters of {}", q.grid.x, q.block.x, q.dynamic_smem_bytes, a.grid.x, CLUSTERS[0]);
     let max_len = LENGTHS[LENGTHS.len() - 1];
     eprintln!("generating weights and {max_len}-token caches (f16 batch 1 and {BATCH}, bf16 batch 1) ...");
     let mut f16_step = Step::<f16>::random(HIDDEN, max_len, &[max_len - 1]);
@@ -187,10 +209,16 @@ fn main() -> Result<()> {
         eprintln!("L = {len}: f64 references and runs ...");
         f16_step.set_positions(&[len - 1]);
         let expected = f16_step.reference().all();
-        let first = fused_rows::<f16>(&gpu, &f16_kernels, &f16_step, &expected, &CLUSTERS[..1], true, true, &mut rows)?;
-        fused_rows::<f16>(&gpu, &f16_kernels, &f16_step, &expected, &CLUSTERS[1..], false, false, &mut rows)?;
-        if let (Some(dir), 1024, Some(first)) = (&dump_dir, len, first) {
-            dump(dir, &f16_step, &first)?;
+        let first = variant_rows(&gpu, &f16_kernels, fused_variant(), &f16_step, &expected, &CLUSTERS[..1], true, true, &mut rows)?;
+        variant_rows(&gpu, &f16_kernels, fused_variant(), &f16_step, &expected, &CLUSTERS[1..], false, false, &mut rows)?;
+        let spread_first = variant_rows(&gpu, &f16_kernels, spread_variant(), &f16_step, &expected, &CLUSTERS[..1], true, true, &mut rows)?;
+        variant_rows(&gpu, &f16_kernels, spread_variant(), &f16_step, &expected, &CLUSTERS[1..], false, true, &mut rows)?;
+        if let (Some(dir), 1024) = (&dump_dir, len) {
+            for (dir, results) in [(dir.clone(), first), (dir.join("spread"), spread_first)] {
+                if let Some(results) = results {
+                    dump(&dir, &f16_step, &results)?;
+                }
+            }
         }
         let label = format!("clusterfuse separate (cluster {SEPARATE_CLUSTER}), f16, batch 1");
         let row = Row { gpu: &gpu, step: &f16_step, expected: &expected, label, kernels: 5, graph: false };
@@ -198,11 +226,12 @@ fn main() -> Result<()> {
 
         bf16_step.set_positions(&[len - 1]);
         let expected = bf16_step.reference().all();
-        fused_rows::<bf16>(&gpu, &bf16_kernels, &bf16_step, &expected, &CLUSTERS[..1], false, false, &mut rows)?;
+        variant_rows(&gpu, &bf16_kernels, fused_variant(), &bf16_step, &expected, &CLUSTERS[..1], false, false, &mut rows)?;
+        variant_rows(&gpu, &bf16_kernels, spread_variant(), &bf16_step, &expected, &CLUSTERS[..1], true, true, &mut rows)?;
 
         batch_step.set_positions(&[len - 1; BATCH]);
         let expected = batch_step.reference().all();
-        fused_rows::<f16>(&gpu, &f16_kernels, &batch_step, &expected, &CLUSTERS[..1], false, true, &mut rows)?;
+        variant_rows(&gpu, &f16_kernels, fused_variant(), &batch_step, &expected, &CLUSTERS[..1], false, true, &mut rows)?;
     }
     println!(
         "{} — Llama-2-7B decode attention block (hidden {HIDDEN}, {heads} heads × {HEAD_DIM}); median of {REPS} passes of {STEPS_PER_PASS} steps (CUDA events), µs per step; roofline = bytes / {:.1} TB/s",
