@@ -325,9 +325,8 @@ fn online_softmax_row(s: &mut [FragC; 2], o: &mut [FragC; COLUMN_TILES], max: &m
 /// example 08's unfused kernels ([`row_config`](crate::fused_norms::row_config)).
 #[kernel(launch_bounds(max_threads = 1024))]
 pub fn bias_layer_norm(x: &[f16], b: &[f16], gamma: &[f16], beta: &[f16], out: Out<f16>, hidden: u32) {
-    // Launched programmatically after a projection (see `Batch::forward`).
-    grid::wait_for_prerequisites();
-    grid::launch_dependents();
+    // Launched programmatically after a projection (see `Batch::forward`): `add_bias` loads b,
+    // then lets the next kernel launch and waits for the projection.
     store_row(layernorm_gelu::layer_norm(layernorm_gelu::add_bias(x, b), gamma, beta, hidden), &out);
 }
 
