@@ -49,6 +49,41 @@ pub const SMEM_BYTES: u32 = 1024 + STAGES as u32 * (A_STAGE_BYTES + B_STAGE_BYTE
 const PRODUCER_REGISTERS: u32 = 40;
 const CONSUMER_REGISTERS: u32 = 232;
 
+/// A consumer warpgroup's main loop over `k_steps` (at least one) stages of `pipeline` from
+/// `state`: for each, waits for its loads, then after a fence issues its wgmmas as
+/// `mma(stage, kk, accumulate)` for `kk` in `0 .. BK / 16` (`accumulate` false for the first of
+/// all, which overwrites the accumulators), commits them, and releases the stage before once
+/// only the newest group may still run (`wait::<1>`), so that one stage's wgmmas overlap the
+/// next one's wait. Returns, with every wgmma done, the last stage, still held, and the state
+/// after it. `mma` may read the stage's tiles: they stay loaded until released. The loop runs
+/// at least once: a path that skipped it would set the accumulators outside `wgmma` before
+/// the final wait, and ptxas would then serialise every `wgmma`.
+#[inline(always)]
+fn consume<const S: usize>(wg: &Warpgroup, pipeline: &Pipeline<S>, mut state: PipelineState<S>, k_steps: usize, mut mma: impl FnMut(u32, u32, bool)) -> (PipelineState<S>, PipelineState<S>) {
+    let mut previous: Option<PipelineState<S>> = None;
+    let mut kt = 0;
+    loop {
+        pipeline.consumer_wait(state);
+        wg.fence();
+        for kk in 0..(BK / 16) as u32 {
+            mma(state.stage() as u32, kk, kt > 0 || kk > 0);
+        }
+        wg.commit();
+        wg.wait::<1>();
+        if let (Some(done), 0) = (previous, wg.thread_rank()) {
+            pipeline.consumer_release(done);
+        }
+        previous = Some(state);
+        state = state.next();
+        kt += 1;
+        if kt == k_steps {
+            break;
+        }
+    }
+    wg.wait::<0>();
+    (previous.unwrap_or(state), state)
+}
+
 /// The block's 128 × 256 tile of `out = epilogue(a · bᵀ)` from the tensor maps of A and Bᵀ:
 /// the body of every kernel. Traps unless K is a positive multiple of 8 and `out` holds M × N.
 #[inline(always)]
@@ -112,41 +147,17 @@ pub fn gemm<T: WgmmaInput + HalfFloat, E: TileEpilogue>(a_map: &[u64], b_map: &[
         // The epilogue's operands of a whole tile, read now so that they arrive during the
         // main loop: one check per tile, then unchecked loads (`None` at C's edges).
         let operands = if paired { epilogue.fetch(t, bm + rows, bn, m, n) } else { None };
-        // The stage whose wgmmas may still run: freed once the next step's are issued and it is
-        // waited for (`wait::<1>` leaves only the newest group running).
-        let mut previous: Option<PipelineState<STAGES>> = None;
-        // At least one step (K > 0): a path that skips the loop would set the accumulators
-        // outside `wgmma` before the final wait, and ptxas would then serialise every `wgmma`.
-        let mut kt = 0;
-        loop {
-            pipeline.consumer_wait(state);
-            let s = state.stage() as u32;
-            let (a_tile, b_tile) = (a_tiles + s * A_STAGE_BYTES, b_tiles + s * B_STAGE_BYTES);
-            wg.fence();
-            for kk in 0..(BK / 16) as u32 {
-                let a = Operand::<T>::k_major_swizzle_128b(a_tile, 16 * kk).rows_down(rows as u32);
-                let b = Operand::<T>::k_major_swizzle_128b(b_tile, 16 * kk);
-                // SAFETY: the stage is loaded (its full barrier passed) and is not refilled
-                // until both consumers release it, after the wait below; the whole warpgroup
-                // runs this, after the fence. The tile's first wgmma overwrites the accumulators.
-                unsafe { wg.mma_m64n256k16(a, b, &mut acc, kt > 0 || kk > 0) };
-            }
-            wg.commit();
-            wg.wait::<1>();
-            if let (Some(done), 0) = (previous, wg.thread_rank()) {
-                pipeline.consumer_release(done);
-            }
-            previous = Some(state);
-            state = state.next();
-            kt += 1;
-            if kt == k_steps {
-                break;
-            }
+        let (last, next) = consume(&wg, &pipeline, state, k_steps, |s, kk, accumulate| {
+            let a = Operand::<T>::k_major_swizzle_128b(a_tiles + s * A_STAGE_BYTES, 16 * kk).rows_down(rows as u32);
+            let b = Operand::<T>::k_major_swizzle_128b(b_tiles + s * B_STAGE_BYTES, 16 * kk);
+            // SAFETY: `consume`'s guarantees: the stage is loaded and stays so, the whole
+            // warpgroup runs this after a fence. The tile's first wgmma overwrites `acc`.
+            unsafe { wg.mma_m64n256k16(a, b, &mut acc, accumulate) };
+        });
+        if wg.thread_rank() == 0 {
+            pipeline.consumer_release(last);
         }
-        wg.wait::<0>();
-        if let (Some(done), 0) = (previous, wg.thread_rank()) {
-            pipeline.consumer_release(done);
-        }
+        state = next;
         // Unrolled, so that `acc` and the operands are only indexed by constants and stay in
         // registers.
         if let Some(operands) = &operands {
@@ -437,35 +448,13 @@ pub fn gemm_split_k<T: WgmmaInput + HalfFloat, E: Epilogue>(a_map: &[u64], b_map
     } else {
         grid::wait_for_prerequisites();
         grid::launch_dependents();
-        let mut state = PipelineState::<SPLIT_STAGES>::START;
-        let mut previous: Option<PipelineState<SPLIT_STAGES>> = None;
-        // At least one step (checked on entry), as in `gemm`.
-        let mut kt = 0;
-        loop {
-            pipeline.consumer_wait(state);
-            let s = state.stage() as u32;
-            let (a_tile, b_tile) = (a_tiles + s * A_STAGE_BYTES, b_tiles + s * SPLIT_B_STAGE_BYTES);
-            wg.fence();
-            for kk in 0..(BK / 16) as u32 {
-                let a = Operand::<T>::k_major_swizzle_128b(a_tile, 16 * kk).rows_down(rows as u32);
-                let b = Operand::<T>::k_major_swizzle_128b(b_tile, 16 * kk);
-                // SAFETY: as in `gemm`: the stage is loaded and not refilled until both
-                // consumers release it, after the wait below; the whole warpgroup runs this.
-                unsafe { wg.mma_m64n64k16(a, b, &mut acc, kt > 0 || kk > 0) };
-            }
-            wg.commit();
-            wg.wait::<1>();
-            if let (Some(done), 0) = (previous, wg.thread_rank()) {
-                pipeline.consumer_release(done);
-            }
-            previous = Some(state);
-            state = state.next();
-            kt += 1;
-            if kt == steps {
-                break;
-            }
-        }
-        wg.wait::<0>();
+        // The last stage stays held: the partial tile takes the stages' place below.
+        consume(&wg, &pipeline, PipelineState::<SPLIT_STAGES>::START, steps, |s, kk, accumulate| {
+            let a = Operand::<T>::k_major_swizzle_128b(a_tiles + s * A_STAGE_BYTES, 16 * kk).rows_down(rows as u32);
+            let b = Operand::<T>::k_major_swizzle_128b(b_tiles + s * SPLIT_B_STAGE_BYTES, 16 * kk);
+            // SAFETY: as in `gemm`.
+            unsafe { wg.mma_m64n64k16(a, b, &mut acc, accumulate) };
+        });
     }
     // Every load has landed and every wgmma has read its operands: the partial tile may take
     // the stages' place.
