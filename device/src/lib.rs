@@ -33,6 +33,7 @@ pub mod grid;
 pub mod math;
 pub mod mbarrier;
 pub mod mma;
+pub mod packed;
 pub mod shared;
 pub mod thread;
 pub mod tma;

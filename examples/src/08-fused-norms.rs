@@ -14,6 +14,7 @@
 //! dependent launch, a chain of them overlaps each grid's tail with the next one's launch.
 
 use clusterfuse::arch::{add_rn_f16x2, cvt_rn_f16x2_f32, fma_rn_f16x2};
+use clusterfuse::packed::widen8;
 use clusterfuse::prelude::*;
 
 /// Halves per 16-byte vector.
@@ -201,14 +202,8 @@ impl<'a> Run<'a> {
     #[inline(always)]
     fn plus(&self, other: [[u32; 4]; VECTORS], row: &Row) -> [[f32; 8]; VECTORS] {
         let a = self.all(row);
-        core::array::from_fn(|k| widen(core::array::from_fn(|i| add_rn_f16x2(a[k][i], other[k][i]))))
+        core::array::from_fn(|k| widen8::<f16>(core::array::from_fn(|i| add_rn_f16x2(a[k][i], other[k][i]))))
     }
-}
-
-/// Eight f16, as four f16x2 (the first in the low half), widened to f32.
-#[inline(always)]
-fn widen(halves: [u32; 4]) -> [f32; 8] {
-    core::array::from_fn(|e| f16::from_bits((halves[e / 2] >> (16 * (e % 2))) as u16).to_f32())
 }
 
 /// Lets the next kernel launch, then waits for the previous one, so that under programmatic
@@ -229,7 +224,7 @@ pub fn load_row(x: &[f16], hidden: u32) -> Row {
     overlap_launches();
     let mut row = Row::new(hidden);
     let run = Run::new(x, row.start, &row);
-    row.values = run.all(&row).map(widen);
+    row.values = run.all(&row).map(widen8::<f16>);
     row.first = f16::from_bits(run.first() as u16).to_f32();
     row
 }
@@ -341,7 +336,7 @@ pub mod layernorm_gelu {
         y.map_vectors(|row, k, d| {
             let (g, b) = (gamma.halves(row, k), beta.halves(row, k));
             let n: [f32; 8] = core::array::from_fn(|e| d[e].fma(rstd, offset));
-            widen(core::array::from_fn(|i| fma_rn_f16x2(cvt_rn_f16x2_f32(n[2 * i + 1], n[2 * i]), g[i], b[i])))
+            widen8::<f16>(core::array::from_fn(|i| fma_rn_f16x2(cvt_rn_f16x2_f32(n[2 * i + 1], n[2 * i]), g[i], b[i])))
         });
         y
     }
@@ -391,7 +386,7 @@ pub mod add_rmsnorm {
             if !row.has(k) {
                 return h;
             }
-            let w = widen(weight.halves(row, k));
+            let w = widen8::<f16>(weight.halves(row, k));
             core::array::from_fn(|e| h[e] * rstd * w[e])
         });
         store_row(h, out);

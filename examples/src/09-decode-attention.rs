@@ -91,6 +91,7 @@
 //! [`decode_attend`] (the same flash-decoding and cluster merge) and [`decode_o_proj_f16`].
 
 use clusterfuse::arch;
+use clusterfuse::packed::{dot8, widen8, words, Packed};
 use clusterfuse::prelude::*;
 use clusterfuse::shared::DynamicShared;
 use clusterfuse::tma::{Pipeline, PipelineState};
@@ -146,21 +147,13 @@ const _: () = assert!(
     "the unrolled loops list 4, 4, 4, 8 and 8 indices"
 );
 
-/// `input` as raw words (two halves each).
-#[inline(always)]
-fn words<T: HalfFloat>(input: &[T]) -> &[u32] {
-    const { assert!(core::mem::size_of::<T>() == 2, "16-bit elements") };
-    // SAFETY: `T` is two bytes of plain data and the buffer is 4-byte aligned (device
-    // allocations are 256-byte aligned), so its bytes read as `len / 2` words.
-    unsafe { core::slice::from_raw_parts(input.as_ptr().cast::<u32>(), input.len() / 2) }
-}
-
 /// Vector `i` (16 bytes: 8 halves) of `input` as four raw words. Loaded as `[T; 8]`, a vector
 /// would hold a register per half until it is used; as words it holds four, which is what
-/// lets 16 loads per thread be in flight within 128 registers. [`widen`] converts at use.
+/// lets 16 loads per thread be in flight within 128 registers. [`widen8`] converts at use.
 #[inline(always)]
 fn load_words<T: HalfFloat>(input: &[T], i: usize) -> [u32; 4] {
-    global::load16::<u32, 4>(words(input), i)
+    // SAFETY: kernel arguments start 256-byte aligned.
+    global::load16::<u32, 4>(unsafe { words(input) }, i)
 }
 
 /// [`load_words`] from an output, through the coherent path (the caches, which this kernel
@@ -172,47 +165,6 @@ fn load_words_out<T: HalfFloat>(output: &Out<T>, i: usize) -> [u32; 4] {
     // buffer exists.
     let words = unsafe { Out::<u32>::from_raw_parts(output.as_mut_ptr().cast::<u32>(), output.len() / 2) };
     words.load16::<4>(i)
-}
-
-/// 16-bit floats whose pairs widen from a packed word with integer operations (a
-/// reinterpreting copy would let LLVM split the words into halves again, a register each).
-pub trait Packed: HalfFloat {
-    /// The low and the high half of `word`, as f32.
-    fn widen(word: u32) -> [f32; 2];
-}
-
-impl Packed for f16 {
-    #[inline(always)]
-    fn widen(word: u32) -> [f32; 2] {
-        [f16::from_bits(word as u16).to_f32(), f16::from_bits((word >> 16) as u16).to_f32()]
-    }
-}
-
-impl Packed for bf16 {
-    #[inline(always)]
-    fn widen(word: u32) -> [f32; 2] {
-        [f32::from_bits(word << 16), f32::from_bits(word & 0xffff_0000)]
-    }
-}
-
-/// The 8 halves of a vector of [`load_words`], widened to f32.
-#[inline(always)]
-fn widen<T: Packed>(words: [u32; 4]) -> [f32; 8] {
-    let mut wide = [0.0f32; 8];
-    for k in 0..4 {
-        [wide[2 * k], wide[2 * k + 1]] = T::widen(words[k]);
-    }
-    wide
-}
-
-/// `acc + Σ w[k]·x[k]`, in f32, with `w` a vector of [`load_words`].
-#[inline(always)]
-fn dot8<T: Packed>(w: [u32; 4], x: [f32; 8], acc: f32) -> f32 {
-    let (w, mut acc) = (widen::<T>(w), acc);
-    for k in 0..8 {
-        acc = w[k].fma(x[k], acc);
-    }
-    acc
 }
 
 /// `acc + Σ w[k]·x[k]`, in f32.
@@ -450,7 +402,7 @@ fn attend<T: Packed>(state: &mut Softmax, q: [f32; 8], start: u32, end: u32, fir
         unroll!(u in [0 1 2 3 4 5 6 7] {
             let p = if (base + group + (GROUPS * u) as u32) < end { math::exp2(s[u] - m) } else { 0.0 };
             state.l += p;
-            for (o, v) in state.o.iter_mut().zip(&widen::<T>(vs[u])) {
+            for (o, v) in state.o.iter_mut().zip(&widen8::<T>(vs[u])) {
                 *o = p.fma(*v, *o);
             }
         });
@@ -754,7 +706,8 @@ fn o_proj<T: Packed, const B: usize, const R: usize, const V: usize>(attn: &[f32
     block::sync();
     let load = |state: PipelineState<O_STAGES>, k: usize| {
         if k < steps {
-            ring.load(state, words(w_o), row0 * row_vectors + k * 32 * V, row_vectors, item_len(k));
+            // SAFETY: a kernel argument, 256-byte aligned.
+            ring.load(state, unsafe { words(w_o) }, row0 * row_vectors + k * 32 * V, row_vectors, item_len(k));
         }
     };
     let mut ahead = PipelineState::START;
@@ -918,7 +871,7 @@ fn attend_appended<T: Packed>(q: &[f32], positions: &[u32], k_cache: &Out<T>, v_
     grid::wait_for_prerequisites();
 
     let qs: [f32; 8] = core::array::from_fn(|k| q[head * HEAD_DIM + lane16 * 8 + k] * Q_SCALE);
-    let (k_new, v_new) = (widen::<T>(key(pos)), widen::<T>(value(pos)));
+    let (k_new, v_new) = (widen8::<T>(key(pos)), widen8::<T>(value(pos)));
     let mut s_new = 0.0f32;
     for k in 0..8 {
         s_new = qs[k].fma(k_new[k], s_new);

@@ -50,6 +50,7 @@
 //! norms, the RoPE table, token and position are written by the host alone: read-only path.
 
 use clusterfuse::arch;
+use clusterfuse::packed::{dot8, widen8, words};
 use clusterfuse::prelude::*;
 
 /// Dimensions per head.
@@ -97,14 +98,6 @@ const _: () = assert!(V == 8 && TOKENS == 2 && MAX_GROUP == 4 && MAX_CLUSTER == 
 /// 16 bytes (8 bf16 values) as four raw words.
 type Vector = [u32; 4];
 
-/// `input`'s bytes as words.
-#[inline(always)]
-fn words(input: &[bf16]) -> &[u32] {
-    // SAFETY: bf16 is two bytes of plain data and device buffers are 256-byte aligned, so the
-    // buffer's bytes read as `len / 2` words.
-    unsafe { core::slice::from_raw_parts(input.as_ptr().cast::<u32>(), input.len() / 2) }
-}
-
 /// Vector `i` of `input` (bf16), through the coherent path (bounds and alignment checked).
 #[inline(always)]
 fn load_vector(input: &Out<bf16>, i: usize) -> Vector {
@@ -118,32 +111,6 @@ fn load_vector(input: &Out<bf16>, i: usize) -> Vector {
 fn load8(x: &Out<f32>, c: usize) -> [f32; 8] {
     let (lo, hi) = (x.load16::<4>(2 * c), x.load16::<4>(2 * c + 1));
     [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
-}
-
-/// The low and the high bf16 of `word`, as f32.
-#[inline(always)]
-fn widen(word: u32) -> [f32; 2] {
-    [f32::from_bits(word << 16), f32::from_bits(word & 0xffff_0000)]
-}
-
-/// The 8 values of `v`, as f32.
-#[inline(always)]
-fn widen8(v: Vector) -> [f32; 8] {
-    let mut wide = [0.0f32; 8];
-    for k in 0..4 {
-        [wide[2 * k], wide[2 * k + 1]] = widen(v[k]);
-    }
-    wide
-}
-
-/// `acc + Σ w[k]·x[k]`, in f32.
-#[inline(always)]
-fn dot8(w: Vector, x: [f32; 8], acc: f32) -> f32 {
-    let (w, mut acc) = (widen8(w), acc);
-    for k in 0..8 {
-        acc = w[k].fma(x[k], acc);
-    }
-    acc
 }
 
 /// Staged vector `c` (see [`STAGE`]).
@@ -175,7 +142,8 @@ fn stage_input(x: &Out<f32>, norm_w: Option<(&[bf16], Vector)>, stage: SharedSli
                     squares = value.fma(value, squares);
                 }
                 if let Some((norm_w, mine)) = norm_w {
-                    let g = widen8(if c == thread::rank_in_block() as usize { mine } else { global::load16::<u32, 4>(words(norm_w), c) });
+                    // SAFETY: `norm_w` is a kernel argument, 256-byte aligned.
+                    let g = widen8::<bf16>(if c == thread::rank_in_block() as usize { mine } else { global::load16::<u32, 4>(unsafe { words(norm_w) }, c) });
                     for j in 0..8 {
                         v[j] *= g[j];
                     }
@@ -222,7 +190,8 @@ fn chunk_shift(row_vectors: usize) -> u32 {
 /// up to 16 loads of 16 bytes, all issued before any is used, bounds checked once for both rows.
 #[inline(always)]
 fn load_tile(w: &[bf16], rows: (usize, usize), row_vectors: usize, chunk: usize) -> Tile {
-    let w = words(w);
+    // SAFETY: `w` is a kernel argument, 256-byte aligned.
+    let w = unsafe { words(w) };
     global::check16::<u32, 4>(w.as_ptr(), w.len(), (rows.0.max(rows.1) + 1) * row_vectors);
     let first = chunk * CHUNK + warp::lane() as usize;
     let mut tile = [[[0u32; 4]; V]; 2];
@@ -249,8 +218,8 @@ fn tile_dot(tile: &Tile, stage: SharedSlice<f32>, row_vectors: usize, chunk: usi
         let c = first + 32 * j;
         if c < row_vectors {
             let x = staged(stage, c);
-            acc[0] = dot8(tile[0][j], x, acc[0]);
-            acc[1] = dot8(tile[1][j], x, acc[1]);
+            acc[0] = dot8::<bf16>(tile[0][j], x, acc[0]);
+            acc[1] = dot8::<bf16>(tile[1][j], x, acc[1]);
         }
     });
     [warp::reduce_sum(acc[0]), warp::reduce_sum(acc[1])]
@@ -285,7 +254,8 @@ fn combine(sums: [f32; 2], partial: SharedSlice<f32>, shift: u32) -> Option<[f32
 #[inline(always)]
 fn norm_vector(norm_w: &[bf16]) -> Vector {
     let last = norm_w.len() / 8 - 1;
-    global::load16::<u32, 4>(words(norm_w), (thread::rank_in_block() as usize).min(last))
+    // SAFETY: `norm_w` is a kernel argument, 256-byte aligned.
+    global::load16::<u32, 4>(unsafe { words(norm_w) }, (thread::rank_in_block() as usize).min(last))
 }
 
 /// A projection of `x` (f32, `row_vectors · 8` long, times `norm_w` when given) by `w`, row
@@ -521,9 +491,9 @@ pub fn llama_attention(q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, posi
         let (k_new, v_new) = (load_vector(&k_cache, vector(pos)), load_vector(&v_cache, vector(pos)));
         unroll!(h in [0 1 2 3] {
             if h < group_size {
-                let score = group_sum(dot8(k_new, query(h), 0.0));
+                let score = group_sum(dot8::<bf16>(k_new, query(h), 0.0));
                 if group == 0 {
-                    states[h] = Softmax { m: score, l: 1.0, o: widen8(v_new) };
+                    states[h] = Softmax { m: score, l: 1.0, o: widen8::<bf16>(v_new) };
                 }
             }
         });
@@ -541,7 +511,7 @@ pub fn llama_attention(q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, posi
                 let mut s = [NO_SCORE; TOKENS];
                 let mut m = state.m;
                 unroll!(u in [0 1] {
-                    let score = group_sum(dot8(ks[u], q, 0.0));
+                    let score = group_sum(dot8::<bf16>(ks[u], q, 0.0));
                     if base + group + GROUPS * u < end {
                         s[u] = score;
                         m = m.max(score);
@@ -555,7 +525,7 @@ pub fn llama_attention(q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, posi
                 unroll!(u in [0 1] {
                     let p = if base + group + GROUPS * u < end { math::exp2(s[u] - m) } else { 0.0 };
                     state.l += p;
-                    for (o, &v) in state.o.iter_mut().zip(&widen8(vs[u])) {
+                    for (o, &v) in state.o.iter_mut().zip(&widen8::<bf16>(vs[u])) {
                         *o = p.fma(v, *o);
                     }
                 });
