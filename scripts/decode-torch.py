@@ -20,7 +20,7 @@ from pathlib import Path
 try:
     import torch
     import torch.nn.functional as F
-    from torchbench import graphed, kernels, time_us
+    from torchbench import graphed, kernels, rel, rope, rotate_half, time_us
 except ImportError as err:
     print(f"SKIPPED (decode-torch needs PyTorch: {err})")
     sys.exit(0)
@@ -31,19 +31,6 @@ EPS, THETA = 1e-5, 10000.0
 PEAK = 4.3e12
 STEPS, WARMUP, REPS = 20, 5, 50
 TOLERANCE = 2e-3
-
-
-def rope(pos, dtype, device):
-    """cos and sin of pos * theta^(-2i/128), laid out as Hugging Face's LlamaRotaryEmbedding lays
-    them out (computed in float64, as decode-bench computes its table)."""
-    inv_freq = 1.0 / (THETA ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float64, device=device) / HEAD_DIM))
-    freqs = pos * inv_freq
-    emb = torch.cat((freqs, freqs))
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def rotate_half(t):
-    return torch.cat((-t[..., HEAD_DIM // 2:], t[..., : HEAD_DIM // 2]), dim=-1)
 
 
 def block(x, norm_w, w_qkv, w_o, k_cache, v_cache, cos, sin, pos: int):
@@ -62,13 +49,6 @@ def block(x, norm_w, w_qkv, w_o, k_cache, v_cache, cos, sin, pos: int):
     return x + attn.reshape(batch, -1) @ w_o.t()
 
 
-def rel(a, b):
-    a, b = a.double().flatten(), b.double().flatten()
-    return ((a - b).norm() / b.norm()).item()
-
-
-
-
 def bench():
     dev = torch.device("cuda")
     print(f"{torch.cuda.get_device_name()} — PyTorch {torch.__version__}, Llama-2-7B decode attention block (hidden {HIDDEN}, {HEADS} heads × {HEAD_DIM}, fp16, batch 1); median of {REPS} passes of {STEPS} steps (CUDA events), µs per step; roofline = bytes / {PEAK / 1e12:.1f} TB/s", flush=True)
@@ -83,7 +63,7 @@ def bench():
     rows = []
     for length in LENGTHS:
         pos = length - 1
-        cos, sin = rope(pos, torch.float16, dev)
+        cos, sin = rope(pos, HEAD_DIM, THETA, torch.float16, dev)
         args = (x, norm_w, w_qkv, w_o, k_cache, v_cache, cos, sin, pos)
         nbytes = (4 * HIDDEN * HIDDEN + HIDDEN) * 2 + 2 * HEADS * length * HEAD_DIM * 2 + 2 * HIDDEN * 2
         roofline = nbytes / PEAK * 1e6
@@ -128,7 +108,7 @@ def check(directory):
             cache = torch.full((1, heads, pos + 1, HEAD_DIM), float("nan"), dtype=dtype, device=dev)
             cache[0, :, :pos] = load(directory, name, (heads, pos, HEAD_DIM), dev).to(dtype)
             caches.append(cache)
-        cos, sin = rope(pos, dtype, dev)
+        cos, sin = rope(pos, HEAD_DIM, THETA, dtype, dev)
         out = block(x.to(dtype), norm_w.to(dtype), w_qkv.to(dtype), w_o.to(dtype), *caches, cos, sin, pos)
         results[dtype] = {"out": out, "k_new": caches[0][0, :, pos], "v_new": caches[1][0, :, pos]}
     print(f"decode step, hidden {hidden}, {heads} heads, pos {pos}: relative error ||a - b|| / ||b||")

@@ -20,7 +20,7 @@ import sys
 try:
     import torch
     import torch.nn.functional as F
-    from torchbench import graphed, kernels, time_us
+    from torchbench import graphed, kernels, rel, rope, rotate_half, time_us
 except ImportError as err:
     print(f"SKIPPED (llama-torch needs PyTorch: {err})")
     sys.exit(0)
@@ -31,17 +31,6 @@ EPS, THETA = 1e-5, 500000.0
 PEAK = 4.3e12
 STEPS, WARMUP, REPS = 20, 3, 30
 TOKEN = 128000
-
-
-def rope(pos, device):
-    """cos and sin of pos * theta^(-2i/64), Hugging Face's layout (the 32 angles twice), bf16."""
-    inv_freq = 1.0 / (THETA ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float64, device=device) / HEAD_DIM))
-    emb = torch.cat((pos * inv_freq, pos * inv_freq))
-    return emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16)
-
-
-def rotate_half(t):
-    return torch.cat((-t[..., HEAD_DIM // 2:], t[..., : HEAD_DIM // 2]), dim=-1)
 
 
 def rms_norm(x, w):
@@ -68,11 +57,6 @@ def step(model, k_caches, v_caches, cos, sin, pos: int):
         gate, up = (rms_norm(x, norm2) @ w_gate_up.t()).chunk(2, dim=-1)
         x = x + (F.silu(gate) * up) @ w_down.t()
     return rms_norm(x, final_norm) @ emb.t()
-
-
-def rel(a, b):
-    a, b = a.double().flatten(), b.double().flatten()
-    return ((a - b).norm() / b.norm()).item()
 
 
 def main():
@@ -107,7 +91,7 @@ def main():
     rows = []
     for length in LENGTHS:
         pos = length - 1
-        cos, sin = rope(pos, dev)
+        cos, sin = rope(pos, HEAD_DIM, THETA, torch.bfloat16, dev)
         args = (model, k_caches, v_caches, cos, sin, pos)
         nbytes = params * 2 + LAYERS * 2 * KV_HEADS * length * HEAD_DIM * 2 + HIDDEN * 2 + VOCAB * 4
         roofline = nbytes / PEAK * 1e6

@@ -1,5 +1,5 @@
-"""What the PyTorch benchmark scripts share: CUDA-event timing, kernel counting and CUDA-graph
-capture."""
+"""What the PyTorch benchmark scripts share: CUDA-event timing, kernel counting, CUDA-graph
+capture, relative errors, and the rotate-half RoPE of both Llama decode scripts."""
 
 import torch
 
@@ -46,3 +46,25 @@ def graphed(fn):
     with torch.cuda.graph(graph):
         fn()
     return graph.replay
+
+
+def rel(a, b):
+    """||a - b|| / ||b||, in float64."""
+    a, b = a.double().flatten(), b.double().flatten()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def rope(pos, head_dim, theta, dtype, device):
+    """cos and sin of pos * theta^(-2i/head_dim), laid out as Hugging Face's LlamaRotaryEmbedding
+    lays them out (the head_dim/2 angles twice; computed in float64, as the benches compute
+    their tables), in dtype."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim))
+    freqs = pos * inv_freq
+    emb = torch.cat((freqs, freqs))
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(t):
+    """Hugging Face's rotate_half over the last dimension: (-second half, first half)."""
+    half = t.shape[-1] // 2
+    return torch.cat((-t[..., half:], t[..., :half]), dim=-1)
