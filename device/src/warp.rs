@@ -1,4 +1,5 @@
-//! Warp scope: lanes, shuffles, votes and warp-wide reductions (all 32 lanes take part).
+//! Warp scope: lanes, shuffles, votes and reductions over the warp or groups of its lanes (all
+//! 32 lanes take part).
 
 use crate::arch;
 use crate::ops::{Element, Max, ReduceOp, Sum};
@@ -66,17 +67,33 @@ pub fn any(predicate: bool) -> bool {
     ballot(predicate) != 0
 }
 
-/// All-reduce over the warp with `op`: every lane gets the result. A butterfly, so the
-/// order of combination is fixed and every lane's result is bitwise the same.
+/// All-reduce with `op` over each group of `LANES` consecutive lanes (a power of two up to
+/// 32; every lane of the warp calls it): every lane gets its group's result. A butterfly,
+/// lane masks `LANES / 2` down to 1, so the order of combination is fixed and every lane of
+/// a group gets a bitwise-equal result.
 #[inline(always)]
-pub fn reduce<T: Element, Op: ReduceOp<T>>(value: T, _op: Op) -> T {
+pub fn group_reduce<const LANES: u32, T: Element, Op: ReduceOp<T>>(value: T, _op: Op) -> T {
+    const { assert!(LANES.is_power_of_two() && LANES <= 32, "a group is 1, 2, 4, 8, 16 or 32 lanes") };
     let mut v = value;
-    let mut mask = 16;
+    let mut mask = LANES / 2;
     while mask > 0 {
         v = Op::combine(v, shuffle_xor(v, mask));
         mask >>= 1;
     }
     v
+}
+
+/// Sum over each group of `LANES` consecutive lanes ([`group_reduce`]).
+#[inline(always)]
+pub fn group_sum<const LANES: u32, T: Element>(value: T) -> T {
+    group_reduce::<LANES, T, Sum>(value, Sum)
+}
+
+/// All-reduce over the warp with `op`: every lane gets the result ([`group_reduce`] over one
+/// group of 32).
+#[inline(always)]
+pub fn reduce<T: Element, Op: ReduceOp<T>>(value: T, op: Op) -> T {
+    group_reduce::<32, T, Op>(value, op)
 }
 
 /// Sum over the warp; every lane gets it.

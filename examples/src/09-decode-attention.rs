@@ -303,18 +303,6 @@ impl<const S: usize, const R: usize, const V: usize> WeightRing<S, R, V> {
     }
 }
 
-/// Sum over the 16 lanes of the caller's half-warp (every lane of the warp calls it).
-#[inline(always)]
-fn group_sum(value: f32) -> f32 {
-    let mut v = value;
-    let mut mask = 8;
-    while mask > 0 {
-        v += warp::shuffle_xor(v, mask);
-        mask >>= 1;
-    }
-    v
-}
-
 /// 1/√(mean(x²) + ε) over the whole vector, in every thread.
 #[inline(always)]
 fn rms_scale(x: &[f16], scratch: SharedSlice<f32>) -> f32 {
@@ -384,7 +372,7 @@ fn attend<T: Packed>(state: &mut Softmax, q: [f32; 8], start: u32, end: u32, fir
         let mut s = [NO_SCORE; TOKENS];
         let mut m = state.m;
         unroll!(u in [0 1 2 3 4 5 6 7] {
-            let score = group_sum(dot8::<T>(ks[u], q, 0.0));
+            let score = warp::group_sum::<16, f32>(dot8::<T>(ks[u], q, 0.0));
             if (base + group + (GROUPS * u) as u32) < end {
                 s[u] = score;
                 m = m.max(score);
@@ -662,7 +650,7 @@ fn attention_heads<T: Packed, const B: usize, const R: usize, const V: usize>(
         for k in 0..8 {
             s_new = q[k].fma(k_new[k], s_new);
         }
-        let s_new = group_sum(s_new);
+        let s_new = warp::group_sum::<16, f32>(s_new);
         let mut state = if rank == 0 && group == 0 { Softmax { m: s_new, l: 1.0, o: v_new } } else { Softmax::EMPTY };
         let (start, end) = share(pos);
         if !early || s > 0 {
@@ -876,7 +864,7 @@ fn attend_appended<T: Packed>(q: &[f32], positions: &[u32], k_cache: &Out<T>, v_
     for k in 0..8 {
         s_new = qs[k].fma(k_new[k], s_new);
     }
-    let s_new = group_sum(s_new);
+    let s_new = warp::group_sum::<16, f32>(s_new);
     let mut state = if rank == 0 && group == 0 { Softmax { m: s_new, l: 1.0, o: v_new } } else { Softmax::EMPTY };
     attend::<T>(&mut state, qs, start, end, first, key, value);
     let (merged, maximum) = (shared!([f32; STATE]), shared!([f32; 1]));

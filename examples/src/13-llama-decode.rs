@@ -416,14 +416,6 @@ pub fn llama_lm_head(h: Out<f32>, norm_w: &[bf16], embedding: &[bf16], logits: O
     });
 }
 
-/// Sum over the 8 lanes of the caller's group (every lane of the warp calls it).
-#[inline(always)]
-fn group_sum(value: f32) -> f32 {
-    let v = value + warp::shuffle_xor(value, 4);
-    let v = v + warp::shuffle_xor(v, 2);
-    v + warp::shuffle_xor(v, 1)
-}
-
 /// One query head's online softmax over the tokens a group has seen: the largest score `m`,
 /// `l = Σ 2^(s − m)`, and `o = Σ 2^(s − m)·v` for the lane's 8 dimensions.
 #[derive(Clone, Copy)]
@@ -491,7 +483,7 @@ pub fn llama_attention(q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, posi
         let (k_new, v_new) = (load_vector(&k_cache, vector(pos)), load_vector(&v_cache, vector(pos)));
         unroll!(h in [0 1 2 3] {
             if h < group_size {
-                let score = group_sum(dot8::<bf16>(k_new, query(h), 0.0));
+                let score = warp::group_sum::<8, f32>(dot8::<bf16>(k_new, query(h), 0.0));
                 if group == 0 {
                     states[h] = Softmax { m: score, l: 1.0, o: widen8::<bf16>(v_new) };
                 }
@@ -511,7 +503,7 @@ pub fn llama_attention(q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, posi
                 let mut s = [NO_SCORE; TOKENS];
                 let mut m = state.m;
                 unroll!(u in [0 1] {
-                    let score = group_sum(dot8::<bf16>(ks[u], q, 0.0));
+                    let score = warp::group_sum::<8, f32>(dot8::<bf16>(ks[u], q, 0.0));
                     if base + group + GROUPS * u < end {
                         s[u] = score;
                         m = m.max(score);
