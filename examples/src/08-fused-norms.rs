@@ -254,7 +254,7 @@ pub fn store_row(row: Row, out: &Out<f16>) {
 /// Σ of each of `values` over a block of `warps` warps (at most 8), in every thread: each
 /// warp's sums by shuffles, then, past one warp, the warps' sums through `scratch` (`N` slots
 /// a warp) after one barrier, where lane `l` of each 8 takes warp `l`'s (0 past the last warp)
-/// and three more shuffles add them: no loop over the warps, and every thread adds the same
+/// and a sum over each 8 lanes adds them: no loop over the warps, and every thread adds the same
 /// values in the same order, so gets the same totals. With no closing barrier, `scratch`
 /// serves one call per block.
 #[inline(always)]
@@ -273,7 +273,7 @@ fn row_sums<const N: usize>(values: [f32; N], warps: u32, warp_index: u32, scrat
     let slot = lane % 8;
     core::array::from_fn(|i| {
         let sum = if slot < warps { scratch.load(N * slot as usize + i) } else { 0.0 };
-        [4, 2, 1].into_iter().fold(sum, |sum, mask| sum + warp::shuffle_xor(sum, mask))
+        warp::group_sum::<8, f32>(sum)
     })
 }
 
