@@ -93,8 +93,6 @@
 use clusterfuse::arch;
 use clusterfuse::packed::{dot8, widen8, words, Packed};
 use clusterfuse::prelude::*;
-use clusterfuse::shared::DynamicShared;
-use clusterfuse::tma::{Pipeline, PipelineState};
 
 /// Dimensions per head.
 pub const HEAD_DIM: usize = 128;
@@ -121,8 +119,6 @@ const QKV_ITEM: [(usize, usize); 2] = [(4, 4), (2, 4)];
 /// 16-byte vectors per lane per row of an item of the output projection, at batch 1 and at
 /// batch tile 8 (4 KB items with [`O_ROWS`]).
 const O_VECTORS: [usize; 2] = [4, 2];
-/// Items of `W_o` in each warp's ring.
-const O_STAGES: usize = 2;
 /// Tokens per group per step of the flash-decoding loop.
 const TOKENS: usize = 8;
 /// Floats per sequence of a block's merged attention state: `o` (128), `l`, and padding to
@@ -229,78 +225,53 @@ fn accumulate<T: Packed, const B: usize, const R: usize, const V: usize>(
     });
 }
 
-/// Bytes of dynamic shared memory of a block's [`WeightRing`]s (barriers included).
-const fn ring_bytes(stages: usize, rows: usize, vectors: usize) -> usize {
-    WARPS * stages * (rows * 32 * vectors * 16 + 16)
-}
+/// A warp's item of `R` rows: this lane's `V` 16-byte vectors of each, as raw words.
+type Item<const R: usize, const V: usize> = [[[u32; 4]; V]; R];
 
-/// A warp's ring of `S` stages of weight items in shared memory, each `R` rows × up to
-/// `32·V` 16-byte vectors (a vector per lane per `j < V`): lane 0 loads an item with one bulk
-/// copy per row (`cp.async.bulk`, so the bytes in flight do not depend on registers or
-/// warps), all 32 lanes read it, and lane 0 releases the stage after a warp barrier (one
-/// arrival, as CUTLASS's pipelines make one per consumer warp, not per thread). A warp's rings are its own: no other
-/// warp waits for them.
-#[derive(Clone, Copy)]
-struct WeightRing<const S: usize, const R: usize, const V: usize> {
-    stages: SharedSlice<u32>,
-    pipeline: Pipeline<S>,
-}
-
-impl<const S: usize, const R: usize, const V: usize> WeightRing<S, R, V> {
-    /// Words of a stage.
-    const STAGE: usize = R * 32 * V * 4;
-
-    /// The calling warp's ring, its block's taking [`ring_bytes`] of `smem`. Every thread
-    /// calls it; a block barrier must follow before any uses a ring.
-    #[inline(always)]
-    fn new(smem: &mut DynamicShared) -> Self {
-        let warp = warp::index_in_block() as usize;
-        let stages = smem.take::<u32>(WARPS * S * Self::STAGE).slice(warp * S * Self::STAGE, S * Self::STAGE);
-        Self { stages, pipeline: Pipeline::per_warp(smem.take::<u64>(WARPS * 2 * S), 1) }
-    }
-
-    /// Lane 0 (the others do nothing): once `state`'s stage is free, starts loading into it
-    /// `len ≤ 32·V` vectors of each row `u < R` of `weights` (as [`words`]), from vector
-    /// `start + u·stride`.
-    #[inline(always)]
-    fn load(&self, state: PipelineState<S>, weights: &[u32], start: usize, stride: usize, len: usize) {
-        if warp::lane() == 0 {
-            let full = self.pipeline.producer_acquire(state, (R * len * 16) as u32);
-            let stage = self.stages.slice(state.stage() * Self::STAGE, Self::STAGE);
-            unroll!(u in [0 1 2 3] {
-                if u < R {
-                    let from = 4 * (start + u * stride);
-                    // SAFETY: `full` expects the R copies' bytes (`producer_acquire`), and the
-                    // stage is free: the warp released it before the acquire returned.
-                    unsafe { stage.slice(u * 32 * V * 4, 4 * len).load_async(&weights[from..from + 4 * len], full) };
-                }
-            });
-        }
-    }
-
-    /// Every lane: waits for `state`'s item (of `len` vectors a row), reads the lane's
-    /// vectors `32·j + lane` of each row (past `len`, the row's last; ignored by the caller);
-    /// then the warp releases the stage.
-    #[inline(always)]
-    fn take(&self, state: PipelineState<S>, len: usize) -> [[[u32; 4]; V]; R] {
-        self.pipeline.consumer_wait(state);
-        let stage = self.stages.slice(state.stage() * Self::STAGE, Self::STAGE);
-        let lane = warp::lane() as usize;
-        let mut w = [[[0u32; 4]; V]; R];
-        unroll!(u in [0 1 2 3] {
-            unroll!(j in [0 1 2 3] {
-                if u < R && j < V {
-                    w[u][j] = stage.load16::<4>(u * 32 * V + (32 * j + lane).min(len - 1));
-                }
-            });
+/// Item `k` of rows `rows` of `w` (rows of `row_vectors` 16-byte vectors): this lane's vectors
+/// `32·V·k + 32·j + lane`, `j < V`, of each row; past a row's end, its last vector (a load
+/// without a branch, which [`dot_rows`] skips).
+#[inline(always)]
+fn load_item<T: Packed, const R: usize, const V: usize>(w: &[T], rows: [usize; R], row_vectors: usize, k: usize) -> Item<R, V> {
+    let lane = warp::lane() as usize;
+    let mut item = [[[0u32; 4]; V]; R];
+    unroll!(u in [0 1 2 3] {
+        unroll!(j in [0 1 2 3] {
+            if u < R && j < V {
+                item[u][j] = load_words(w, rows[u] * row_vectors + (32 * V * k + 32 * j + lane).min(row_vectors - 1));
+            }
         });
-        // Every lane's reads, then the release that lets lane 0 overwrite the stage.
-        warp::sync();
-        if lane == 0 {
-            self.pipeline.consumer_release(state);
-        }
-        w
+    });
+    item
+}
+
+/// This lane's share of `W[row] · x_s` for each of `rows` and each token `s < B` of the
+/// activations staged in `stage` (see [`staged`]), not yet summed over the warp. `first` is
+/// item 0 (see [`load_item`]), which the caller loads before staging the activations; each
+/// next item is loaded before the current one is used, so a warp keeps two in flight.
+#[inline(always)]
+fn dot_rows<T: Packed, const B: usize, const R: usize, const V: usize>(
+    w: &[T],
+    rows: [usize; R],
+    row_vectors: usize,
+    stage: SharedSlice<f32>,
+    first: Item<R, V>,
+) -> [[f32; B]; R] {
+    let lane = warp::lane() as usize;
+    let mut acc = [[0.0f32; B]; R];
+    let mut item = first;
+    let steps = row_vectors.div_ceil(32 * V);
+    for k in 0..steps {
+        let next = if k + 1 < steps { load_item::<T, R, V>(w, rows, row_vectors, k + 1) } else { item };
+        unroll!(j in [0 1 2 3] {
+            let c = 32 * V * k + 32 * j + lane;
+            if j < V && c < row_vectors {
+                accumulate::<T, B, R, V>(&mut acc, &item, j, stage, c);
+            }
+        });
+        item = next;
     }
+    acc
 }
 
 /// 1/√(mean(x²) + ε) over the whole vector, in every thread.
@@ -685,45 +656,19 @@ fn o_proj<T: Packed, const B: usize, const R: usize, const V: usize>(attn: &[f32
     let row_vectors = hidden / 8;
     let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
     let row0 = (block::index_x() as usize * WARPS + warp) * R;
-    let steps = row_vectors.div_ceil(32 * V);
-    let vector = |k: usize, j: usize| k * 32 * V + 32 * j + lane;
-    let item_len = |k: usize| (row_vectors - k * 32 * V).min(32 * V);
-    let mut smem = shared::dynamic();
-    let stage = smem.take::<f32>(stage_units(B) * row_vectors * 4);
-    let ring = WeightRing::<O_STAGES, R, V>::new(&mut smem);
-    block::sync();
-    let load = |state: PipelineState<O_STAGES>, k: usize| {
-        if k < steps {
-            // SAFETY: a kernel argument, 256-byte aligned.
-            ring.load(state, unsafe { words(w_o) }, row0 * row_vectors + k * 32 * V, row_vectors, item_len(k));
-        }
-    };
-    let mut ahead = PipelineState::START;
-    for k in 0..O_STAGES {
-        load(ahead, k);
-        ahead = ahead.next();
-    }
-    // W_o does not depend on the attention kernel: its first items are in flight before
-    // `attn` is waited for.
+    let rows = core::array::from_fn(|u| (row0 + u).min(hidden - 1));
+    // W_o does not depend on the attention kernel: the first item is in flight before `attn`
+    // is waited for.
+    let first = load_item::<T, R, V>(w_o, rows, row_vectors, 0);
     grid::wait_for_prerequisites();
+    let stage = shared::dynamic().take::<f32>(stage_units(B) * row_vectors * 4);
     for i in block::stride_loop(0..B * row_vectors) {
         let (s, c) = (i / row_vectors, i % row_vectors);
-        store8(stage, staged::<B>(c, s), if s < batch { core::array::from_fn(|k| attn[8 * i + k]) } else { [0.0; 8] });
+        let v = if s < batch { [global::load16::<f32, 4>(attn, 2 * i), global::load16::<f32, 4>(attn, 2 * i + 1)] } else { [[0.0; 4]; 2] };
+        store8(stage, staged::<B>(c, s), core::array::from_fn(|k| v[k / 4][k % 4]));
     }
     block::sync();
-    let mut acc = [[0.0f32; B]; R];
-    let mut state = PipelineState::START;
-    for k in 0..steps {
-        let w = ring.take(state, item_len(k));
-        load(ahead, k + O_STAGES);
-        (state, ahead) = (state.next(), ahead.next());
-        unroll!(j in [0 1 2 3] {
-            let c = vector(k, j);
-            if j < V && c < row_vectors {
-                accumulate::<T, B, R, V>(&mut acc, &w, j, stage, c);
-            }
-        });
-    }
+    let acc = dot_rows::<T, B, R, V>(w_o, rows, row_vectors, stage, first);
     unroll!(u in [0 1 2 3] {
         unroll!(s in [0 1 2 3 4 5 6 7] {
             if u < R && s < B && s < batch {
@@ -772,22 +717,9 @@ fn qkv_rope<T: Packed, const V: usize>(
     let (part, within) = (pair / (hidden / 2), pair % (hidden / 2));
     let (head, i) = (within / 64, within % 64);
     let row = part * hidden + head * HEAD_DIM + i;
-    let steps = row_vectors.div_ceil(32 * V);
-    let vector = |k: usize, j: usize| k * 32 * V + 32 * j + lane;
-    let load = |k: usize| {
-        let mut w = [[[0u32; 4]; V]; 2];
-        unroll!(u in [0 1] {
-            unroll!(j in [0 1 2 3] {
-                if j < V {
-                    // Unconditional, as in `load_rows`: past the row, its last vector.
-                    w[u][j] = load_words(w_qkv, (row + 64 * u) * row_vectors + vector(k, j).min(row_vectors - 1));
-                }
-            });
-        });
-        w
-    };
+    let rows = [row, row + 64];
     // One item in flight across the staging below, two in the loop.
-    let mut w = load(0);
+    let first = load_item::<T, 2, V>(w_qkv, rows, row_vectors, 0);
     // Nothing of the attention kernel's early work (the cache's past tokens) is written here.
     grid::launch_dependents();
 
@@ -806,17 +738,7 @@ fn qkv_rope<T: Packed, const V: usize>(
     // Its barriers also publish `xg`.
     let rstd = math::rsqrt(block::reduce_sum(squares, shared!([f32; WARPS])) / hidden as f32 + EPS);
 
-    let mut acc = [[0.0f32; 1]; 2];
-    for k in 0..steps {
-        let next = if k + 1 < steps { load(k + 1) } else { w };
-        unroll!(j in [0 1 2 3] {
-            let c = vector(k, j);
-            if j < V && c < row_vectors {
-                accumulate::<T, 1, 2, V>(&mut acc, &w, j, xg, c);
-            }
-        });
-        w = next;
-    }
+    let acc = dot_rows::<T, 1, 2, V>(w_qkv, rows, row_vectors, xg, first);
     let (lo, hi) = (warp::reduce_sum(acc[0][0]) * rstd, warp::reduce_sum(acc[1][0]) * rstd);
     if lane == 0 {
         let new_row = (head * max_len as usize + positions[0] as usize) * HEAD_DIM;
@@ -1084,7 +1006,7 @@ pub mod host {
         let t = usize::from(tile(batch) > 1);
         let rows = WARPS * O_ROWS[t];
         assert!(hidden.is_multiple_of(rows), "hidden {hidden} is not a multiple of {rows}");
-        config(hidden / rows, BLOCK, None, stage_units(tile(batch)) * hidden * 2 + ring_bytes(O_STAGES, O_ROWS[t], O_VECTORS[t]))
+        config(hidden / rows, BLOCK, None, stage_units(tile(batch)) * hidden * 2)
     }
 
     /// Spread 1/3's launch: a pair of rows of `W_qkv` a warp, `x ⊙ norm_w` in dynamic shared
