@@ -16,9 +16,11 @@
 //! 3. multiplies those columns with the head's 384 rows of `W_qkv` (split-K: a warp per 4
 //!    rows × 4 16-byte vectors per lane, at batch tile 8 2 rows × 4, the next item's loads
 //!    issued before the warp reductions) and `cluster::reduce` sums the blocks' partial q, k,
-//!    v in rank order. Register loads, not a ring of bulk copies as in fused 2/2: with one
+//!    v in rank order. Register loads, not a ring of bulk copies (`cp.async.bulk`): with one
 //!    (102 KB of dynamic shared memory) this kernel ran at half the speed on the H200, its
-//!    cache phase included (the L1 the ring takes, or its per-warp serialisation);
+//!    cache phase included (the L1 the ring takes, or its per-warp serialisation), and the
+//!    output projection took 14.4 µs alone (`ncu`) with a ring of 2 items a warp, 12.5 µs
+//!    with register loads;
 //! 4. scales by `1/rms`, rotates q and k (RoPE, Hugging Face's rotate-half), rounds k and v
 //!    to the cache's type; rank 0 appends them to the cache;
 //! 5. runs flash-decoding over its `1/C` of each sequence's cached tokens: 16-lane groups, 8
@@ -28,16 +30,17 @@
 //! 6. rank 0 writes the head's attention output (f32) to `attn`.
 //!
 //! [`decode_o_proj_f16`] (and twins): `out = x + W_o · attn`, spread over the whole GPU — a
-//! warp per 2 rows (4 at batch 8) streamed through a ring of 2 items of 4 KB a warp (2 rows ×
-//! 4 vectors per lane, at batch 8 4 rows × 2), every block staging all heads' `attn` in
-//! shared memory after starting its first `W_o` items. No atomics anywhere: the output is
+//! warp per 2 rows (4 at batch 8), 4 16-byte vectors of each per lane per item (2 at batch
+//! 8), the next item's loads issued before the current one is used ([`dot_rows`], shared
+//! with spread 1/3); each block issues its first item, waits for the attention kernel, then
+//! stages all heads' `attn` in shared memory. No atomics anywhere: the output is
 //! deterministic.
 //!
 //! **Programmatic dependent launch** (optional, `fused(.., programmatic: true)`): fused 2/2
 //! is launched with `LaunchConfig::programmatic`; fused 1/2 calls `grid::launch_dependents`
 //! once its `W_qkv` stream is done (before the cluster reduction), so fused 2/2's blocks may
-//! start on the SMs' free slots and put their first `W_o` items (half of `W_o` at batch 1)
-//! in flight while the attention runs; they call `grid::wait_for_prerequisites` before
+//! start on the SMs' free slots and put their first `W_o` item in flight while the
+//! attention runs; they call `grid::wait_for_prerequisites` before
 //! reading `attn`. Launched in stream order, the wait returns at once.
 //!
 //! Sizing at hidden 4096, clusters of 4 (`ptxas -v`, `attention_config`, `o_proj_config`):
@@ -45,19 +48,18 @@
 //! shared memory (the staged activations), so two blocks fit on an SM and all 32 clusters
 //! should be resident at once (`decode-bench` prints `max_active_clusters`): 128 blocks of
 //! 256 threads, one wave, each keeping 16 16-byte loads per thread (64 KB) in flight in the
-//! projection and in the attention (8 tokens' K and V per group). Fused 2/2 uses 78
-//! registers and 88 KB of dynamic shared memory (24 KB of staged `attn`, 64 KB of rings):
-//! 256 blocks, two per SM, one wave; one fits beside a block of fused 1/2 (119 KB and 52K
-//! registers together, of 227 KB and 64K), for PDL.
+//! projection and in the attention (8 tokens' K and V per group). Fused 2/2 uses 106
+//! registers and 24 KB of dynamic shared memory (the staged `attn`): 256 blocks, two per
+//! SM, one wave; one fits beside a block of fused 1/2 (55 KB and 59K registers together, of
+//! 227 KB and 64K), for PDL.
 //!
 //! Kernels take the batch tile as a constant: the `_b8` kernels run batches 2-8 (rows past
 //! the batch are zeros and not written), the others batch 1. At tile 8 the projection keeps 8
 //! loads per thread in flight (its 2 × 8 accumulators take the registers of the other 8; 128
 //! registers, 16 bytes spilled outside the loops) and takes 34 KB of dynamic shared memory;
-//! the output projection runs 128 blocks of 4 rows a warp, one per SM (128 registers, 200 KB:
-//! 136 KB of staged `attn`, 64 KB of rings), so it does not fit beside a block of fused 1/2
-//! (259 KB together) and under PDL starts only on SMs without one (as before its ring, when
-//! its 180 registers did not fit beside fused 1/2's 128). Staged activations are padded so
+//! the output projection runs 128 blocks of 4 rows a warp, one per SM (176 registers, 136 KB
+//! of staged `attn`), so it does not fit beside a block of fused 1/2 and under PDL starts
+//! only on SMs without one. Staged activations are padded so
 //! that the lanes' 16-byte shared loads are free of bank conflicts (see `staged`).
 //!
 //! **Spread** (three launches, batch 1, f16 or bf16; `spread(..)`): the fused 1/2 kernel
@@ -80,11 +82,10 @@
 //!    5-6 (flash-decoding, block and cluster merge in rank order).
 //! 3. [`decode_o_proj_f16`] as in the fused variant.
 //!
-//! `ptxas -v` at hidden 4096: spread 1/3 uses 118 registers (`min_blocks = 2`; at 3, 80
+//! `ptxas -v` at hidden 4096: spread 1/3 uses 114 registers (`min_blocks = 2`; at 3, 80
 //! registers and spills) and 24 KB of dynamic shared memory, so two blocks (16 warps, up to
 //! 16 16-byte loads per thread: 128 KB) are in flight on an SM, 768 blocks in about three
-//! waves; spread 2/3 uses 125 registers and 9 KB of static shared memory. Whether this beats
-//! fused 1/2 is for `decode-bench` on the GPU to say.
+//! waves; spread 2/3 uses 125 registers and 9 KB of static shared memory.
 //!
 //! **Separate** (five launches, f16, batch 1, f32 intermediates in global memory, as a
 //! framework would): [`decode_rms_norm`], [`decode_qkv`], [`decode_rope_append`],
