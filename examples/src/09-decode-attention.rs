@@ -70,8 +70,9 @@
 //!    head's q, k or v (no split-K: a row is 8 KB; the pair is RoPE's), 8 warps a block, grid
 //!    `3·hidden / 16` (768 blocks). Each warp issues its first item of `W_qkv` (2 rows × 4
 //!    16-byte vectors per lane) before anything else, calls `grid::launch_dependents`, stages
-//!    `x ⊙ norm_w` and sums `x²` (each block recomputes `1/rms` of the 8 KB `x`, from L2),
-//!    then issues each next item before using the current one (4 items a warp); lane 0
+//!    `x ⊙ norm_w` (one barrier), then issues each next item before using the current one (4
+//!    items a warp); the block reduces `Σ x²` only after the dot products (each block
+//!    recomputes `1/rms` of the 8 KB `x`, from L2); lane 0
 //!    scales by `1/rms`, applies RoPE and writes q (f32) to a buffer, k and v (rounded) to
 //!    the caches.
 //! 2. [`decode_attend_appended_f16`] (and bf16): a cluster per head, launched
@@ -726,20 +727,32 @@ fn qkv_rope<T: Packed, const V: usize>(
 
     let xg = shared::dynamic().take::<f32>(stage_units(1) * row_vectors * 4);
     let mut squares = 0.0f32;
-    for c in block::stride_loop(0..row_vectors) {
-        let (xv, gv) = (global::load16::<T, 8>(x, c), global::load16::<T, 8>(norm_w, c));
-        let mut v = [0.0f32; 8];
-        for k in 0..8 {
-            let f = xv[k].to_f32();
-            squares = f.fma(f, squares);
-            v[k] = f * gv[k].to_f32();
+    // Two vectors a thread per round, both loaded before either is used: one round trip to
+    // L2 at hidden 4096, not two.
+    let (t, threads) = (thread::rank_in_block() as usize, BLOCK as usize);
+    let load = |c: usize| (c < row_vectors).then(|| (global::load16::<T, 8>(x, c), global::load16::<T, 8>(norm_w, c)));
+    let mut stage = |c: usize, vectors: Option<([T; 8], [T; 8])>| {
+        if let Some((xv, gv)) = vectors {
+            let mut v = [0.0f32; 8];
+            for k in 0..8 {
+                let f = xv[k].to_f32();
+                squares = f.fma(f, squares);
+                v[k] = f * gv[k].to_f32();
+            }
+            store8(xg, staged::<1>(c, 0), v);
         }
-        store8(xg, staged::<1>(c, 0), v);
+    };
+    for base in (0..row_vectors).step_by(2 * threads) {
+        let (c0, c1) = (base + t, base + threads + t);
+        let (v0, v1) = (load(c0), load(c1));
+        stage(c0, v0);
+        stage(c1, v1);
     }
-    // Its barriers also publish `xg`.
-    let rstd = math::rsqrt(block::reduce_sum(squares, shared!([f32; WARPS])) / hidden as f32 + EPS);
-
+    block::sync();
     let acc = dot_rows::<T, 1, 2, V>(w_qkv, rows, row_vectors, xg, first);
+    // RMSNorm's 1/rms scales the dot products, so its reduction (two barriers) waits until
+    // the weights have streamed rather than holding them up.
+    let rstd = math::rsqrt(block::reduce_sum(squares, shared!([f32; WARPS])) / hidden as f32 + EPS);
     let (lo, hi) = (warp::reduce_sum(acc[0][0]) * rstd, warp::reduce_sum(acc[1][0]) * rstd);
     if lane == 0 {
         let new_row = (head * max_len as usize + positions[0] as usize) * HEAD_DIM;
