@@ -2,7 +2,8 @@
 # Runs the GPU tests and benchmarks gathered by scripts/gpu-bundle.sh, on a machine with a
 # GPU (no Rust needed there): the examples against their CPU references, the same under
 # compute-sanitizer (memcheck, racecheck; at the emulator's shapes), then the benchmarks
-# (norms-torch.py, gemm-torch.py, decode-torch.py, llama-torch.py and bert-torch.py need PyTorch), after checking graphs
+# (norms-torch.py, gemm-torch.py, decode-torch.py, llama-torch.py and bert-torch.py need PyTorch,
+# gemv-sweep.cu nvcc), after checking graphs
 # and the launch recorder they use; the TKLQT sweep leaves its traces and plots in $out/tklqt/,
 # the BERT case study (issue 7) in $out/bert/, PyTorch's traces of it in $out/bert-torch/.
 # `gpu-run.sh check` or `gpu-run.sh bench` runs one half.
@@ -42,6 +43,7 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
     step norms-torch python3 scripts/norms-torch.py
     step gemm-bench .gpu/gemm-bench
     step gemm-torch python3 scripts/gemm-torch.py
+    step gemv-sweep bash -c "nvcc -O3 -std=c++17 -arch=sm_90 scripts/gemv-sweep.cu -o /tmp/gemv-sweep && /tmp/gemv-sweep"
     # decode-bench writes its L = 1024 inputs (~150 MB) outside $out for the PyTorch check.
     dump=${DECODE_DUMP:-/tmp/clusterfuse-decode-check}
     step decode-bench .gpu/decode-bench --dump "$dump"
