@@ -67,12 +67,13 @@
 //! [`decode_qkv_rope_f16`] moves the projection onto the whole GPU, as the output projection
 //! is, and leaves the clusters only the attention:
 //! 1. [`decode_qkv_rope_f16`] (and bf16): a warp per pair of whole rows `i`, `i + 64` of one
-//!    head's q, k or v (no split-K: a row is 8 KB; the pair is RoPE's), 8 warps a block, grid
-//!    `3·hidden / 16` (768 blocks). Each warp issues its first item of `W_qkv` (2 rows × 4
-//!    16-byte vectors per lane) before anything else, calls `grid::launch_dependents`, stages
-//!    `x ⊙ norm_w` (one barrier), then issues each next item before using the current one (4
-//!    items a warp); the block reduces `Σ x²` only after the dot products (each block
-//!    recomputes `1/rms` of the 8 KB `x`, from L2); lane 0
+//!    head's q, k or v at a time (no split-K: a row is 8 KB; the pair is RoPE's), 3 pairs a
+//!    warp, 8 warps a block, grid `3·hidden / 48` (256 blocks: one wave of two per SM). Each
+//!    warp issues its first item of `W_qkv` (2 rows × 4 16-byte vectors per lane) before
+//!    anything else, calls `grid::launch_dependents`, stages `x ⊙ norm_w` and reduces `Σ x²`
+//!    (each block recomputes `1/rms` of the 8 KB `x`, from L2, once for its 24 pairs), then
+//!    issues each next item before using the current one, from one pair into the next (12
+//!    items a warp); after each pair, lane 0
 //!    scales by `1/rms`, applies RoPE and writes q (f32) to a buffer, k and v (rounded) to
 //!    the caches.
 //! 2. [`decode_attend_appended_f16`] (and bf16): a cluster per head, launched
@@ -83,10 +84,9 @@
 //!    5-6 (flash-decoding, block and cluster merge in rank order).
 //! 3. [`decode_o_proj_f16`] as in the fused variant.
 //!
-//! `ptxas -v` at hidden 4096: spread 1/3 uses 114 registers (`min_blocks = 2`; at 3, 80
+//! `ptxas -v` at hidden 4096: spread 1/3 uses 127 registers (`min_blocks = 2`; at 3, 80
 //! registers and spills) and 24 KB of dynamic shared memory, so two blocks (16 warps, up to
-//! 16 16-byte loads per thread: 128 KB) are in flight on an SM, 768 blocks in about three
-//! waves; spread 2/3 uses 125 registers and 9 KB of static shared memory.
+//! 16 16-byte loads per thread: 128 KB) are in flight on an SM; spread 2/3 uses 125 registers and 9 KB of static shared memory.
 //!
 //! **Separate** (five launches, f16, batch 1, f32 intermediates in global memory, as a
 //! framework would): [`decode_rms_norm`], [`decode_qkv`], [`decode_rope_append`],
@@ -250,7 +250,9 @@ fn load_item<T: Packed, const R: usize, const V: usize>(w: &[T], rows: [usize; R
 /// This lane's share of `W[row] · x_s` for each of `rows` and each token `s < B` of the
 /// activations staged in `stage` (see [`staged`]), not yet summed over the warp. `first` is
 /// item 0 (see [`load_item`]), which the caller loads before staging the activations; each
-/// next item is loaded before the current one is used, so a warp keeps two in flight.
+/// next item is loaded before the current one is used, so a warp keeps two in flight. With
+/// `then`, the last step loads item 0 of rows `then` instead, returned for the caller's next
+/// call.
 #[inline(always)]
 fn dot_rows<T: Packed, const B: usize, const R: usize, const V: usize>(
     w: &[T],
@@ -258,13 +260,18 @@ fn dot_rows<T: Packed, const B: usize, const R: usize, const V: usize>(
     row_vectors: usize,
     stage: SharedSlice<f32>,
     first: Item<R, V>,
-) -> [[f32; B]; R] {
+    then: Option<[usize; R]>,
+) -> ([[f32; B]; R], Item<R, V>) {
     let lane = warp::lane() as usize;
     let mut acc = [[0.0f32; B]; R];
     let mut item = first;
     let steps = row_vectors.div_ceil(32 * V);
     for k in 0..steps {
-        let next = if k + 1 < steps { load_item::<T, R, V>(w, rows, row_vectors, k + 1) } else { item };
+        let next = match (k + 1 < steps, then) {
+            (true, _) => load_item::<T, R, V>(w, rows, row_vectors, k + 1),
+            (false, Some(rows)) => load_item::<T, R, V>(w, rows, row_vectors, 0),
+            (false, None) => item,
+        };
         unroll!(j in [0 1 2 3] {
             let c = 32 * V * k + 32 * j + lane;
             if j < V && c < row_vectors {
@@ -273,7 +280,7 @@ fn dot_rows<T: Packed, const B: usize, const R: usize, const V: usize>(
         });
         item = next;
     }
-    acc
+    (acc, item)
 }
 
 /// 1/√(mean(x²) + ε) over the whole vector, in every thread.
@@ -670,7 +677,7 @@ fn o_proj<T: Packed, const B: usize, const R: usize, const V: usize>(attn: &[f32
         store8(stage, staged::<B>(c, s), core::array::from_fn(|k| v[k / 4][k % 4]));
     }
     block::sync();
-    let acc = dot_rows::<T, B, R, V>(w_o, rows, row_vectors, stage, first);
+    let (acc, _) = dot_rows::<T, B, R, V>(w_o, rows, row_vectors, stage, first, None);
     unroll!(u in [0 1 2 3] {
         unroll!(s in [0 1 2 3 4 5 6 7] {
             if u < R && s < B && s < batch {
@@ -688,13 +695,16 @@ fn o_proj<T: Packed, const B: usize, const R: usize, const V: usize>(attn: &[f32
 /// thread; the next item's are issued before this one's are used, so up to 16 (256 bytes)
 /// are in flight.
 const SPREAD_VECTORS: usize = 4;
+/// Row pairs per warp of [`qkv_rope`]: at hidden 4096, 256 blocks, one wave of two per SM,
+/// each staging `x` once for 24 pairs, its warps' items streaming from one pair into the next.
+const SPREAD_PAIRS: usize = 3;
 
 /// Spread 1/3's body (batch 1): `W_qkv · RMSNorm(x)` over the whole GPU, a warp per pair of
 /// rows `i`, `i + 64` of one head's q, k or v (whole rows, no split-K: RoPE's pairs meet in
 /// the warp), then RoPE; q goes to `q` (f32), k and v to the caches at `positions[0]`, rounded
-/// to `T`. Every block stages `x ⊙ norm_w` in `3 · hidden · 2` bytes of dynamic shared memory
-/// and sums `x²` itself (16 KB from L2 a block) after its first `W_qkv` loads are issued.
-/// Grid `3·hidden / 16` blocks of 256.
+/// to `T`; a warp takes [`SPREAD_PAIRS`] pairs in turn. Every block stages `x ⊙ norm_w` in
+/// `3 · hidden · 2` bytes of dynamic shared memory and sums `x²` itself (16 KB from L2 a
+/// block) after its first `W_qkv` loads are issued. Grid `3·hidden / 48` blocks of 256.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn qkv_rope<T: Packed, const V: usize>(
@@ -714,14 +724,18 @@ fn qkv_rope<T: Packed, const V: usize>(
     }
     let hidden = norm_w.len();
     let row_vectors = hidden / 8;
-    let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
-    let pair = block::index_x() as usize * WARPS + warp;
-    let (part, within) = (pair / (hidden / 2), pair % (hidden / 2));
-    let (head, i) = (within / 64, within % 64);
-    let row = part * hidden + head * HEAD_DIM + i;
-    let rows = [row, row + 64];
+    let lane = warp::lane() as usize;
+    // The warp's pairs `warp + j · warps`, `j < SPREAD_PAIRS`, over the grid's warps.
+    let (warp, warps) = (block::index_x() as usize * WARPS + warp::index_in_block() as usize, grid::dim().x as usize * WARPS);
+    // Pair `p`'s part (q, k, v), head, first row `i` within the head, and rows.
+    let pair = |p: usize| {
+        let (part, within) = (p / (hidden / 2), p % (hidden / 2));
+        let (head, i) = (within / 64, within % 64);
+        let row = part * hidden + head * HEAD_DIM + i;
+        (part, head, i, [row, row + 64])
+    };
     // One item in flight across the staging below, two in the loop.
-    let first = load_item::<T, 2, V>(w_qkv, rows, row_vectors, 0);
+    let mut item = load_item::<T, 2, V>(w_qkv, pair(warp).3, row_vectors, 0);
     // Nothing of the attention kernel's early work (the cache's past tokens) is written here.
     grid::launch_dependents();
 
@@ -748,25 +762,28 @@ fn qkv_rope<T: Packed, const V: usize>(
         stage(c0, v0);
         stage(c1, v1);
     }
-    block::sync();
-    let acc = dot_rows::<T, 1, 2, V>(w_qkv, rows, row_vectors, xg, first);
-    // RMSNorm's 1/rms scales the dot products, so its reduction (two barriers) waits until
-    // the weights have streamed rather than holding them up.
+    // Its barriers also publish `xg`.
     let rstd = math::rsqrt(block::reduce_sum(squares, shared!([f32; WARPS])) / hidden as f32 + EPS);
-    let (lo, hi) = (warp::reduce_sum(acc[0][0]) * rstd, warp::reduce_sum(acc[1][0]) * rstd);
-    if lane == 0 {
-        let new_row = (head * max_len as usize + positions[0] as usize) * HEAD_DIM;
-        if part == 2 {
-            v_cache.set(new_row + i, T::from_f32(lo));
-            v_cache.set(new_row + i + 64, T::from_f32(hi));
-        } else {
-            let (lo, hi) = rotate(lo, hi, i, rope);
-            if part == 0 {
-                q.set(head * HEAD_DIM + i, lo);
-                q.set(head * HEAD_DIM + i + 64, hi);
+    let new_row = |head: usize| (head * max_len as usize + positions[0] as usize) * HEAD_DIM;
+    for j in 0..SPREAD_PAIRS {
+        let (part, head, i, rows) = pair(warp + j * warps);
+        let then = (j + 1 < SPREAD_PAIRS).then(|| pair(warp + (j + 1) * warps).3);
+        let (acc, next) = dot_rows::<T, 1, 2, V>(w_qkv, rows, row_vectors, xg, item, then);
+        item = next;
+        let (lo, hi) = (warp::reduce_sum(acc[0][0]) * rstd, warp::reduce_sum(acc[1][0]) * rstd);
+        if lane == 0 {
+            if part == 2 {
+                v_cache.set(new_row(head) + i, T::from_f32(lo));
+                v_cache.set(new_row(head) + i + 64, T::from_f32(hi));
             } else {
-                k_cache.set(new_row + i, T::from_f32(lo));
-                k_cache.set(new_row + i + 64, T::from_f32(hi));
+                let (lo, hi) = rotate(lo, hi, i, rope);
+                if part == 0 {
+                    q.set(head * HEAD_DIM + i, lo);
+                    q.set(head * HEAD_DIM + i + 64, hi);
+                } else {
+                    k_cache.set(new_row(head) + i, T::from_f32(lo));
+                    k_cache.set(new_row(head) + i + 64, T::from_f32(hi));
+                }
             }
         }
     }
@@ -1026,9 +1043,9 @@ pub mod host {
     /// Spread 1/3's launch: a pair of rows of `W_qkv` a warp, `x ⊙ norm_w` in dynamic shared
     /// memory.
     pub fn qkv_rope_config(hidden: usize) -> LaunchConfig {
-        let rows = 2 * WARPS;
-        assert!(hidden.is_multiple_of(HEAD_DIM), "hidden {hidden} is not a multiple of {HEAD_DIM}");
-        config(3 * hidden / rows, BLOCK, None, stage_units(1) * hidden * 2)
+        let pairs = WARPS * SPREAD_PAIRS;
+        assert!(hidden.is_multiple_of(HEAD_DIM) && (3 * hidden / 2).is_multiple_of(pairs), "hidden {hidden} is not a multiple of {HEAD_DIM} or its {} row pairs of {pairs} a block", 3 * hidden / 2);
+        config(3 * hidden / 2 / pairs, BLOCK, None, stage_units(1) * hidden * 2)
     }
 
     /// Spread 2/3's launch: a cluster of `cluster` blocks per head.
