@@ -260,8 +260,10 @@ fn decode_attention_streams_16_byte_vectors() {
         // The sum over heads is the second launch's: no atomics, so the output is deterministic.
         assert!(!text.contains("atom."), "`{name}` must not use atomics");
     }
+    // The output projection streams W_o the same way (through registers: with a ring of bulk
+    // copies it took 14.2-14.7 µs alone on the H200, 12.5 µs so).
     let text = entry("decode_o_proj_f16");
-    assert!(text.contains(BULK_LOAD) && !text.contains("atom."), "`decode_o_proj_f16`: bulk copies of W_o, no atomics");
+    assert!(!text.contains(BULK_LOAD) && !text.contains("atom."), "`decode_o_proj_f16`: W_o through registers, no atomics");
 }
 
 /// A bulk copy from global to shared memory, completing on an mbarrier.
@@ -275,7 +277,8 @@ fn decode_o_proj_loads_w_o_before_waiting_for_the_attention() {
     for name in ["decode_o_proj_f16", "decode_o_proj_bf16_b8"] {
         let text = entry(name);
         let wait = text.find("griddepcontrol.wait;").unwrap_or_else(|| panic!("`{name}` never waits for its prerequisite"));
-        assert!(text[..wait].contains(BULK_LOAD), "`{name}`: no W_o copy is issued before the wait");
+        // The first item of W_o (R rows × V vectors a lane: 2 × 4 at batch 1, 4 × 2 at tile 8).
+        assert_eq!(text[..wait].matches("ld.global.nc.v4.b32").count(), 8, "`{name}`: W_o loads before the wait");
     }
 }
 
