@@ -230,21 +230,28 @@ fn accumulate<T: Packed, const B: usize, const R: usize, const V: usize>(
 /// A warp's item of `R` rows: this lane's `V` 16-byte vectors of each, as raw words.
 type Item<const R: usize, const V: usize> = [[[u32; 4]; V]; R];
 
-/// Item `k` of rows `rows` of `w` (rows of `row_vectors` 16-byte vectors): this lane's vectors
-/// `32·V·k + 32·j + lane`, `j < V`, of each row; past a row's end, its last vector (a load
-/// without a branch, which [`dot_rows`] skips).
+/// Item `k` of `R` runs of `len` 16-byte vectors of `w`, run `u` from vector `starts[u]`
+/// (a row, or a block's columns of one): this lane's vectors `32·V·k + 32·j + lane`, `j < V`,
+/// of each run; past a run's end, its last vector (a load without a branch, which the caller
+/// skips).
 #[inline(always)]
-fn load_item<T: Packed, const R: usize, const V: usize>(w: &[T], rows: [usize; R], row_vectors: usize, k: usize) -> Item<R, V> {
+fn load_item<T: Packed, const R: usize, const V: usize>(w: &[T], starts: [usize; R], len: usize, k: usize) -> Item<R, V> {
     let lane = warp::lane() as usize;
     let mut item = [[[0u32; 4]; V]; R];
     unroll!(u in [0 1 2 3] {
         unroll!(j in [0 1 2 3] {
             if u < R && j < V {
-                item[u][j] = load_words(w, rows[u] * row_vectors + (32 * V * k + 32 * j + lane).min(row_vectors - 1));
+                item[u][j] = load_words(w, starts[u] + (32 * V * k + 32 * j + lane).min(len - 1));
             }
         });
     });
     item
+}
+
+/// The starts of rows `rows` of `row_vectors` vectors, for [`load_item`].
+#[inline(always)]
+fn row_starts<const R: usize>(rows: [usize; R], row_vectors: usize) -> [usize; R] {
+    rows.map(|row| row * row_vectors)
 }
 
 /// This lane's share of `W[row] · x_s` for each of `rows` and each token `s < B` of the
@@ -268,8 +275,8 @@ fn dot_rows<T: Packed, const B: usize, const R: usize, const V: usize>(
     let steps = row_vectors.div_ceil(32 * V);
     for k in 0..steps {
         let next = match (k + 1 < steps, then) {
-            (true, _) => load_item::<T, R, V>(w, rows, row_vectors, k + 1),
-            (false, Some(rows)) => load_item::<T, R, V>(w, rows, row_vectors, 0),
+            (true, _) => load_item::<T, R, V>(w, row_starts(rows, row_vectors), row_vectors, k + 1),
+            (false, Some(rows)) => load_item::<T, R, V>(w, row_starts(rows, row_vectors), row_vectors, 0),
             (false, None) => item,
         };
         unroll!(j in [0 1 2 3] {
@@ -485,19 +492,9 @@ fn attention_heads<T: Packed, const B: usize, const R: usize, const V: usize>(
     let item_row = |i: usize| (warp + WARPS * (i / steps)) * R;
     let item_vector = |i: usize, j: usize| (i % steps) * 32 * V + 32 * j + lane;
     let load = |i: usize| {
-        let mut w = [[[0u32; 4]; V]; R];
         // The item's rows are consecutive in W_qkv: R divides 128, so they share a q/k/v part.
         let base = qkv_row(item_row(i), head, hidden) * row_vectors + first;
-        unroll!(u in [0 1 2 3] {
-            let row = base + u * row_vectors;
-            unroll!(j in [0 1 2 3] {
-                if u < R && j < V {
-                    // Unconditional, as in `load_rows`: past the block's columns the last one.
-                    w[u][j] = load_words(w_qkv, row + item_vector(i, j).min(vectors - 1));
-                }
-            });
-        });
-        w
+        load_item::<T, R, V>(w_qkv, core::array::from_fn(|u| base + u * row_vectors), vectors, i % steps)
     };
     let mut w = load(0);
 
@@ -668,7 +665,7 @@ fn o_proj<T: Packed, const B: usize, const R: usize, const V: usize>(attn: &[f32
     let rows = core::array::from_fn(|u| (row0 + u).min(hidden - 1));
     // W_o does not depend on the attention kernel: the first item is in flight before `attn`
     // is waited for.
-    let first = load_item::<T, R, V>(w_o, rows, row_vectors, 0);
+    let first = load_item::<T, R, V>(w_o, row_starts(rows, row_vectors), row_vectors, 0);
     grid::wait_for_prerequisites();
     let stage = shared::dynamic().take::<f32>(stage_units(B) * row_vectors * 4);
     for i in block::stride_loop(0..B * row_vectors) {
@@ -735,7 +732,7 @@ fn qkv_rope<T: Packed, const V: usize>(
         (part, head, i, [row, row + 64])
     };
     // One item in flight across the staging below, two in the loop.
-    let mut item = load_item::<T, 2, V>(w_qkv, pair(warp).3, row_vectors, 0);
+    let mut item = load_item::<T, 2, V>(w_qkv, row_starts(pair(warp).3, row_vectors), row_vectors, 0);
     // Nothing of the attention kernel's early work (the cache's past tokens) is written here.
     grid::launch_dependents();
 
