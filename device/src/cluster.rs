@@ -222,7 +222,12 @@ pub fn reduce_scatter<T: Element + SharedWord, Op: ReduceOp<T>>(data: SharedSlic
         },
         |tail, i, result| emit(data.len() - tail.len() + i, result),
     );
-    sync();
+    // Only keeps `data` from being overwritten (or its block from exiting) while a peer may
+    // still read it: every value read is consumed before its reader arrives, so the arrival
+    // releases nothing, and skips the device-wide fence a releasing one costs after `emit`'s
+    // global stores.
+    arch::barrier_cluster_arrive_relaxed();
+    wait();
 }
 
 /// The pass [`reduce`] and [`reduce_scatter`] share, after a cluster barrier: this block's

@@ -341,7 +341,8 @@ mod host {
     use crate::gemm::{self, gemm_f16, gemm_f16_bias, gemm_f16_bias_gelu, gemm_f16_residual, GemmError};
     use crate::softmax::softmax;
     use crate::wgmma_gemm::{self, wgmma_f16, wgmma_f16_bias, wgmma_f16_bias_gelu, wgmma_f16_residual};
-    use crate::wgmma_gemm::{wgmma_split_f16, wgmma_split_f16_bias, wgmma_split_f16_bias_gelu, wgmma_split_f16_residual, wgmma_split_f16_residual_layer_norm};
+    use crate::wgmma_gemm::{layer_norm_rows, wgmma_split_f16, wgmma_split_f16_bias, wgmma_split_f16_bias_gelu, wgmma_split_f16_residual};
+    use crate::wgmma_gemm::{wgmma_split_f16_folded_ln_bias, wgmma_split_f16_folded_ln_bias_gelu, wgmma_split_f16_ln_residual_stats, wgmma_split_f16_residual_stats};
     use clusterfuse::host::{Buffer, Gpu, Result, Stream, TensorMap};
     use clusterfuse::Dim3;
     use rand::Rng;
@@ -470,7 +471,27 @@ mod host {
         }
     }
 
-    /// One layer's weights on a device, as [`HostLayer`].
+    /// A projection with the LayerNorm before it folded in ([`wgmma_gemm::fold_layer_norm`]):
+    /// W′ in the split-K kernels' boxes, c and d.
+    struct Folded {
+        w: Mapped,
+        c: Buffer<f32>,
+        d: Buffer<f32>,
+    }
+
+    impl Folded {
+        /// `w` (`in × out`) with `bias`, after the LayerNorm (γ, β).
+        fn upload(gpu: &Gpu, w: &[f16], bias: &[f16], (gamma, beta): (&[f16], &[f16])) -> Result<Self> {
+            let (fan_in, out) = (gamma.len(), bias.len());
+            let (w, c, d) = wgmma_gemm::fold_layer_norm(w, (fan_in, out), bias, gamma, beta);
+            let wt = gpu.upload(&wgmma_gemm::transpose(&w, fan_in, out))?;
+            Ok(Self { w: Mapped::new(gpu, wt, (out, fan_in), wgmma_gemm::split_bt_map::<f16>)?, c: gpu.upload(&c)?, d: gpu.upload(&d)? })
+        }
+    }
+
+    /// One layer's weights on a device, as [`HostLayer`], and for the deferred LayerNorms
+    /// ([`DeferredNorms`]) its QKV projection with the previous layer's second LayerNorm folded
+    /// in (none for the first layer) and its FFN1 with its own first one.
     pub struct Layer {
         wqkv: Weight,
         bqkv: Buffer<f16>,
@@ -484,11 +505,16 @@ mod host {
         b2: Buffer<f16>,
         gamma2: Buffer<f16>,
         beta2: Buffer<f16>,
+        qkv_folded: Option<Folded>,
+        up_folded: Folded,
     }
 
     impl Layer {
-        pub fn upload(gpu: &Gpu, l: &HostLayer) -> Result<Self> {
+        /// `l`, after the layer `previous` (none for the first).
+        pub fn upload(gpu: &Gpu, l: &HostLayer, previous: Option<&HostLayer>) -> Result<Self> {
             Ok(Self {
+                qkv_folded: previous.map(|p| Folded::upload(gpu, &l.wqkv, &l.bqkv, (&p.gamma2, &p.beta2))).transpose()?,
+                up_folded: Folded::upload(gpu, &l.w1, &l.b1, (&l.gamma1, &l.beta1))?,
                 wqkv: Weight::upload(gpu, &l.wqkv, l.bqkv.len())?,
                 bqkv: gpu.upload(&l.bqkv)?,
                 wo: Weight::upload(gpu, &l.wo, l.bo.len())?,
@@ -525,8 +551,8 @@ mod host {
             }
         }
 
-        /// Kernel launches per layer, unless the fused mode folds its LayerNorms into the
-        /// projections before them ([`Batch::kernels_per_layer`]).
+        /// Kernel launches per layer, unless the fused mode defers its LayerNorms to the
+        /// kernels after them ([`Batch::kernels`]).
         pub fn kernels_per_layer(self) -> usize {
             match self {
                 Self::Unfused => 16,
@@ -557,7 +583,11 @@ mod host {
         split_bias: wgmma_split_f16_bias::Kernel,
         split_bias_gelu: wgmma_split_f16_bias_gelu::Kernel,
         split_residual: wgmma_split_f16_residual::Kernel,
-        split_norm: wgmma_split_f16_residual_layer_norm::Kernel,
+        split_folded: wgmma_split_f16_folded_ln_bias::Kernel,
+        split_folded_gelu: wgmma_split_f16_folded_ln_bias_gelu::Kernel,
+        split_residual_stats: wgmma_split_f16_residual_stats::Kernel,
+        split_ln_residual_stats: wgmma_split_f16_ln_residual_stats::Kernel,
+        layer_norm_rows: layer_norm_rows::Kernel,
         add_bias: add_bias::Kernel,
         add_residual: add_residual::Kernel,
         layer_norm: layer_norm::Kernel,
@@ -585,7 +615,11 @@ mod host {
                 split_bias: wgmma_split_f16_bias::load(gpu)?,
                 split_bias_gelu: wgmma_split_f16_bias_gelu::load(gpu)?,
                 split_residual: wgmma_split_f16_residual::load(gpu)?,
-                split_norm: wgmma_split_f16_residual_layer_norm::load(gpu)?,
+                split_folded: wgmma_split_f16_folded_ln_bias::load(gpu)?,
+                split_folded_gelu: wgmma_split_f16_folded_ln_bias_gelu::load(gpu)?,
+                split_residual_stats: wgmma_split_f16_residual_stats::load(gpu)?,
+                split_ln_residual_stats: wgmma_split_f16_ln_residual_stats::load(gpu)?,
+                layer_norm_rows: layer_norm_rows::load(gpu)?,
                 add_bias: add_bias::load(gpu)?,
                 add_residual: add_residual::load(gpu)?,
                 layer_norm: layer_norm::load(gpu)?,
@@ -632,8 +666,11 @@ mod host {
     /// The emulator stands for a GPU of 8 SMs in [`Gemm::pick`], so that [`TINY`] at batch 2
     /// (M = 160) runs its QKV and FFN1 projections on the wgmma GEMM and the others on
     /// example 10's, except that at batch 1 the fused mode's O and FFN2 split K over 2 blocks
-    /// of the split-K wgmma GEMM, ending in their LayerNorms; and the fused mode's attention
-    /// runs [`attention_split`] at batch 1 (8 blocks of 64 queries), [`attention`] at batch 2.
+    /// of the split-K wgmma GEMM; and the fused mode's attention runs [`attention_split`] at
+    /// batch 1 (8 blocks of 64 queries), [`attention`] at batch 2. Planned for 32 SMs
+    /// ([`Batch::for_sms`]), [`TINY`] at batch 1 takes the split-K GEMM for all four
+    /// projections, so the deferred LayerNorms ([`DeferredNorms`]), as BERT-base at batch 1 on
+    /// the H200.
     const EMULATOR_SMS: usize = 8;
 
     /// A projection's GEMM and its launch configuration.
@@ -699,6 +736,11 @@ mod host {
         }
     }
 
+    /// The SMs [`Gemm::pick`] plans for: the GPU's, or on the emulator [`EMULATOR_SMS`].
+    fn sms(gpu: &Gpu) -> Result<usize> {
+        Ok(wgmma_gemm::sm_count(gpu)?.unwrap_or(EMULATOR_SMS))
+    }
+
     /// `config` with programmatic dependent launch.
     fn programmatic(config: LaunchConfig) -> LaunchConfig {
         LaunchConfig { programmatic: true, ..config }
@@ -715,7 +757,7 @@ mod host {
         /// Random weights for `dims.layers` layers, uploaded to `gpu`.
         pub fn random(gpu: &Gpu, dims: Dims) -> Result<Self> {
             let host: Vec<HostLayer> = (0..dims.layers).map(|_| HostLayer::random(&dims)).collect();
-            let layers = host.iter().map(|l| Layer::upload(gpu, l)).collect::<Result<_>>()?;
+            let layers = host.iter().enumerate().map(|(i, l)| Layer::upload(gpu, l, i.checked_sub(1).map(|p| &host[p]))).collect::<Result<_>>()?;
             Ok(Self { dims, host, layers })
         }
     }
@@ -744,12 +786,9 @@ mod host {
         rows_qkv: LaunchConfig,
         rows_up: LaunchConfig,
         attention: LaunchConfig,
-        /// Zeroed counts of the split-K LayerNorm's arrivals, one per row tile of 128.
-        arrivals: Buffer<u32>,
-        /// Whether the fused mode's O and FFN2 projections end in their LayerNorms
-        /// (`wgmma_split_f16_residual_layer_norm`: both on the split-K kernels, hidden at most
-        /// [`wgmma_gemm::NORM_MAX_N`]), 5 kernels a layer instead of 7.
-        fused_norms: bool,
+        /// The fused mode's LayerNorms deferred to the kernels that read their outputs, where
+        /// all four projections take the split-K kernels (BERT-base: batch 1), else `None`.
+        deferred: Option<DeferredNorms>,
         /// The fused mode's attention: [`attention_split`]'s grid where the tokens are one
         /// 128-row tile, as for the split-K projections (BERT-base: batch 1), else `None`.
         /// Taken up to one block of [`attention`] per SM (batch 1-4), with the split-K
@@ -759,18 +798,50 @@ mod host {
         softmax: LaunchConfig,
     }
 
+    /// A post-LN layer's two LayerNorms, deferred: the O and FFN2 projections write their
+    /// inputs (`summed`, the rows' statistics in `stats`: `wgmma_split_f16_*residual_stats`)
+    /// and every kernel that reads an output takes the LayerNorm on the fly (QKV and FFN1 fold
+    /// it into their product, [`wgmma_gemm::FoldedNorm`]; O and FFN2 take it of their residual,
+    /// [`wgmma_gemm::RowNorm`]), so that no kernel waits
+    /// for another cluster's columns of a row; `layer_norm_rows` writes the last layer's
+    /// output. 5 kernels a layer and one a pass, none of them a LayerNorm.
+    struct DeferredNorms {
+        /// The inputs of the LayerNorms after O (`[0]`) and after FFN2 (`[1]`), `tokens × hidden`.
+        summed: [Mapped; 2],
+        /// Their rows' statistics, `hidden / 64` pairs a row.
+        stats: [Buffer<f32>; 2],
+        /// `layer_norm_rows`: 8 rows a block.
+        rows: LaunchConfig,
+    }
+
     impl Batch {
-        /// Buffers for `batch` sequences of `dims`, with the input `x` (`tokens × hidden`).
+        /// Buffers for `batch` sequences of `dims`, with the input `x` (`tokens × hidden`),
+        /// picking the GEMMs for this GPU's SMs (the emulator's: [`EMULATOR_SMS`]).
         pub fn new(gpu: &Gpu, dims: &Dims, batch: usize, x: &[f16]) -> std::result::Result<Self, GemmError> {
+            Self::for_sms(gpu, dims, batch, x, sms(gpu)?)
+        }
+
+        /// As [`Batch::new`], picking the GEMMs for a GPU of `sms` SMs.
+        pub fn for_sms(gpu: &Gpu, dims: &Dims, batch: usize, x: &[f16], sms: usize) -> std::result::Result<Self, GemmError> {
             dims.check().map_err(GemmError::Shape)?;
             let (tokens, h, f) = (batch * dims.seq, dims.hidden, dims.ffn);
             assert_eq!(x.len(), tokens * h, "the input is tokens × hidden");
             let poisoned = |len: usize| gpu.upload(&vec![f16::NAN; len]);
             let mapped = |buffer: Result<Buffer<f16>>, cols: usize| Mapped::new(gpu, buffer?, (tokens, cols), wgmma_gemm::a_map::<f16>);
             let rows = (tokens * dims.heads) as u32;
-            let sms = wgmma_gemm::sm_count(gpu)?.unwrap_or(EMULATOR_SMS);
             let fused = Projections::pick(Mode::Fused, dims, tokens, sms)?;
-            let fused_norms = matches!((fused.o, fused.down), (Gemm::Split(_), Gemm::Split(_))) && h <= wgmma_gemm::NORM_MAX_N;
+            let split = [fused.qkv, fused.o, fused.up, fused.down].iter().all(|g| matches!(g, Gemm::Split(_)));
+            let deferred = if split && h <= wgmma_gemm::NORM_MAX_N {
+                let summed = || mapped(poisoned(tokens * h), h);
+                let stats = || gpu.upload(&vec![f32::NAN; 2 * tokens * (h / wgmma_gemm::SPLIT_BN)]);
+                Some(DeferredNorms {
+                    summed: [summed()?, summed()?],
+                    stats: [stats()?, stats()?],
+                    rows: LaunchConfig { grid: (tokens.div_ceil(8) as u32).into(), block: 256.into(), ..LaunchConfig::default() },
+                })
+            } else {
+                None
+            };
             Ok(Self {
                 tokens,
                 x: mapped(gpu.upload(x), h)?,
@@ -787,8 +858,7 @@ mod host {
                 scores: gpu.upload(&vec![f32::NAN; rows as usize * dims.seq])?,
                 probs: gpu.upload(&vec![f32::NAN; rows as usize * dims.seq])?,
                 gemms: [Projections::pick(Mode::Unfused, dims, tokens, sms)?, fused],
-                arrivals: gpu.upload(&vec![0u32; tokens.div_ceil(wgmma_gemm::BM)])?,
-                fused_norms,
+                deferred,
                 rows: row_config(h as u32, tokens as u32),
                 rows_qkv: row_config(3 * h as u32, tokens as u32),
                 rows_up: row_config(f as u32, tokens as u32),
@@ -812,6 +882,9 @@ mod host {
             let d = &model.dims;
             let (t, h, f, seq, heads) = (self.tokens as u32, d.hidden as u32, d.ffn as u32, d.seq as u32, d.heads as u32);
             let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+            if mode == Mode::Fused && self.deferred.is_some() {
+                return self.forward_deferred(s, k, model);
+            }
             let g = self.gemms[mode as usize];
             for l in &model.layers {
                 match mode {
@@ -844,36 +917,69 @@ mod host {
                             Some(split) => k.attention_split.launch(s, &programmatic(split), &self.qkv, &mut self.ctx.buffer, seq, heads, scale)?,
                             None => k.attention.launch(s, &attention, &self.qkv, &mut self.ctx.buffer, seq, heads, scale)?,
                         }
-                        match o {
-                            Gemm::Split(c) if self.fused_norms => {
-                                let (a, b) = (self.ctx.map.words(), l.wo.split.words());
-                                k.split_norm.launch(s, &c, a, b, &l.bo, &self.x.buffer, &l.gamma1, &l.beta1, &mut self.summed, &mut self.h1.buffer, &mut self.arrivals, t, h, h)?;
-                            }
-                            _ => {
-                                k.project(s, &o, Epilogue::Residual(&self.x.buffer), &self.ctx, &l.wo, &mut self.summed, (t, h, h))?;
-                                k.bias_layer_norm.launch(s, &rows, &self.summed, &l.bo, &l.gamma1, &l.beta1, &mut self.h1.buffer, h)?;
-                            }
-                        }
+                        k.project(s, &o, Epilogue::Residual(&self.x.buffer), &self.ctx, &l.wo, &mut self.summed, (t, h, h))?;
+                        k.bias_layer_norm.launch(s, &rows, &self.summed, &l.bo, &l.gamma1, &l.beta1, &mut self.h1.buffer, h)?;
                         k.project(s, &up, Epilogue::BiasGelu(&l.b1), &self.h1, &l.w1, &mut self.up.buffer, (t, f, h))?;
-                        match down {
-                            Gemm::Split(c) if self.fused_norms => {
-                                let (a, b) = (self.up.map.words(), l.w2.split.words());
-                                k.split_norm.launch(s, &c, a, b, &l.b2, &self.h1.buffer, &l.gamma2, &l.beta2, &mut self.summed, &mut self.x.buffer, &mut self.arrivals, t, h, f)?;
-                            }
-                            _ => {
-                                k.project(s, &down, Epilogue::Residual(&self.h1.buffer), &self.up, &l.w2, &mut self.summed, (t, h, f))?;
-                                k.bias_layer_norm.launch(s, &rows, &self.summed, &l.b2, &l.gamma2, &l.beta2, &mut self.x.buffer, h)?;
-                            }
-                        }
+                        k.project(s, &down, Epilogue::Residual(&self.h1.buffer), &self.up, &l.w2, &mut self.summed, (t, h, f))?;
+                        k.bias_layer_norm.launch(s, &rows, &self.summed, &l.b2, &l.gamma2, &l.beta2, &mut self.x.buffer, h)?;
                     }
                 }
             }
             Ok(())
         }
 
-        /// Kernel launches per layer in `mode`.
-        pub fn kernels_per_layer(&self, mode: Mode) -> usize {
-            mode.kernels_per_layer() - if mode == Mode::Fused && self.fused_norms { 2 } else { 0 }
+        /// The fused mode with its LayerNorms deferred ([`DeferredNorms`]): per layer QKV (of
+        /// LayerNorm(A), folded into the product, past the first layer), attention, O + bias + residual (LayerNorm-ed
+        /// past the first layer) with its rows' statistics, FFN1 + GELU of LayerNorm(A) (folded), FFN2 +
+        /// bias + LayerNorm-ed residual with its rows' statistics; then the last LayerNorm into
+        /// `x`. Every kernel launched programmatically.
+        fn forward_deferred(&mut self, s: &Stream, k: &Kernels, model: &Model) -> Result<()> {
+            let d = &model.dims;
+            let (t, h, f, seq, heads) = (self.tokens as u32, d.hidden as u32, d.ffn as u32, d.seq as u32, d.heads as u32);
+            let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+            let (Some(norms), Some(attention)) = (self.deferred.as_mut(), self.attention_split) else {
+                unreachable!("the deferred LayerNorms come with the split-K projections, which take one row tile")
+            };
+            let config = |gemm: Gemm| match gemm.programmatic() {
+                Gemm::Split(c) => c,
+                _ => unreachable!("the deferred LayerNorms are taken only with the split-K projections"),
+            };
+            let g = self.gemms[Mode::Fused as usize];
+            let (qkv, o, up, down, attention) = (config(g.qkv), config(g.o), config(g.up), config(g.down), programmatic(attention));
+            let ([after_o, after_ffn], [o_stats, ffn_stats]) = (&mut norms.summed, &mut norms.stats);
+            for (i, l) in model.layers.iter().enumerate() {
+                // The layer's input: x, or the previous layer's output, LayerNorm-ed on the fly.
+                let previous = i.checked_sub(1).map(|p| &model.layers[p]);
+                match &l.qkv_folded {
+                    None => k.split_bias.launch(s, &qkv, self.x.map.words(), l.wqkv.split.words(), &l.bqkv, &mut self.qkv, t, 3 * h, h)?,
+                    Some(w) => k.split_folded.launch(s, &qkv, after_ffn.map.words(), w.w.map.words(), ffn_stats, &w.c, &w.d, &mut self.qkv, t, 3 * h, h)?,
+                }
+                k.attention_split.launch(s, &attention, &self.qkv, &mut self.ctx.buffer, seq, heads, scale)?;
+                let (a, wo) = (self.ctx.map.words(), l.wo.split.words());
+                match previous {
+                    None => k.split_residual_stats.launch(s, &o, a, wo, &l.bo, &self.x.buffer, &mut after_o.buffer, o_stats, t, h, h)?,
+                    Some(p) => {
+                        let residual = &after_ffn.buffer;
+                        k.split_ln_residual_stats.launch(s, &o, a, wo, &l.bo, residual, ffn_stats, &p.gamma2, &p.beta2, &mut after_o.buffer, o_stats, t, h, h)?
+                    }
+                }
+                let w1 = &l.up_folded;
+                k.split_folded_gelu.launch(s, &up, after_o.map.words(), w1.w.map.words(), o_stats, &w1.c, &w1.d, &mut self.up.buffer, t, f, h)?;
+                let (a, w2) = (self.up.map.words(), l.w2.split.words());
+                k.split_ln_residual_stats.launch(s, &down, a, w2, &l.b2, &after_o.buffer, o_stats, &l.gamma1, &l.beta1, &mut after_ffn.buffer, ffn_stats, t, h, f)?;
+            }
+            if let Some(last) = model.layers.last() {
+                k.layer_norm_rows.launch(s, &programmatic(norms.rows), &after_ffn.buffer, ffn_stats, &last.gamma2, &last.beta2, &mut self.x.buffer)?;
+            }
+            Ok(())
+        }
+
+        /// Kernel launches of a forward pass through `layers` layers in `mode`.
+        pub fn kernels(&self, mode: Mode, layers: usize) -> usize {
+            match (mode, &self.deferred) {
+                (Mode::Fused, Some(_)) => 5 * layers + usize::from(layers > 0),
+                _ => mode.kernels_per_layer() * layers,
+            }
         }
 
         /// The encoder's input, or after [`Batch::forward`] its output (`tokens × hidden`).
@@ -969,12 +1075,17 @@ mod host {
     /// Runs both modes on the same random input and weights and compares each output with
     /// its f64 reference: `dims` at `batch`.
     pub fn check(gpu: &Gpu, dims: Dims, batch: usize) -> std::result::Result<Report, GemmError> {
+        check_for_sms(gpu, dims, batch, sms(gpu)?)
+    }
+
+    /// [`check`] with the GEMMs picked for a GPU of `sms` SMs ([`Batch::for_sms`]).
+    pub fn check_for_sms(gpu: &Gpu, dims: Dims, batch: usize, sms: usize) -> std::result::Result<Report, GemmError> {
         let model = Model::random(gpu, dims)?;
         let kernels = Kernels::load(gpu)?;
         let x: Vec<f16> = crate::check::random(batch * dims.seq * dims.hidden).into_iter().map(f16::from_f32).collect();
         let (mut outs, mut refs) = (Vec::new(), Vec::new());
         for mode in Mode::ALL {
-            let mut b = Batch::new(gpu, &dims, batch, &x)?;
+            let mut b = Batch::for_sms(gpu, &dims, batch, &x, sms)?;
             b.forward(gpu.stream(), &kernels, &model, mode)?;
             outs.extend(gpu.download(b.x())?.iter().map(|v| v.to_f32()));
             refs.extend(reference(&dims, &model.host, &x, mode.gelu()));

@@ -59,7 +59,13 @@ const CONSUMER_REGISTERS: u32 = 232;
 /// at least once: a path that skipped it would set the accumulators outside `wgmma` before
 /// the final wait, and ptxas would then serialise every `wgmma`.
 #[inline(always)]
-fn consume<const S: usize>(wg: &Warpgroup, pipeline: &Pipeline<S>, mut state: PipelineState<S>, k_steps: usize, mut mma: impl FnMut(u32, u32, bool)) -> (PipelineState<S>, PipelineState<S>) {
+fn consume<const S: usize>(
+    wg: &Warpgroup,
+    pipeline: &Pipeline<S>,
+    mut state: PipelineState<S>,
+    k_steps: usize,
+    mut mma: impl FnMut(u32, u32, bool),
+) -> (PipelineState<S>, PipelineState<S>) {
     let mut previous: Option<PipelineState<S>> = None;
     let mut kt = 0;
     loop {
@@ -391,12 +397,36 @@ pub const SPLIT_SMEM_BYTES: u32 = 1024 + SPLIT_STAGES as u32 * (A_STAGE_BYTES + 
 /// unless K is a positive multiple of 8, `out` holds M × N and every block has a k-step.
 #[inline(always)]
 pub fn gemm_split_k<T: WgmmaInput + HalfFloat, E: Epilogue>(a_map: &[u64], b_map: &[u64], out: &Out<T>, m: u32, n: u32, k: u32, epilogue: E) {
+    let (m, n) = (m as usize, n as usize);
+    if out.len() < m * n {
+        arch::trap()
+    }
+    let partial = split_k_partial::<T>(a_map, b_map, k as usize);
+    let (bm, bn) = split_k_origin();
+    cluster::reduce_scatter(partial, Sum, |e, value| {
+        let (row, col) = (bm + e / PARTIAL_STRIDE, bn + e % PARTIAL_STRIDE);
+        if e % PARTIAL_STRIDE < SPLIT_BN && row < m && col < n {
+            out.set(row * n + col, T::from_f32(epilogue.apply(value, row, col, n)));
+        }
+    });
+}
+
+/// The origin (row, column) in C of the block's split-K tile.
+#[inline(always)]
+fn split_k_origin() -> (usize, usize) {
+    (block::index().y as usize * BM, block::index_x() as usize * SPLIT_BN)
+}
+
+/// The main loop of [`gemm_split_k`]: the block's k-steps of its tile, left as an f32 partial
+/// tile (`BM` rows of [`PARTIAL_STRIDE`]) in the drained stages, which it returns after a
+/// block barrier.
+#[inline(always)]
+fn split_k_partial<T: WgmmaInput + HalfFloat>(a_map: &[u64], b_map: &[u64], k: usize) -> SharedSlice<f32> {
     const { assert!(THREADS as u32 == (1 + CONSUMERS) * 128 && BM * PARTIAL_STRIDE * 4 <= SPLIT_STAGES * (BM + SPLIT_BN) * BK * 2) };
-    let (m, n, k) = (m as usize, n as usize, k as usize);
     let (splits, split) = (cluster::size() as usize, cluster::block_rank() as usize);
     let all_steps = k.div_ceil(BK);
     let (first, steps) = (all_steps * split / splits, all_steps * (split + 1) / splits - all_steps * split / splits);
-    if out.len() < m * n || k == 0 || !k.is_multiple_of(8) || steps == 0 {
+    if k == 0 || !k.is_multiple_of(8) || steps == 0 {
         arch::trap()
     }
     let (a_map, b_map) = (TensorMap::new(a_map), TensorMap::new(b_map));
@@ -406,7 +436,7 @@ pub fn gemm_split_k<T: WgmmaInput + HalfFloat, E: Epilogue>(a_map: &[u64], b_map
     let (a_tiles, b_tiles) = (tiles.addr(), tiles.addr() + SPLIT_STAGES as u32 * A_STAGE_BYTES);
     let pipeline = Pipeline::<SPLIT_STAGES>::new(smem.take::<u64>(2 * SPLIT_STAGES), CONSUMERS);
     block::sync();
-    let (bm, bn) = (block::index().y as usize * BM, block::index_x() as usize * SPLIT_BN);
+    let (bm, bn) = split_k_origin();
     let wg = Warpgroup::current();
     let mut acc = AccM64N64::ZERO;
     // This warpgroup's 64 rows of the tile (consumers).
@@ -470,119 +500,238 @@ pub fn gemm_split_k<T: WgmmaInput + HalfFloat, E: Epilogue>(a_map: &[u64], b_map
             partial.store((rows + r) * PARTIAL_STRIDE + c, acc.values[i]);
         });
     }
-    cluster::reduce_scatter(partial, Sum, |e, value| {
-        let (row, col) = (bm + e / PARTIAL_STRIDE, bn + e % PARTIAL_STRIDE);
-        if e % PARTIAL_STRIDE < SPLIT_BN && row < m && col < n {
-            out.set(row * n + col, T::from_f32(epilogue.apply(value, row, col, n)));
-        }
-    });
+    partial
 }
 
-/// `C = A·Bᵀ + bias[col] + R` for an M × N residual R (the split-K kernels' epilogue before a
-/// LayerNorm).
-#[derive(Clone, Copy)]
-pub struct BiasResidual<'a, T>(pub &'a [T], pub &'a [T]);
+/// The widest row a [`RowNorm`] normalises: 32 tiles of 64 columns, whose statistics a
+/// half-warp reads, two tiles a lane.
+pub const NORM_MAX_N: usize = 32 * SPLIT_BN;
 
-impl<T: HalfFloat> Epilogue for BiasResidual<'_, T> {
+/// `LayerNorm(x) · γ + β` of the rows of an M × N tensor x (N a multiple of 128, at most
+/// [`NORM_MAX_N`]), from the statistics of its 64-column tiles that [`split_k_sum_rows`]
+/// writes with it: `stats[2 (row · N/64 + j)]` and the word after hold the mean and
+/// Σ(v − mean)² of row `row`'s 64 values in tile `j`. The tiles' statistics merge in order
+/// (Chan et al.), so every reader gets the same mean and 1/σ of a row, and those that
+/// materialise the LayerNorm ([`BiasNormalizedResidual`], [`layer_norm_rows`]) the same f16
+/// values ([`RowNorm::apply`]).
+#[derive(Clone, Copy)]
+pub struct RowNorm<'a> {
+    pub stats: &'a [f32],
+    pub gamma: &'a [f16],
+    pub beta: &'a [f16],
+}
+
+impl RowNorm<'_> {
+    /// Row `row`'s mean and 1/√(σ² + ε) ([`row_stats`]).
     #[inline(always)]
-    fn apply(&self, acc: f32, row: usize, col: usize, n: usize) -> f32 {
+    pub fn row(&self, row: usize) -> (f32, f32) {
+        row_stats(self.stats, row, self.gamma.len())
+    }
+
+    /// Value `x` of a row with `stats`, of a column with (γ, β), normalised, scaled and
+    /// shifted, rounded to f16 (as a framework's fp16 LayerNorm writes it).
+    #[inline(always)]
+    fn apply(x: f32, (mean, rstd): (f32, f32), gamma: f32, beta: f32) -> f16 {
+        f16::from_f32(((x - mean) * rstd).fma(gamma, beta))
+    }
+}
+
+/// The mean and 1/√(σ² + ε) (σ² the biased variance, as LayerNorm takes it) of row `row` of an
+/// M × `n` tensor from its tiles' statistics ([`RowNorm`]), merged over a half-warp: every
+/// lane of the warp calls it, each half-warp for a row of its own, and lane `l` reads tiles
+/// `2l` and `2l + 1` (one 16-byte vector).
+#[inline(always)]
+pub fn row_stats(stats: &[f32], row: usize, n: usize) -> (f32, f32) {
+    let (tiles, lane) = (n / SPLIT_BN, warp::lane() as usize % 16);
+    if !n.is_multiple_of(2 * SPLIT_BN) || n > NORM_MAX_N {
+        arch::trap()
+    }
+    let v = if lane < tiles / 2 { global::load16::<f32, 4>(stats, row * tiles / 2 + lane) } else { [0.0; 4] };
+    let mean = half_warp_sum(v[0] + v[2]) / tiles as f32;
+    let (d0, d1) = (v[0] - mean, v[2] - mean);
+    let squares = if lane < tiles / 2 { (SPLIT_BN as f32 * d0).fma(d0, (SPLIT_BN as f32 * d1).fma(d1, v[1] + v[3])) } else { 0.0 };
+    (mean, math::rsqrt(half_warp_sum(squares) / n as f32 + crate::fused_norms::EPS))
+}
+
+/// Σ of `x` over the calling lane's half-warp (every lane of the warp calls it), in the same
+/// order in every lane.
+#[inline(always)]
+fn half_warp_sum(x: f32) -> f32 {
+    [8, 4, 2, 1].iter().fold(x, |x, &offset| x + warp::shuffle_xor(x, offset))
+}
+
+/// An epilogue of [`split_k_sum_rows`], applied a row at a time: `apply` gets what `row`
+/// computed once for the row.
+pub trait RowEpilogue: Copy {
+    type Row: Copy;
+    /// What every value of row `row` needs.
+    fn row(&self, row: usize) -> Self::Row;
+    /// The output at (`row`, `col`) of an `n`-column C, from its accumulator.
+    fn apply(&self, at_row: Self::Row, acc: f32, row: usize, col: usize, n: usize) -> f32;
+}
+
+/// `C = A·Bᵀ + bias[col] + R` for an M × N residual R.
+#[derive(Clone, Copy)]
+pub struct BiasResidual<'a>(pub &'a [f16], pub &'a [f16]);
+
+impl RowEpilogue for BiasResidual<'_> {
+    type Row = ();
+    #[inline(always)]
+    fn row(&self, _: usize) {}
+    #[inline(always)]
+    fn apply(&self, _: (), acc: f32, row: usize, col: usize, n: usize) -> f32 {
         acc + self.0[col].to_f32() + self.1[row * n + col].to_f32()
     }
 }
 
-/// The widest row [`split_k_layer_norm`] normalises: 16-byte vectors `lane + 32 i` of a row,
-/// `i` below 4, in a warp's registers.
-pub const NORM_MAX_N: usize = 1024;
+/// `C = A·Bᵀ + bias[col] + LayerNorm(R)·γ + β` for an M × N R whose LayerNorm is deferred
+/// to its readers ([`RowNorm`]): the residual of a post-LN layer.
+#[derive(Clone, Copy)]
+pub struct BiasNormalizedResidual<'a> {
+    pub bias: &'a [f16],
+    pub residual: &'a [f16],
+    pub norm: RowNorm<'a>,
+}
 
-/// The LayerNorm that follows [`gemm_split_k`] in [`wgmma_split_f16_residual_layer_norm`]:
-/// `out = LayerNorm(summed) · γ + β` for the block's row tile of `summed` (M × N, N a
-/// multiple of 256 up to [`NORM_MAX_N`]), once every cluster of the row tile has stored its
-/// columns of it. Each cluster counts itself in `arrivals[row tile]` (one atomic, after a
-/// release fence of every thread's stores); the last to arrive resets the count for the next
-/// launch and normalises the tile's rows, a warp per row, warps of all its blocks taking rows
-/// in turn. Which cluster comes last varies, what it computes does not (one warp reads the
-/// whole row from `summed`): the result is deterministic.
-#[inline(always)]
-fn split_k_layer_norm(summed: &Out<f16>, gamma: &[f16], beta: &[f16], out: &Out<f16>, arrivals: &Out<u32>, m: usize, n: usize) {
-    const WARPS: usize = THREADS / 32;
-    let vectors = n / 8;
-    if !n.is_multiple_of(256) || n > NORM_MAX_N || out.len() < m * n {
-        arch::trap()
+impl RowEpilogue for BiasNormalizedResidual<'_> {
+    type Row = (f32, f32);
+    #[inline(always)]
+    fn row(&self, row: usize) -> (f32, f32) {
+        self.norm.row(row)
     }
-    let last = shared!([u32; 1]);
-    // This thread's stores of `summed`, then the cluster's, before its arrival.
-    arch::fence_acq_rel_gpu();
-    cluster::sync();
-    let (rank, tile) = (cluster::block_rank(), block::index().y as usize);
-    if rank == 0 && thread::rank_in_block() == 0 {
-        let clusters = arch::nctaid_x();
-        let arrived = arrivals.atomic_add(tile, 1) + 1 == clusters;
-        if arrived {
-            arrivals.set(tile, 0);
-        }
-        for peer in 0..cluster::size() {
-            last.in_block(peer).store(0, arrived as u32);
-        }
-    }
-    cluster::sync();
-    if last.load(0) == 0 {
-        return;
-    }
-    // Every other cluster's stores, released before its arrival, are visible from here.
-    arch::fence_acq_rel_gpu();
-    let (first, rows) = (tile * BM, BM.min(m - tile * BM));
-    let (lane, warps) = (warp::lane() as usize, WARPS * cluster::size() as usize);
-    let warp = rank as usize * WARPS + warp::index_in_block() as usize;
-    for row in (first + warp..first + rows).step_by(warps) {
-        // Unrolled, so that `x` is only indexed by constants and stays in registers.
-        let mut x = [[0.0f32; 8]; 4];
-        let mut sum = 0.0;
-        unroll!(i in [0 1 2 3] {
-            if lane + 32 * i < vectors {
-                x[i] = summed.load16::<8>(row * vectors + lane + 32 * i).map(f16::to_f32);
-                sum += x[i].iter().sum::<f32>();
-            }
-        });
-        let inverse = 1.0 / n as f32;
-        let mean = warp::reduce_sum(sum) * inverse;
-        let mut squares = 0.0;
-        unroll!(i in [0 1 2 3] {
-            if lane + 32 * i < vectors {
-                squares += x[i].iter().map(|&v| (v - mean) * (v - mean)).sum::<f32>();
-            }
-        });
-        let rstd = math::rsqrt(warp::reduce_sum(squares) * inverse + crate::fused_norms::EPS);
-        unroll!(i in [0 1 2 3] {
-            let v = lane + 32 * i;
-            if v < vectors {
-                let (g, b) = (global::load16::<f16, 8>(gamma, v), global::load16::<f16, 8>(beta, v));
-                out.store16_rounded(row * vectors + v, core::array::from_fn(|j| ((x[i][j] - mean) * rstd).fma(g[j].to_f32(), b[j].to_f32())));
-            }
-        });
+    #[inline(always)]
+    fn apply(&self, stats: (f32, f32), acc: f32, row: usize, col: usize, n: usize) -> f32 {
+        let residual = RowNorm::apply(self.residual[row * n + col].to_f32(), stats, self.norm.gamma[col].to_f32(), self.norm.beta[col].to_f32());
+        acc + self.bias[col].to_f32() + residual.to_f32()
     }
 }
 
-/// `out = LayerNorm(a · bᵀ + bias + residual) · γ + β`, f16, for small M: the split-K kernel
-/// with [`BiasResidual`] into `summed`, then [`split_k_layer_norm`] (`arrivals`: a zeroed
-/// count per row tile of 128, left zeroed); launched as the plain split-K kernel.
-#[kernel(launch_bounds(max_threads = 384, min_blocks = 2))]
-#[allow(clippy::too_many_arguments)]
-pub fn wgmma_split_f16_residual_layer_norm(
-    a_map: &[u64],
-    b_map: &[u64],
-    bias: &[f16],
-    residual: &[f16],
-    gamma: &[f16],
-    beta: &[f16],
-    summed: Out<f16>,
-    out: Out<f16>,
-    arrivals: Out<u32>,
-    m: u32,
-    n: u32,
-    k: u32,
-) {
-    gemm_split_k(a_map, b_map, &summed, m, n, k, BiasResidual(bias, residual));
-    split_k_layer_norm(&summed, gamma, beta, &out, &arrivals, m as usize, n as usize);
+/// `C = rstd · (A·W′ᵀ − mean · c) + d`, then GELU if `GELU`: `LayerNorm(A)·Wᵀ + bias` with
+/// the LayerNorm of A (K columns, statistics from [`RowNorm`]'s `stats`) folded into the
+/// product, so that the GEMM reads A as stored. The host folds γ and β into the weights:
+/// `W′ = W·diag(γ)` (rounded to f16), `c[n] = Σₖ W′[n, k]`, `d = bias + W·β`
+/// ([`fold_layer_norm`]). Unlike a framework, which rounds LayerNorm(A) to f16 before the
+/// product, it keeps it exact; the mean's share cancels in f32, exactly where |mean| is of
+/// the order of σ (activations of a post-LN layer).
+#[derive(Clone, Copy)]
+pub struct FoldedNorm<'a, const GELU: bool> {
+    pub stats: &'a [f32],
+    pub k: usize,
+    pub c: &'a [f32],
+    pub d: &'a [f32],
+}
+
+impl<const GELU: bool> RowEpilogue for FoldedNorm<'_, GELU> {
+    type Row = (f32, f32);
+    #[inline(always)]
+    fn row(&self, row: usize) -> (f32, f32) {
+        row_stats(self.stats, row, self.k)
+    }
+    #[inline(always)]
+    fn apply(&self, (mean, rstd): (f32, f32), acc: f32, _: usize, col: usize, _: usize) -> f32 {
+        let v = ((-mean).fma(self.c[col], acc)).fma(rstd, self.d[col]);
+        if GELU { gelu(v) } else { v }
+    }
+}
+
+/// [`gemm_split_k`] with an epilogue taken a row at a time, f16, N a multiple of 64: the
+/// cluster's partial tiles summed over DSMEM in rank order, the epilogue applied and the tile
+/// written to `out`, and where `stats` is given, per row, the mean and Σ(v − mean)² of its 64
+/// f16 values ([`RowNorm`]'s input, N/64 pairs a row): the kernels whose output a LayerNorm
+/// follows leave it to the readers, so that no block waits for another cluster. Block `r` of
+/// the cluster takes rows `r·⌈128/size⌉ ..`, a half-warp a row and a lane 4 columns.
+#[inline(always)]
+pub fn gemm_split_k_rows<E: RowEpilogue>(a_map: &[u64], b_map: &[u64], out: &Out<f16>, stats: Option<&Out<f32>>, m: u32, n: u32, k: u32, epilogue: E) {
+    let (m, n) = (m as usize, n as usize);
+    if out.len() < m * n || !n.is_multiple_of(SPLIT_BN) || stats.is_some_and(|stats| stats.len() < 2 * m * (n / SPLIT_BN)) {
+        arch::trap()
+    }
+    let partial = split_k_partial::<f16>(a_map, b_map, k as usize);
+    split_k_sum_rows(partial, out, stats, split_k_origin(), m, n, epilogue);
+}
+
+/// The tail of [`gemm_split_k_rows`].
+#[inline(always)]
+fn split_k_sum_rows<E: RowEpilogue>(partial: SharedSlice<f32>, out: &Out<f16>, stats: Option<&Out<f32>>, (bm, bn): (usize, usize), m: usize, n: usize, epilogue: E) {
+    const HALF_WARPS: usize = THREADS / 16;
+    const ROW_VECTORS: usize = PARTIAL_STRIDE / 4;
+    let (blocks, rank) = (cluster::size() as usize, cluster::block_rank() as usize);
+    let per_block = BM.div_ceil(blocks);
+    let (start, end) = ((rank * per_block).min(BM), ((rank + 1) * per_block).min(BM));
+    let t = thread::rank_in_block() as usize;
+    let (half, lane) = (t / 16, t % 16);
+    // SAFETY: the partial tile's BM × PARTIAL_STRIDE f32 as 16-byte vectors (1024-aligned).
+    let vectors = unsafe { SharedSlice::<[u32; 4]>::from_raw_parts(partial.addr(), BM * ROW_VECTORS) };
+    // Every block's partial tile is in place.
+    cluster::sync();
+    // Whole warps step together (the shuffles below), past the block's rows if need be.
+    for base in (start..end).step_by(HALF_WARPS) {
+        let local = base + half;
+        let (row, col) = (bm + local, bn + 4 * lane);
+        let active = local < end && row < m;
+        let v = local.min(BM - 1) * ROW_VECTORS + lane;
+        // Before the peers' loads, whose registers it would otherwise share; by every lane.
+        let at_row = epilogue.row(row.min(m - 1));
+        // Σ over the blocks in rank order, four peers' loads in flight at a time.
+        let mut acc = [0.0f32; 4];
+        for group in (0..blocks).step_by(4) {
+            let words: [[u32; 4]; 4] = core::array::from_fn(|i| if group + i < blocks { vectors.in_block((group + i) as u32).load(v) } else { [0; 4] });
+            for (i, w) in words.iter().enumerate() {
+                if group + i < blocks {
+                    for c in 0..4 {
+                        acc[c] += f32::from_bits(w[c]);
+                    }
+                }
+            }
+        }
+        let values: [f16; 4] = core::array::from_fn(|c| if active { f16::from_f32(epilogue.apply(at_row, acc[c], row, col + c, n)) } else { f16::from_f32(0.0) });
+        if active {
+            out.store_pair(row * n + col, [values[0], values[1]]);
+            out.store_pair(row * n + col + 2, [values[2], values[3]]);
+        }
+        let Some(stats) = stats else {
+            continue;
+        };
+        // The row's 64 values over its half-warp: mean, then Σ(v − mean)², of the f16 values.
+        let mean = half_warp_sum(values.iter().fold(0.0, |s, v| s + v.to_f32())) * (1.0 / SPLIT_BN as f32);
+        let squares = half_warp_sum(values.iter().fold(0.0, |s: f32, v| {
+            let d = v.to_f32() - mean;
+            d.fma(d, s)
+        }));
+        if active && lane == 0 {
+            let at = 2 * (row * (n / SPLIT_BN) + bn / SPLIT_BN);
+            stats.set(at, mean);
+            stats.set(at + 1, squares);
+        }
+    }
+    // No block leaves while a peer may still read its partial tile. The values read are
+    // consumed before a thread arrives, so the arrival need not release anything (and skips
+    // the device-wide fence a release costs).
+    arch::barrier_cluster_arrive_relaxed();
+    cluster::wait();
+}
+
+/// `out = LayerNorm(summed)·γ + β` for an M × N `summed` with its [`RowNorm`] statistics:
+/// a warp per row, 8 rows a block of 256 threads. Materialises a LayerNorm that the kernels
+/// after [`gemm_split_k_rows`] otherwise take on the fly.
+#[kernel(launch_bounds(max_threads = 256))]
+pub fn layer_norm_rows(summed: &[f16], stats: &[f32], gamma: &[f16], beta: &[f16], out: Out<f16>) {
+    let norm = RowNorm { stats, gamma, beta };
+    let (n, lane) = (gamma.len(), warp::lane() as usize);
+    let row = (block::index_x() * 8 + warp::index_in_block()) as usize;
+    grid::wait_for_prerequisites();
+    grid::launch_dependents();
+    if out.len() != summed.len() || beta.len() != n {
+        arch::trap()
+    }
+    if (row + 1) * n > summed.len() {
+        return;
+    }
+    let row_stats = norm.row(row);
+    for v in (lane..n / 8).step_by(32) {
+        let (x, g, b) = (global::load16::<f16, 8>(summed, row * n / 8 + v), global::load16::<f16, 8>(gamma, v), global::load16::<f16, 8>(beta, v));
+        out.store16(row * n / 8 + v, core::array::from_fn::<f16, 8, _>(|e| RowNorm::apply(x[e].to_f32(), row_stats, g[e].to_f32(), b[e].to_f32())));
+    }
 }
 
 macro_rules! split_k_kernels {
@@ -615,6 +764,59 @@ macro_rules! split_k_kernels {
 
 split_k_kernels! {
     f16: wgmma_split_f16, wgmma_split_f16_bias, wgmma_split_f16_bias_gelu, wgmma_split_f16_residual;
+}
+
+// The split-K kernels of a post-LN layer whose LayerNorms are deferred to their readers: the
+// kernels before a LayerNorm write its input and the statistics of its rows; the kernels
+// after fold it into their product ([`FoldedNorm`]) or take it of their residual
+// ([`BiasNormalizedResidual`]).
+
+/// `out = LayerNorm(a) · wᵀ + bias`, f16, from `b_map` of W′ and `c`, `d` ([`FoldedNorm`]),
+/// A's statistics `a_stats` (K a multiple of 128); launched as the plain split-K kernel.
+#[kernel(launch_bounds(max_threads = 384, min_blocks = 2))]
+#[allow(clippy::too_many_arguments)]
+pub fn wgmma_split_f16_folded_ln_bias(a_map: &[u64], b_map: &[u64], a_stats: &[f32], c: &[f32], d: &[f32], out: Out<f16>, m: u32, n: u32, k: u32) {
+    let epilogue = FoldedNorm::<false> { stats: a_stats, k: k as usize, c, d };
+    gemm_split_k_rows(a_map, b_map, &out, None, m, n, k, epilogue);
+}
+
+/// `out = gelu(LayerNorm(a) · wᵀ + bias)`, f16, as [`wgmma_split_f16_folded_ln_bias`].
+#[kernel(launch_bounds(max_threads = 384, min_blocks = 2))]
+#[allow(clippy::too_many_arguments)]
+pub fn wgmma_split_f16_folded_ln_bias_gelu(a_map: &[u64], b_map: &[u64], a_stats: &[f32], c: &[f32], d: &[f32], out: Out<f16>, m: u32, n: u32, k: u32) {
+    let epilogue = FoldedNorm::<true> { stats: a_stats, k: k as usize, c, d };
+    gemm_split_k_rows(a_map, b_map, &out, None, m, n, k, epilogue);
+}
+
+/// `out = a · bᵀ + bias + residual` and its rows' statistics, f16 (N a multiple of 64), for a
+/// LayerNorm that its readers take ([`gemm_split_k_rows`]); launched as the plain split-K
+/// kernel.
+#[kernel(launch_bounds(max_threads = 384, min_blocks = 2))]
+#[allow(clippy::too_many_arguments)]
+pub fn wgmma_split_f16_residual_stats(a_map: &[u64], b_map: &[u64], bias: &[f16], residual: &[f16], out: Out<f16>, stats: Out<f32>, m: u32, n: u32, k: u32) {
+    gemm_split_k_rows(a_map, b_map, &out, Some(&stats), m, n, k, BiasResidual(bias, residual));
+}
+
+/// As [`wgmma_split_f16_residual_stats`], the residual `LayerNorm(residual) · γ + β` from
+/// `residual_stats`: a post-LN layer's output projection or second FFN projection.
+#[kernel(launch_bounds(max_threads = 384, min_blocks = 2))]
+#[allow(clippy::too_many_arguments)]
+pub fn wgmma_split_f16_ln_residual_stats(
+    a_map: &[u64],
+    b_map: &[u64],
+    bias: &[f16],
+    residual: &[f16],
+    residual_stats: &[f32],
+    gamma: &[f16],
+    beta: &[f16],
+    out: Out<f16>,
+    stats: Out<f32>,
+    m: u32,
+    n: u32,
+    k: u32,
+) {
+    let norm = RowNorm { stats: residual_stats, gamma, beta };
+    gemm_split_k_rows(a_map, b_map, &out, Some(&stats), m, n, k, BiasNormalizedResidual { bias, residual, norm });
 }
 
 macro_rules! wgmma_kernels {
@@ -972,6 +1174,68 @@ mod host {
         let shape = format!("{m} × {n} × {k}, f16, {}, split K over {}", epilogue.name(), config.grid.z);
         Ok(Report::new(shape, &out, &reference, crate::gemm::F16_TOLERANCE))
     }
+
+    /// A LayerNorm (γ, β) folded into the linear layer after it (`x·W + bias`, W `k × n` as
+    /// example 10 takes it), for [`FoldedNorm`]: W′ = diag(γ)·W rounded to f16, `c[j]` = Σ of
+    /// W′'s column j (as rounded), `d = bias + βᵀ·W`, the sums in f64.
+    pub fn fold_layer_norm(w: &[f16], (k, n): (usize, usize), bias: &[f16], gamma: &[f16], beta: &[f16]) -> (Vec<f16>, Vec<f32>, Vec<f32>) {
+        assert!(w.len() == k * n && bias.len() == n && gamma.len() == k && beta.len() == k, "W is k × n, bias n, γ and β k");
+        let folded: Vec<f16> = (0..k * n).map(|i| f16::from_f32((w[i].to_f64() * gamma[i / n].to_f64()) as f32)).collect();
+        let column = |x: &[f16], j: usize, scale: &dyn Fn(usize) -> f64| (0..k).map(|e| x[e * n + j].to_f64() * scale(e)).sum::<f64>();
+        let c = (0..n).map(|j| column(&folded, j, &|_| 1.0) as f32).collect();
+        let d = (0..n).map(|j| (bias[j].to_f64() + column(w, j, &|e| beta[e].to_f64())) as f32).collect();
+        (folded, c, d)
+    }
+
+    /// Checks the deferred LayerNorm of the split-K kernels end to end against its f64
+    /// reference: `s = a · w₀ + b₀ + r` with its rows' statistics
+    /// ([`wgmma_split_f16_residual_stats`]), then `out = LayerNorm(s) · w₁ + b₁` with the
+    /// LayerNorm folded into the product ([`wgmma_split_f16_folded_ln_bias`]). On a GPU
+    /// BERT-base's O and FFN1 shapes at batch 1 (128 rows, hidden 768, FFN 3072: 12 tiles × 8
+    /// blocks, then 48 × 2); on the emulator 100 rows (one partial row tile), hidden 640, 128
+    /// outputs, the second product on one block a tile (10 k-steps: the pipeline wraps).
+    pub fn run_split_k_layer_norm(gpu: &Gpu) -> Result<Report> {
+        let (m, h, k0, n) = shape(gpu, (128, 768, 768, 3072), (100, 640, 192, 128));
+        let sms = shape(gpu, sm_count(gpu)?.unwrap_or(2), 2);
+        let f16s = |len: usize, scale: f32| -> Vec<f16> { crate::check::random(len).into_iter().map(|v| f16::from_f32(scale * v)).collect() };
+        // Weights as example 10 takes them (K × N).
+        let (a, w0, b0, r) = (f16s(m * k0, 1.0), f16s(k0 * h, 1.0 / (k0 as f32).sqrt()), f16s(h, 1.0), f16s(m * h, 1.0));
+        let (gamma, beta, w1, b1) = (f16s(h, 1.0), f16s(h, 1.0), f16s(h * n, 1.0 / (h as f32).sqrt()), f16s(n, 1.0));
+        let (w1_folded, c, d) = fold_layer_norm(&w1, (h, n), &b1, &gamma, &beta);
+        let unsupported = |err: GemmError| match err {
+            GemmError::Launch(err) => err,
+            GemmError::Shape(what) => unreachable!("the example's shapes are supported: {what}"),
+        };
+        let (first, second) = (split_k_config(m, h, k0, sms).map_err(unsupported)?, split_k_config(m, n, h, sms).map_err(unsupported)?);
+        let (a_d, b0_d, r_d) = (gpu.upload(&a)?, gpu.upload(&b0)?, gpu.upload(&r)?);
+        let (w0t, w1t, c_d, d_d) = (gpu.upload(&transpose(&w0, k0, h))?, gpu.upload(&transpose(&w1_folded, h, n))?, gpu.upload(&c)?, gpu.upload(&d)?);
+        let (mut summed, mut out) = (gpu.upload(&vec![f16::NAN; m * h])?, gpu.upload(&vec![f16::NAN; m * n])?);
+        let mut stats = gpu.upload(&vec![f32::NAN; 2 * m * (h / SPLIT_BN)])?;
+        let (s, (mu, hu, k0u, nu)) = (gpu.stream(), (m as u32, h as u32, k0 as u32, n as u32));
+        let (a_m, w0_m, w1_m) = (a_map(gpu, &a_d, (m, k0))?, split_bt_map(gpu, &w0t, (h, k0))?, split_bt_map(gpu, &w1t, (n, h))?);
+        wgmma_split_f16_residual_stats::load(gpu)?.launch(s, &first, a_m.words(), w0_m.words(), &b0_d, &r_d, &mut summed, &mut stats, mu, hu, k0u)?;
+        let summed_m = a_map(gpu, &summed, (m, h))?;
+        let folded = wgmma_split_f16_folded_ln_bias::load(gpu)?;
+        folded.launch(s, &second, summed_m.words(), w1_m.words(), &stats, &c_d, &d_d, &mut out, mu, nu, hu)?;
+        let out: Vec<f32> = gpu.download(&out)?.into_iter().map(HalfFloat::to_f32).collect();
+        let f = |x: &[f16], i: usize| x[i].to_f64();
+        let mut reference = Vec::with_capacity(m * n);
+        for i in 0..m {
+            // The LayerNorm's input as the first kernel stores it: rounded to f16.
+            let s: Vec<f64> =
+                (0..h).map(|j| f16::from_f32(((0..k0).map(|e| f(&a, i * k0 + e) * f(&w0, e * h + j)).sum::<f64>() + f(&b0, j) + f(&r, i * h + j)) as f32).to_f64()).collect();
+            let mean = s.iter().sum::<f64>() / h as f64;
+            let rstd = 1.0 / (s.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / h as f64 + crate::fused_norms::EPS as f64).sqrt();
+            let normed: Vec<f64> = (0..h).map(|j| (s[j] - mean) * rstd * f(&gamma, j) + f(&beta, j)).collect();
+            reference.extend((0..n).map(|j| (0..h).map(|e| normed[e] * f(&w1, e * n + j)).sum::<f64>() + f(&b1, j)));
+        }
+        let shape = format!("{m} × {h} × {k0} with row statistics, then LayerNorm → {m} × {n} × {h}, f16, split K over {} and {}", first.grid.z, second.grid.z);
+        Ok(Report::new(shape, &out, &reference, LAYER_NORM_TOLERANCE))
+    }
+
+    /// Relative error allowed of [`run_split_k_layer_norm`]: W′ = diag(γ)·W rounded to f16
+    /// (2^-11 of each weight) on top of the split-K product's.
+    pub const LAYER_NORM_TOLERANCE: f64 = 2e-3;
 
     /// Dynamic shared memory of [`tma_box`]: the tile, its barrier, and room to align them.
     pub const TMA_BOX_SMEM: u32 = 3072;

@@ -90,5 +90,6 @@ pub const EXAMPLES: &[(&str, check::Runner)] = &[
     ("12-split-f16-bias", wgmma_gemm::split_f16_bias),
     ("12-split-f16-gelu", wgmma_gemm::split_f16_bias_gelu),
     ("12-split-f16-resid", wgmma_gemm::split_f16_residual),
+    ("12-split-f16-ln", wgmma_gemm::run_split_k_layer_norm),
     ("13-llama-decode", llama_decode::run),
 ];

@@ -255,48 +255,50 @@ fn bert_rejects_sizes_its_kernels_cannot_run() {
 
 /// Also which GEMM each projection takes (the emulator stands for 8 SMs): at batch 1 (M = 80)
 /// example 10's split-K GEMM, but for the fused mode's O and FFN2, which split K over example
-/// 12's split-K kernels and end in their LayerNorms (5 kernels a layer), its attention
-/// splitting its keys over warps; at batch 2 (M = 160) both modes run QKV and FFN1 on
-/// example 12's `wgmma` GEMM, O and FFN2 on example 10's.
+/// 12's split-K kernels, its attention splitting its keys over warps; at batch 2 (M = 160)
+/// both modes run QKV and FFN1 on example 12's `wgmma` GEMM, O and FFN2 on example 10's.
+/// Planned for 32 SMs, the fused mode at batch 1 takes example 12's split-K kernels for all
+/// four projections and defers its LayerNorms: 5 kernels a layer and one a pass.
 #[test]
-fn bert_launches_as_many_kernels_per_layer_as_its_mode_says() {
+fn bert_launches_as_many_kernels_as_its_mode_says() {
     use clusterfuse_examples::bert::{Batch, Kernels, Mode, Model, TINY};
     let gpu = Gpu::emulator();
     let (kernels, model) = (Kernels::load(&gpu).unwrap(), Model::random(&gpu, TINY).unwrap());
-    for (batch, unfused, fused) in [
-        (1, ["gemm", "gemm", "gemm", "gemm"], ["gemm", "split", "gemm", "split"]),
-        (2, ["wgmma", "gemm", "wgmma", "gemm"], ["wgmma", "gemm", "wgmma", "gemm"]),
+    let layers = TINY.layers;
+    for (batch, sms, unfused, fused, fused_kernels) in [
+        (1, 8, ["gemm", "gemm", "gemm", "gemm"], ["gemm", "split", "gemm", "split"], 7 * layers),
+        (1, 32, ["gemm", "gemm", "gemm", "gemm"], ["split", "split", "split", "split"], 5 * layers + 1),
+        (2, 8, ["wgmma", "gemm", "wgmma", "gemm"], ["wgmma", "gemm", "wgmma", "gemm"], 7 * layers),
     ] {
         let x = vec![clusterfuse::f16::from_f32(0.5); batch * TINY.seq * TINY.hidden];
         for (mode, projections) in Mode::ALL.into_iter().zip([unfused, fused]) {
-            let mut b = Batch::new(&gpu, &TINY, batch, &x).unwrap();
+            let mut b = Batch::for_sms(&gpu, &TINY, batch, &x, sms).unwrap();
             let ((), trace) = gpu.record(mode.name(), Some(batch as u32), || b.forward(gpu.stream(), &kernels, &model, mode)).unwrap();
             let launches = clusterfuse::host::trace::Summary::of(&trace).kernels;
-            let per_layer = match mode {
-                Mode::Unfused => 16,
-                Mode::Fused if batch == 1 => 5,
-                Mode::Fused => 7,
-            };
-            assert_eq!((launches, b.kernels_per_layer(mode)), (TINY.layers * per_layer, per_layer), "{}", mode.name());
+            let expected = if mode == Mode::Fused { fused_kernels } else { 16 * layers };
+            assert_eq!((launches, b.kernels(mode, layers)), (expected, expected), "batch {batch}, {sms} SMs, {}", mode.name());
             let gemms: Vec<&str> = trace
                 .launches()
                 .filter_map(|l| if l.kernel.starts_with("wgmma_split") { Some("split") } else { l.kernel.split('_').next().filter(|k| k.contains("mm")) })
                 .collect();
-            assert_eq!(gemms, projections.repeat(TINY.layers), "batch {batch}, {}", mode.name());
+            assert_eq!(gemms, projections.repeat(layers), "batch {batch}, {sms} SMs, {}", mode.name());
             let split_attention = trace.launches().any(|l| l.kernel == "attention_split");
             assert_eq!(split_attention, mode == Mode::Fused && batch == 1, "batch {batch}, {}", mode.name());
         }
     }
 }
 
-/// Batch 1, whose fused O and FFN2 projections take example 12's split-K kernels with their
-/// LayerNorms and whose fused attention is `attention_split` (the example runner checks
-/// batch 2), against the f64 reference.
+/// Batch 1, whose fused O and FFN2 projections take example 12's split-K kernels and whose
+/// fused attention is `attention_split` (the example runner checks batch 2), against the f64
+/// reference; and planned for 32 SMs, where the fused mode defers its LayerNorms to the
+/// kernels that read their outputs (as BERT-base at batch 1 on the H200).
 #[test]
 fn bert_at_batch_1_matches_its_reference() {
-    use clusterfuse_examples::bert::{check, TINY};
-    let report = check(&Gpu::emulator(), TINY, 1).unwrap();
-    assert!(report.passed(), "{report:?}");
+    use clusterfuse_examples::bert::{check_for_sms, TINY};
+    for sms in [8, 32] {
+        let report = check_for_sms(&Gpu::emulator(), TINY, 1, sms).unwrap();
+        assert!(report.passed(), "{sms} SMs: rel error {:.2e}, tolerance {:.0e}, {} unwritten", report.rel_error, report.tolerance, report.unwritten);
+    }
 }
 
 /// Example 10's split-K reduction over clusters of 4 and 8 blocks (its own check splits by

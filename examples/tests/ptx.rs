@@ -194,8 +194,11 @@ fn every_kernel_assembles_without_spills() {
         ("wgmma_split_f16_bias", 0),
         ("wgmma_split_f16_bias_gelu", 0),
         ("wgmma_split_f16_residual", 0),
-        // The flag saying a cluster arrived last (one u32, 16-byte aligned).
-        ("wgmma_split_f16_residual_layer_norm", 16),
+        ("wgmma_split_f16_folded_ln_bias", 0),
+        ("wgmma_split_f16_folded_ln_bias_gelu", 0),
+        ("wgmma_split_f16_residual_stats", 0),
+        ("wgmma_split_f16_ln_residual_stats", 0),
+        ("layer_norm_rows", 0),
         // The partial sums of a block's warps (64 B, twice: alternate items) and the RMSNorm
         // reduction's scratch.
         ("llama_embed", 0),
@@ -382,7 +385,16 @@ const WGMMA_KERNELS: [(&str, &str); 10] = [
 
 #[test]
 fn split_k_wgmma_gemm_uses_tma_wgmma_m64n64_and_two_blocks_per_sm() {
-    for kernel in ["wgmma_split_f16", "wgmma_split_f16_bias", "wgmma_split_f16_bias_gelu", "wgmma_split_f16_residual", "wgmma_split_f16_residual_layer_norm"] {
+    for kernel in [
+        "wgmma_split_f16",
+        "wgmma_split_f16_bias",
+        "wgmma_split_f16_bias_gelu",
+        "wgmma_split_f16_residual",
+        "wgmma_split_f16_folded_ln_bias",
+        "wgmma_split_f16_folded_ln_bias_gelu",
+        "wgmma_split_f16_residual_stats",
+        "wgmma_split_f16_ln_residual_stats",
+    ] {
         let text = entry(kernel);
         assert!(text.contains(".maxntid 384, 1, 1") && text.contains(".minnctapersm 2"), "`{kernel}`: launch bounds");
         for instruction in [
@@ -395,6 +407,20 @@ fn split_k_wgmma_gemm_uses_tma_wgmma_m64n64_and_two_blocks_per_sm() {
             assert!(text.contains(instruction), "`{kernel}` lacks `{instruction}`");
         }
         assert!(!text.contains("setmaxnreg"), "`{kernel}`: one tile a block needs no register split");
+    }
+}
+
+/// The deferred LayerNorms: no kernel waits for another cluster (no atomics, no device-wide
+/// fence), and the split-K kernels that read a row a half-warp at a time end with a relaxed
+/// cluster arrival; those that fold a LayerNorm into their product read A as TMA loads it
+/// (nothing rewrites a stage: no generic-to-async proxy fence).
+#[test]
+fn deferred_layer_norm_kernels_wait_for_no_other_cluster() {
+    for kernel in ["wgmma_split_f16_folded_ln_bias", "wgmma_split_f16_folded_ln_bias_gelu", "wgmma_split_f16_residual_stats", "wgmma_split_f16_ln_residual_stats"] {
+        let text = entry(kernel);
+        assert!(text.contains("barrier.cluster.arrive.relaxed"), "`{kernel}` lacks its relaxed closing arrival");
+        assert!(!text.contains("atom.") && !text.contains("fence.acq_rel.gpu"), "`{kernel}` waits for other clusters");
+        assert!(!text.contains("fence.proxy.async"), "`{kernel}` rewrites shared memory that wgmma reads");
     }
 }
 

@@ -69,7 +69,7 @@ fn main() -> Result<()> {
         for (m, mode) in Mode::ALL.into_iter().enumerate() {
             eprint!("[{}/{}] batch {batch}, {}: ", i + 1, BATCHES.len(), mode.name());
             let mut b = Batch::new(&gpu, &d, batch, &x)?;
-            let kernel_count = d.layers * b.kernels_per_layer(mode);
+            let kernel_count = b.kernels(mode, d.layers);
             let mut pass = || -> clusterfuse::host::Result<()> {
                 b.forward(gpu.stream(), &kernels, &model, mode)?;
                 gpu.synchronize()
