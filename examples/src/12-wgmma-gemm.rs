@@ -641,6 +641,7 @@ impl<const GELU: bool> RowEpilogue for FoldedNorm<'_, GELU> {
 /// follows leave it to the readers, so that no block waits for another cluster. Block `r` of
 /// the cluster takes rows `r·⌈128/size⌉ ..`, a half-warp a row and a lane 4 columns.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub fn gemm_split_k_rows<E: RowEpilogue>(a_map: &[u64], b_map: &[u64], out: &Out<f16>, stats: Option<&Out<f32>>, m: u32, n: u32, k: u32, epilogue: E) {
     let (m, n) = (m as usize, n as usize);
     if out.len() < m * n || !n.is_multiple_of(SPLIT_BN) || stats.is_some_and(|stats| stats.len() < 2 * m * (n / SPLIT_BN)) {
