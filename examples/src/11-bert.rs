@@ -8,10 +8,13 @@
 //! epilogues, one attention kernel (FlashAttention-2 style on the tensor cores: scores,
 //! online softmax and context of 16 queries per warp in registers), and bias + LayerNorm in
 //! one kernel, each launched programmatically after the previous one (a GEMM's first weight
-//! loads overlap the previous kernel's tail). At batch 1 the fused mode has 5 per
-//! layer: the O and FFN2 projections end in their bias + LayerNorm (example 12's split-K
-//! kernel, the last cluster of a row tile normalising it), and attention splits each block's
-//! keys over its warps (`attention_split`, 4× the blocks).
+//! loads overlap the previous kernel's tail). At batch 1 the fused mode has 5 per layer and
+//! none of them a LayerNorm: all four projections take example 12's split-K kernels, O and
+//! FFN2 write each LayerNorm's input with its rows' statistics, and the kernels that read the
+//! LayerNorm's output take it on the fly — QKV and FFN1 folded into their product, O and FFN2
+//! of their residual — so that no kernel waits for another cluster's columns of a row
+//! (`DeferredNorms`); attention splits each block's keys over its warps (`attention_split`,
+//! 4× the blocks).
 //!
 //! Each projection runs on example 12's `wgmma` GEMM (weights as `out × in`, through tensor
 //! maps) once its 128 × 256 tiles cover the GPU; below that (batch 1 of BERT-base), the fused
