@@ -39,7 +39,10 @@ pub fn index_in_grid() -> Dim3 {
 }
 
 /// Cluster barrier, both halves: every thread of the cluster waits here, and writes before
-/// it (to any block's shared memory) are visible to the whole cluster after it.
+/// it (to any block's shared memory) are visible to the whole cluster after it. The releasing
+/// arrival compiles to `MEMBAR.ALL.GPU` on sm_90 (it waits for the thread's outstanding
+/// global stores too); a barrier that only keeps shared memory alive while peers read it can
+/// arrive relaxed instead, as [`reduce_scatter`]'s closing one does.
 #[inline(always)]
 pub fn sync() {
     arch::barrier_cluster_arrive_release();
