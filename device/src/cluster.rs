@@ -42,7 +42,7 @@ pub fn index_in_grid() -> Dim3 {
 /// it (to any block's shared memory) are visible to the whole cluster after it. The releasing
 /// arrival compiles to `MEMBAR.ALL.GPU` on sm_90 (it waits for the thread's outstanding
 /// global stores too); a barrier that only keeps shared memory alive while peers read it can
-/// arrive relaxed instead, as [`reduce_scatter`]'s closing one does.
+/// arrive relaxed instead ([`sync_after_reads`]).
 #[inline(always)]
 pub fn sync() {
     arch::barrier_cluster_arrive_release();
@@ -53,6 +53,17 @@ pub fn sync() {
 #[inline(always)]
 pub fn arrive() {
     arch::barrier_cluster_arrive_release();
+}
+
+/// Cluster barrier whose arrival is relaxed: it orders no memory, and only keeps every block
+/// resident, its shared memory unchanged, until every peer has passed it. It closes a pass
+/// whose threads read peers' shared memory and consume what they read before arriving, and
+/// skips the device-wide fence (`MEMBAR.ALL.GPU`) that a releasing arrival costs after
+/// global stores.
+#[inline(always)]
+pub fn sync_after_reads() {
+    arch::barrier_cluster_arrive_relaxed();
+    wait();
 }
 
 /// Second half of a split barrier: wait for every thread of the cluster to [`arrive`].
@@ -226,11 +237,8 @@ pub fn reduce_scatter<T: Element + SharedWord, Op: ReduceOp<T>>(data: SharedSlic
         |tail, i, result| emit(data.len() - tail.len() + i, result),
     );
     // Only keeps `data` from being overwritten (or its block from exiting) while a peer may
-    // still read it: every value read is consumed before its reader arrives, so the arrival
-    // releases nothing, and skips the device-wide fence a releasing one costs after `emit`'s
-    // global stores.
-    arch::barrier_cluster_arrive_relaxed();
-    wait();
+    // still read it.
+    sync_after_reads();
 }
 
 /// The pass [`reduce`] and [`reduce_scatter`] share, after a cluster barrier: this block's
@@ -253,7 +261,7 @@ fn reduce_owned<T: Element + SharedWord, Op: ReduceOp<T>>(
     let tail = data.slice(vectors * lanes, data.len() - vectors * lanes);
     sync();
     for v in owned_by_this_thread(vectors) {
-        vector(words, v, combine_peers(blocks, splat16(Op::identity()), |peer| words.in_block(peer).load(v), combine16::<T, Op>));
+        vector(words, v, combine_vector::<T, Op>(words, v));
     }
     for i in owned_by_this_thread(tail.len()) {
         element(tail, i, (0..blocks).fold(Op::identity(), |acc, peer| Op::combine(acc, tail.in_block(peer).load(i))));
@@ -266,6 +274,15 @@ fn owned_by_this_thread(len: usize) -> block::StrideLoop {
     let chunk = (len as u32).div_ceil(size()) as usize;
     let start = (block_rank() as usize * chunk).min(len);
     block::stride_loop(start..(start + chunk).min(len))
+}
+
+/// `Op` over every block's 16-byte vector `v` of `words` (lanes of `T`), lane by lane, from the
+/// identity in rank order, up to four peers' loads in flight: the value [`reduce`] and
+/// [`reduce_scatter`] compute for each vector, for a caller that shares the vectors out its
+/// own way (deterministic, the same in every block).
+#[inline(always)]
+pub fn combine_vector<T: Element, Op: ReduceOp<T>>(words: SharedSlice<[u32; 4]>, v: usize) -> [u32; 4] {
+    combine_peers(size(), splat16(Op::identity()), |peer| words.in_block(peer).load(v), combine16::<T, Op>)
 }
 
 /// `combine` over `init, load(0), load(1), .., load(blocks - 1)`, in that order, issuing up

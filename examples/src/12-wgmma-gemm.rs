@@ -673,18 +673,7 @@ fn split_k_sum_rows<E: RowEpilogue>(partial: SharedSlice<f32>, out: &Out<f16>, s
         let v = local.min(BM - 1) * ROW_VECTORS + lane;
         // Before the peers' loads, whose registers it would otherwise share; by every lane.
         let at_row = epilogue.row(row.min(m - 1));
-        // Σ over the blocks in rank order, four peers' loads in flight at a time.
-        let mut acc = [0.0f32; 4];
-        for group in (0..blocks).step_by(4) {
-            let words: [[u32; 4]; 4] = core::array::from_fn(|i| if group + i < blocks { vectors.in_block((group + i) as u32).load(v) } else { [0; 4] });
-            for (i, w) in words.iter().enumerate() {
-                if group + i < blocks {
-                    for c in 0..4 {
-                        acc[c] += f32::from_bits(w[c]);
-                    }
-                }
-            }
-        }
+        let acc = cluster::combine_vector::<f32, Sum>(vectors, v).map(f32::from_bits);
         let values: [f16; 4] = core::array::from_fn(|c| if active { f16::from_f32(epilogue.apply(at_row, acc[c], row, col + c, n)) } else { f16::from_f32(0.0) });
         if active {
             out.store_pair(row * n + col, [values[0], values[1]]);
@@ -705,11 +694,8 @@ fn split_k_sum_rows<E: RowEpilogue>(partial: SharedSlice<f32>, out: &Out<f16>, s
             stats.set(at + 1, squares);
         }
     }
-    // No block leaves while a peer may still read its partial tile. The values read are
-    // consumed before a thread arrives, so the arrival need not release anything (and skips
-    // the device-wide fence a release costs).
-    arch::barrier_cluster_arrive_relaxed();
-    cluster::wait();
+    // No block leaves while a peer may still read its partial tile.
+    cluster::sync_after_reads();
 }
 
 /// `out = LayerNorm(summed)·γ + β` for an M × N `summed` with its [`RowNorm`] statistics:
@@ -1182,10 +1168,15 @@ mod host {
     pub fn fold_layer_norm(w: &[f16], (k, n): (usize, usize), bias: &[f16], gamma: &[f16], beta: &[f16]) -> (Vec<f16>, Vec<f32>, Vec<f32>) {
         assert!(w.len() == k * n && bias.len() == n && gamma.len() == k && beta.len() == k, "W is k × n, bias n, γ and β k");
         let folded: Vec<f16> = (0..k * n).map(|i| f16::from_f32((w[i].to_f64() * gamma[i / n].to_f64()) as f32)).collect();
-        let column = |x: &[f16], j: usize, scale: &dyn Fn(usize) -> f64| (0..k).map(|e| x[e * n + j].to_f64() * scale(e)).sum::<f64>();
-        let c = (0..n).map(|j| column(&folded, j, &|_| 1.0) as f32).collect();
-        let d = (0..n).map(|j| (bias[j].to_f64() + column(w, j, &|e| beta[e].to_f64())) as f32).collect();
-        (folded, c, d)
+        let (mut c, mut d) = (vec![0.0f64; n], vec![0.0f64; n]);
+        for e in 0..k {
+            for j in 0..n {
+                c[j] += folded[e * n + j].to_f64();
+                d[j] += w[e * n + j].to_f64() * beta[e].to_f64();
+            }
+        }
+        let d = d.iter().zip(bias).map(|(&d, b)| (b.to_f64() + d) as f32).collect();
+        (folded, c.into_iter().map(|c| c as f32).collect(), d)
     }
 
     /// Checks the deferred LayerNorm of the split-K kernels end to end against its f64
