@@ -628,6 +628,26 @@ pub unsafe fn cp_async_bulk_shared_cluster_global(dst: u32, src: *const u8, byte
     }
 }
 
+/// `cp.async.bulk.prefetch.L2.global`: asks L2 to fetch the `bytes` at global `src` from
+/// memory (PTX ISA 8.0, sm_90). A hint: it returns at once, changes what no load returns,
+/// and completes on nothing.
+///
+/// # Safety
+/// 1. `src` is 16-byte aligned, `bytes` is a multiple of 16, and `src .. src + bytes` is
+///    global memory of one live allocation.
+#[inline(always)]
+pub unsafe fn cp_async_bulk_prefetch_l2_global(src: *const u8, bytes: u32) {
+    gpu_or_emulator! {
+        gpu: ptx!("cp.async.bulk.prefetch.L2.global [{s}], {n};", s = in(reg64) src, n = in(reg32) bytes, options(nostack)),
+        emulator: {
+            if !(src as usize).is_multiple_of(16) || !bytes.is_multiple_of(16) {
+                emu::fault(format_args!("bulk prefetch of {bytes} bytes at {:#x}: not 16-byte aligned", src as usize));
+            }
+            emu::global_range(src, bytes as usize, || ())
+        },
+    }
+}
+
 // --- Global memory (§9.7.9.8, §9.7.13.5) -----------------------------------------------------
 
 /// `ld.global.nc.v4.b32`: 16 bytes through the read-only path.

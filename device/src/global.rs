@@ -6,7 +6,7 @@
 
 use crate::{arch, out_of_bounds};
 use core::marker::PhantomData;
-use core::mem::size_of;
+use core::mem::{size_of, size_of_val};
 
 /// A kernel's output buffer in global memory: `len` values of `T` that every thread may write.
 pub struct Out<'a, T> {
@@ -236,4 +236,19 @@ pub unsafe fn load16_unchecked<T: Copy, const N: usize>(input: &[T], i: usize) -
     // Inputs are not written during the kernel (`Out`'s invariant 2), so the read-only path is
     // coherent.
     core::mem::transmute_copy(&arch::ld_global_nc_v4_b32(input.as_ptr().add(N * i) as *const [u32; 4]))
+}
+
+/// Asks L2 to fetch `data` from memory ahead of its use, in one instruction
+/// (`cp.async.bulk.prefetch.L2`): a hint that changes what no load returns. Covers `data`
+/// from its first to its last 16-byte boundary; a call on fewer bytes does nothing.
+#[inline(always)]
+pub fn prefetch_l2<T>(data: &[T]) {
+    let (start, end) = (data.as_ptr() as usize, data.as_ptr() as usize + size_of_val(data));
+    let (first, last) = (start.next_multiple_of(16), end & !15);
+    if last > first {
+        let bytes = (last - first).min(u32::MAX as usize & !15) as u32;
+        // SAFETY: `first .. first + bytes` lies in `data`, one live allocation, 16-byte aligned
+        // and a multiple of 16 bytes long.
+        unsafe { arch::cp_async_bulk_prefetch_l2_global(data.as_ptr().cast::<u8>().add(first - start), bytes) }
+    }
 }

@@ -74,6 +74,22 @@ impl Row {
         self.column(k) < self.vectors as usize
     }
 
+    /// `f(k)` for each `k` with [`has(k)`](Row::has), written out twice: where the block's
+    /// threads' vectors are exactly the row (hidden a multiple of 1024), the calls take no
+    /// branch, which the per-vector test costs (3 instructions a vector).
+    #[inline(always)]
+    fn each_own_vector(&self, mut f: impl FnMut(usize)) {
+        if self.threads * VECTORS as u32 == self.vectors {
+            each_vector(&mut f);
+        } else {
+            each_vector(|k| {
+                if self.has(k) {
+                    f(k)
+                }
+            });
+        }
+    }
+
     /// The index of `values[k]` in vectors of the row: its vector of a per-column parameter.
     #[inline(always)]
     pub fn column(&self, k: usize) -> usize {
@@ -85,11 +101,7 @@ impl Row {
     #[inline(always)]
     pub fn fold(&self, f: impl Fn(f32, f32) -> f32) -> f32 {
         let mut sum = 0.0;
-        each_vector(|k| {
-            if self.has(k) {
-                sum = self.values[k].iter().fold(sum, |sum, &v| f(sum, v));
-            }
-        });
+        self.each_own_vector(|k| sum = self.values[k].iter().fold(sum, |sum, &v| f(sum, v)));
         sum
     }
 
@@ -114,13 +126,11 @@ impl Row {
     #[inline(always)]
     fn moments(&self, c: f32) -> [f32; 2] {
         let (mut sums, mut squares) = ([0.0f32; 2], [0.0f32; 2]);
-        each_vector(|k| {
-            if self.has(k) {
-                for (e, &v) in self.values[k].iter().enumerate() {
-                    let d = v - c;
-                    sums[e % 2] += d;
-                    squares[e % 2] = d.fma(d, squares[e % 2]);
-                }
+        self.each_own_vector(|k| {
+            for (e, &v) in self.values[k].iter().enumerate() {
+                let d = v - c;
+                sums[e % 2] += d;
+                squares[e % 2] = d.fma(d, squares[e % 2]);
             }
         });
         [sums[0] + sums[1], squares[0] + squares[1]]
@@ -217,15 +227,42 @@ fn overlap_launches() {
     grid::wait_for_prerequisites();
 }
 
+/// How many rows past its own a block asks L2 for a row ([`prefetch_row`]): the best of
+/// 64-768 measured at hidden 4096 and 8192 (`results/norms-h200.md`), a quarter to a half of
+/// the rows the H200's resident blocks hold at once; further ahead, the prefetches compete
+/// with the resident blocks' own loads.
+pub const PREFETCH_AHEAD_ROWS: u32 = 256;
+
+/// Asks L2 (one instruction, thread 0) for the row of `x` that block `index + ahead` reads,
+/// if there is one. Every kernel here asks for its own row (`ahead` 0) before it waits for
+/// the previous kernel — a hint, sound even while that kernel writes `x`, as L2 is where
+/// global memory is coherent — so that under programmatic dependent launch the blocks that
+/// wait through the previous grid's tail have their rows on the way when it completes; and
+/// for the row [`PREFETCH_AHEAD_ROWS`] on once it reads its own, so that memory keeps
+/// streaming while the resident blocks compute and the block that later takes this SM finds
+/// its row in L2.
+#[inline(always)]
+fn prefetch_row(x: &[f16], row: &Row, ahead: u32) {
+    if row.thread == 0 {
+        let values = (VECTOR * row.vectors) as usize;
+        let start = (block::index_x() + ahead) as usize * values;
+        if let Some(next) = x.get(start..start + values) {
+            global::prefetch_l2(next);
+        }
+    }
+}
+
 /// This thread's vectors of its block's row of `x` (`hidden` values a row), in f32, all loads
 /// issued at once: x is read from global memory once.
 #[inline(always)]
 pub fn load_row(x: &[f16], hidden: u32) -> Row {
-    overlap_launches();
     let mut row = Row::new(hidden);
+    prefetch_row(x, &row, 0);
+    overlap_launches();
     let run = Run::new(x, row.start, &row);
     row.values = run.all(&row).map(widen8::<f16>);
     row.first = f16::from_bits(run.first() as u16).to_f32();
+    prefetch_row(x, &row, PREFETCH_AHEAD_ROWS);
     row
 }
 
@@ -243,11 +280,9 @@ pub fn store_row(row: Row, out: &Out<f16>) {
     // SAFETY: the row's `8 vectors` values from `8 start` lie in `out` (`check16`), which is
     // writable and aliased by no input (`Out`'s invariants), and start 16-byte aligned.
     let out = unsafe { Out::from_raw_parts(out.as_mut_ptr().add(8 * row.start), 8 * row.vectors as usize) };
-    each_vector(|k| {
-        if row.has(k) {
-            // SAFETY: `has(k)`: `column(k) < vectors`, in bounds of the aligned row.
-            unsafe { out.store16_rounded_unchecked(row.column(k), row.values[k]) };
-        }
+    row.each_own_vector(|k| {
+        // SAFETY: `has(k)`: `column(k) < vectors`, in bounds of the aligned row.
+        unsafe { out.store16_rounded_unchecked(row.column(k), row.values[k]) };
     });
 }
 
@@ -309,11 +344,13 @@ pub mod layernorm_gelu {
     #[stage(thread)]
     pub fn add_bias(x: Global<&[f16]>, b: Global<&[f16]>) -> Registers<Row> {
         let mut y = Row::new(b.len() as u32);
-        let (x, b) = (Run::new(x, y.start, &y), columns(b, &y));
+        let (run, b) = (Run::new(x, y.start, &y), columns(b, &y));
         let bias = b.all(&y);
+        prefetch_row(x, &y, 0);
         overlap_launches();
-        y.values = x.plus(bias, &y);
-        y.first = f16::from_bits(add_rn_f16x2(x.first(), b.first()) as u16).to_f32();
+        y.values = run.plus(bias, &y);
+        y.first = f16::from_bits(add_rn_f16x2(run.first(), b.first()) as u16).to_f32();
+        prefetch_row(x, &y, PREFETCH_AHEAD_ROWS);
         y
     }
 
@@ -325,7 +362,8 @@ pub mod layernorm_gelu {
     pub fn layer_norm(mut y: Registers<Row>, gamma: Global<&[f16]>, beta: Global<&[f16]>, hidden: u32) -> Registers<Row> {
         // Two slots per warp of the block (at most 8).
         let sums = shared!([f32; 16]);
-        let inverse = 1.0 / hidden as f32;
+        // `rcp.approx`: exact at powers of two, within an ulp elsewhere, and no division's slow path.
+        let inverse = math::rcp(hidden as f32);
         let [sum, squares] = y.sums(y.moments(y.first), sums);
         let shift = sum * inverse;
         let rstd = math::rsqrt(math::maximum((-shift).fma(shift, squares * inverse), 0.0) + EPS);
@@ -366,9 +404,13 @@ pub mod add_rmsnorm {
     /// h = x + r in f16: the next layer's residual, written out and kept in registers.
     #[stage(thread)]
     pub fn add_residual(x: Global<&[f16]>, r: Global<&[f16]>, residual_out: Global<Out<f16>>, hidden: u32) -> Registers<Row> {
-        overlap_launches();
         let mut h = Row::new(hidden);
+        prefetch_row(x, &h, 0);
+        prefetch_row(r, &h, 0);
+        overlap_launches();
         h.values = Run::new(x, h.start, &h).plus(Run::new(r, h.start, &h).all(&h), &h);
+        prefetch_row(x, &h, PREFETCH_AHEAD_ROWS);
+        prefetch_row(r, &h, PREFETCH_AHEAD_ROWS);
         store_row(h, residual_out);
         h
     }
