@@ -12,6 +12,9 @@
 //! Every kernel here lets the next kernel launch as it starts and waits for the previous
 //! one before reading what that wrote ([`overlap_launches`]): launched with programmatic
 //! dependent launch, a chain of them overlaps each grid's tail with the next one's launch.
+//! Each block also asks L2 for its own row before that wait and for a row further on after
+//! it ([`prefetch_row`]), so that memory streams through the previous grid's tail and while
+//! the resident blocks compute.
 
 use clusterfuse::arch::{add_rn_f16x2, cvt_rn_f16x2_f32, fma_rn_f16x2};
 use clusterfuse::packed::widen8;
@@ -228,10 +231,10 @@ fn overlap_launches() {
 }
 
 /// How many rows past its own a block asks L2 for a row ([`prefetch_row`]): the best of
-/// 64-768 measured at hidden 4096 and 8192 (`results/norms-h200.md`), a quarter to a half of
-/// the rows the H200's resident blocks hold at once; further ahead, the prefetches compete
-/// with the resident blocks' own loads.
-pub const PREFETCH_AHEAD_ROWS: u32 = 256;
+/// 128-768 measured at hidden 4096 and 8192 (`results/norms-h200.md`), about a third of the
+/// rows the H200's resident blocks hold at once at hidden 4096 (1056); further ahead, the
+/// prefetched rows wait longer in L2 and RMSNorm's two streams lose more than LayerNorm gains.
+pub const PREFETCH_AHEAD_ROWS: u32 = 384;
 
 /// Asks L2 (one instruction, thread 0) for the row of `x` that block `index + ahead` reads,
 /// if there is one. Every kernel here asks for its own row (`ahead` 0) before it waits for
