@@ -256,16 +256,15 @@ fn prefetch_row(x: &[f16], row: &Row, ahead: u32) {
 }
 
 /// This thread's vectors of its block's row of `x` (`hidden` values a row), in f32, all loads
-/// issued at once: x is read from global memory once.
+/// issued at once: x is read from global memory once. No L2 prefetch ([`prefetch_row`]): the
+/// unfused kernels that load a row this way read what the kernel before them has just written.
 #[inline(always)]
 pub fn load_row(x: &[f16], hidden: u32) -> Row {
     let mut row = Row::new(hidden);
-    prefetch_row(x, &row, 0);
     overlap_launches();
     let run = Run::new(x, row.start, &row);
     row.values = run.all(&row).map(widen8::<f16>);
     row.first = f16::from_bits(run.first() as u16).to_f32();
-    prefetch_row(x, &row, PREFETCH_AHEAD_ROWS);
     row
 }
 

@@ -542,11 +542,23 @@ impl RowNorm<'_> {
 /// `2l` and `2l + 1` (one 16-byte vector).
 #[inline(always)]
 pub fn row_stats(stats: &[f32], row: usize, n: usize) -> (f32, f32) {
+    merge_row_stats(load_row_stats(stats, row, n), n)
+}
+
+/// The calling lane's share of [`row_stats`]' loads: one load, issued ahead of the merge.
+#[inline(always)]
+fn load_row_stats(stats: &[f32], row: usize, n: usize) -> [f32; 4] {
     let (tiles, lane) = (n / SPLIT_BN, warp::lane() as usize % 16);
     if !n.is_multiple_of(2 * SPLIT_BN) || n > NORM_MAX_N {
         arch::trap()
     }
-    let v = if lane < tiles / 2 { global::load16::<f32, 4>(stats, row * tiles / 2 + lane) } else { [0.0; 4] };
+    if lane < tiles / 2 { global::load16::<f32, 4>(stats, row * tiles / 2 + lane) } else { [0.0; 4] }
+}
+
+/// [`row_stats`] from the half-warp's loads ([`load_row_stats`]).
+#[inline(always)]
+fn merge_row_stats(v: [f32; 4], n: usize) -> (f32, f32) {
+    let (tiles, lane) = (n / SPLIT_BN, warp::lane() as usize % 16);
     let mean = half_warp_sum(v[0] + v[2]) / tiles as f32;
     let (d0, d1) = (v[0] - mean, v[2] - mean);
     let squares = if lane < tiles / 2 { (SPLIT_BN as f32 * d0).fma(d0, (SPLIT_BN as f32 * d1).fma(d1, v[1] + v[3])) } else { 0.0 };
@@ -560,14 +572,28 @@ fn half_warp_sum(x: f32) -> f32 {
     [8, 4, 2, 1].iter().fold(x, |x, &offset| x + warp::shuffle_xor(x, offset))
 }
 
-/// An epilogue of [`split_k_sum_rows`], applied a row at a time: `apply` gets what `row`
-/// computed once for the row.
+/// An epilogue of [`split_k_sum_rows`], applied to a lane's four columns of a row at a time.
+/// Its global loads are split from its arithmetic, so that they are in flight while the
+/// cluster's partial sums are read over DSMEM: what the lane's columns need is loaded once
+/// (`columns`), what a row needs a row ahead (`load`).
 pub trait RowEpilogue: Copy {
-    type Row: Copy;
-    /// What every value of row `row` needs.
-    fn row(&self, row: usize) -> Self::Row;
-    /// The output at (`row`, `col`) of an `n`-column C, from its accumulator.
-    fn apply(&self, at_row: Self::Row, acc: f32, row: usize, col: usize, n: usize) -> f32;
+    /// What columns `col .. col + 4` need, as loaded.
+    type Columns: Copy;
+    /// What row `row` needs at those columns, as loaded.
+    type Loaded: Copy;
+    /// The loads of columns `col .. col + 4`.
+    fn columns(&self, col: usize) -> Self::Columns;
+    /// The loads of row `row` of an `n`-column C at columns `col .. col + 4`.
+    fn load(&self, row: usize, col: usize, n: usize) -> Self::Loaded;
+    /// The outputs at a row's columns `col .. col + 4` from their accumulators; every lane of
+    /// the warp calls it, each half-warp for a row of its own (it may shuffle).
+    fn apply(&self, columns: &Self::Columns, loaded: Self::Loaded, acc: [f32; 4]) -> [f32; 4];
+}
+
+/// Elements `i .. i + 4` of `values`, one load each.
+#[inline(always)]
+fn four<T: Copy>(values: &[T], i: usize) -> [T; 4] {
+    core::array::from_fn(|c| values[i + c])
 }
 
 /// `C = A·Bᵀ + bias[col] + R` for an M × N residual R.
@@ -575,12 +601,19 @@ pub trait RowEpilogue: Copy {
 pub struct BiasResidual<'a>(pub &'a [f16], pub &'a [f16]);
 
 impl RowEpilogue for BiasResidual<'_> {
-    type Row = ();
+    type Columns = [f16; 4];
+    type Loaded = [f16; 4];
     #[inline(always)]
-    fn row(&self, _: usize) {}
+    fn columns(&self, col: usize) -> [f16; 4] {
+        four(self.0, col)
+    }
     #[inline(always)]
-    fn apply(&self, _: (), acc: f32, row: usize, col: usize, n: usize) -> f32 {
-        acc + self.0[col].to_f32() + self.1[row * n + col].to_f32()
+    fn load(&self, row: usize, col: usize, n: usize) -> [f16; 4] {
+        four(self.1, row * n + col)
+    }
+    #[inline(always)]
+    fn apply(&self, bias: &[f16; 4], residual: [f16; 4], acc: [f32; 4]) -> [f32; 4] {
+        core::array::from_fn(|c| acc[c] + bias[c].to_f32() + residual[c].to_f32())
     }
 }
 
@@ -594,15 +627,22 @@ pub struct BiasNormalizedResidual<'a> {
 }
 
 impl RowEpilogue for BiasNormalizedResidual<'_> {
-    type Row = (f32, f32);
+    /// bias, γ and β.
+    type Columns = [[f16; 4]; 3];
+    /// The residual's values and the lane's share of its row's statistics.
+    type Loaded = ([f16; 4], [f32; 4]);
     #[inline(always)]
-    fn row(&self, row: usize) -> (f32, f32) {
-        self.norm.row(row)
+    fn columns(&self, col: usize) -> [[f16; 4]; 3] {
+        [four(self.bias, col), four(self.norm.gamma, col), four(self.norm.beta, col)]
     }
     #[inline(always)]
-    fn apply(&self, stats: (f32, f32), acc: f32, row: usize, col: usize, n: usize) -> f32 {
-        let residual = RowNorm::apply(self.residual[row * n + col].to_f32(), stats, self.norm.gamma[col].to_f32(), self.norm.beta[col].to_f32());
-        acc + self.bias[col].to_f32() + residual.to_f32()
+    fn load(&self, row: usize, col: usize, n: usize) -> ([f16; 4], [f32; 4]) {
+        (four(self.residual, row * n + col), load_row_stats(self.norm.stats, row, n))
+    }
+    #[inline(always)]
+    fn apply(&self, [bias, gamma, beta]: &[[f16; 4]; 3], (residual, stats): ([f16; 4], [f32; 4]), acc: [f32; 4]) -> [f32; 4] {
+        let stats = merge_row_stats(stats, self.norm.gamma.len());
+        core::array::from_fn(|c| acc[c] + bias[c].to_f32() + RowNorm::apply(residual[c].to_f32(), stats, gamma[c].to_f32(), beta[c].to_f32()).to_f32())
     }
 }
 
@@ -622,15 +662,25 @@ pub struct FoldedNorm<'a, const GELU: bool> {
 }
 
 impl<const GELU: bool> RowEpilogue for FoldedNorm<'_, GELU> {
-    type Row = (f32, f32);
+    /// c and d, a 16-byte vector each.
+    type Columns = [[f32; 4]; 2];
+    /// The lane's share of A's row's statistics.
+    type Loaded = [f32; 4];
     #[inline(always)]
-    fn row(&self, row: usize) -> (f32, f32) {
-        row_stats(self.stats, row, self.k)
+    fn columns(&self, col: usize) -> [[f32; 4]; 2] {
+        [global::load16(self.c, col / 4), global::load16(self.d, col / 4)]
     }
     #[inline(always)]
-    fn apply(&self, (mean, rstd): (f32, f32), acc: f32, _: usize, col: usize, _: usize) -> f32 {
-        let v = ((-mean).fma(self.c[col], acc)).fma(rstd, self.d[col]);
-        if GELU { gelu(v) } else { v }
+    fn load(&self, row: usize, _: usize, _: usize) -> [f32; 4] {
+        load_row_stats(self.stats, row, self.k)
+    }
+    #[inline(always)]
+    fn apply(&self, [c, d]: &[[f32; 4]; 2], stats: [f32; 4], acc: [f32; 4]) -> [f32; 4] {
+        let (mean, rstd) = merge_row_stats(stats, self.k);
+        core::array::from_fn(|e| {
+            let v = ((-mean).fma(c[e], acc[e])).fma(rstd, d[e]);
+            if GELU { gelu(v) } else { v }
+        })
     }
 }
 
@@ -663,18 +713,23 @@ fn split_k_sum_rows<E: RowEpilogue>(partial: SharedSlice<f32>, out: &Out<f16>, s
     let (half, lane) = (t / 16, t % 16);
     // SAFETY: the partial tile's BM × PARTIAL_STRIDE f32 as 16-byte vectors (1024-aligned).
     let vectors = unsafe { SharedSlice::<[u32; 4]>::from_raw_parts(partial.addr(), BM * ROW_VECTORS) };
+    let col = bn + 4 * lane;
+    // The global loads of the lane's first row (every lane, rows past the block's clamped)
+    // fly while the cluster synchronises, each later row's during the DSMEM reads before it.
+    let load = |local: usize| epilogue.load((bm + local.min(end - 1)).min(m - 1), col, n);
+    let (columns, mut loaded) = (epilogue.columns(col), load(start + half));
     // Every block's partial tile is in place.
     cluster::sync();
     // Whole warps step together (the shuffles below), past the block's rows if need be.
     for base in (start..end).step_by(HALF_WARPS) {
         let local = base + half;
-        let (row, col) = (bm + local, bn + 4 * lane);
+        let row = bm + local;
         let active = local < end && row < m;
         let v = local.min(BM - 1) * ROW_VECTORS + lane;
-        // Before the peers' loads, whose registers it would otherwise share; by every lane.
-        let at_row = epilogue.row(row.min(m - 1));
+        let next = load(local + HALF_WARPS);
         let acc = cluster::combine_vector::<f32, Sum>(vectors, v).map(f32::from_bits);
-        let values: [f16; 4] = core::array::from_fn(|c| if active { f16::from_f32(epilogue.apply(at_row, acc[c], row, col + c, n)) } else { f16::from_f32(0.0) });
+        let values = epilogue.apply(&columns, loaded, acc).map(|v| if active { f16::from_f32(v) } else { f16::from_f32(0.0) });
+        loaded = next;
         if active {
             out.store_pair(row * n + col, [values[0], values[1]]);
             out.store_pair(row * n + col + 2, [values[2], values[3]]);

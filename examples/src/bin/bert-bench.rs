@@ -12,7 +12,8 @@
 //! `<mode>-latency.svg`. Progress goes to stderr. Without a GPU it prints SKIPPED and exits
 //! successfully. `scripts/bert-torch.py` times PyTorch on the same model.
 //!
-//! `cargo run --release -p clusterfuse-examples --bin bert-bench -- [OUT_DIR]` (default `bert-bench`)
+//! `cargo run --release -p clusterfuse-examples --bin bert-bench -- [OUT_DIR [BATCH ...]]`
+//! (default `bert-bench`, batches 1-64; the sweep tables need more than one batch).
 
 use clusterfuse::f16;
 use clusterfuse::host::trace::{self, AdviceOptions, Summary, Trace};
@@ -35,7 +36,12 @@ fn main() -> Result<()> {
     let Some(gpu) = gpu_or_skip("bert-bench") else {
         return Ok(());
     };
-    let dir = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "bert-bench".into()));
+    let mut args = std::env::args().skip(1);
+    let dir = PathBuf::from(args.next().unwrap_or_else(|| "bert-bench".into()));
+    let mut batches = args.map(|b| b.parse::<usize>()).collect::<std::result::Result<Vec<_>, _>>()?;
+    if batches.is_empty() {
+        batches = BATCHES.to_vec();
+    }
     std::fs::create_dir_all(&dir)?;
     let d = BERT_BASE;
     println!(
@@ -64,10 +70,10 @@ fn main() -> Result<()> {
     println!("\n| batch | tokens | mode | kernels | µs |");
     println!("|---|---|---|---|---|");
     let mut traces: Vec<Vec<Trace>> = vec![Vec::new(); Mode::ALL.len()];
-    for (i, &batch) in BATCHES.iter().enumerate() {
+    for (i, &batch) in batches.iter().enumerate() {
         let x: Vec<f16> = random(batch * d.seq * d.hidden).into_iter().map(f16::from_f32).collect();
         for (m, mode) in Mode::ALL.into_iter().enumerate() {
-            eprint!("[{}/{}] batch {batch}, {}: ", i + 1, BATCHES.len(), mode.name());
+            eprint!("[{}/{}] batch {batch}, {}: ", i + 1, batches.len(), mode.name());
             let mut b = Batch::new(&gpu, &d, batch, &x)?;
             let kernel_count = b.kernels(mode, d.layers);
             let mut pass = || -> clusterfuse::host::Result<()> {
