@@ -568,23 +568,42 @@ pub fn fence_proxy_async_shared_cta() {
     }
 }
 
-/// `mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64`: true once the phase of parity
-/// `parity` of the barrier at `addr` has completed (the hardware may suspend the thread a
-/// while first); acquires what the phase's arrivals and copies released.
-///
-/// # Safety
-/// 1. `addr` is an initialised barrier in this block's shared memory.
-#[inline(always)]
-pub unsafe fn mbarrier_try_wait_parity_shared_b64(addr: u32, parity: u32) -> bool {
-    gpu_or_emulator! {
-        gpu: {
-            let done: u32;
-            ptx!("{{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [{a}], {q}; selp.u32 {d}, 1, 0, p; }}",
-                 d = out(reg32) done, a = in(reg32) addr, q = in(reg32) parity, options(nostack));
-            done != 0
-        },
-        emulator: emu::mbarrier_try_wait(addr, parity),
-    }
+macro_rules! mbarrier_try_wait {
+    ($(#[$doc:meta])* $name:ident => $ptx:literal) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// 1. `addr` is an initialised barrier in this block's shared memory.
+        #[inline(always)]
+        pub unsafe fn $name(addr: u32, parity: u32) -> bool {
+            gpu_or_emulator! {
+                gpu: {
+                    let done: u32;
+                    ptx!(concat!("{{ .reg .pred p; ", $ptx, " p, [{a}], {q}; selp.u32 {d}, 1, 0, p; }}"),
+                         d = out(reg32) done, a = in(reg32) addr, q = in(reg32) parity, options(nostack));
+                    done != 0
+                },
+                emulator: emu::mbarrier_try_wait(addr, parity),
+            }
+        }
+    };
+}
+
+mbarrier_try_wait! {
+    /// `mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64`: true once the phase of parity
+    /// `parity` of the barrier at `addr` has completed (the hardware may suspend the thread a
+    /// while first); acquires, at cluster scope, what the phase's arrivals (also from other
+    /// blocks of the cluster) and copies released. On the GPU each success also invalidates
+    /// the SM's L1 (`CCTL.IVALL`).
+    mbarrier_try_wait_parity_shared_b64 => "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64"
+}
+
+mbarrier_try_wait! {
+    /// `mbarrier.try_wait.parity.acquire.cta.shared::cta.b64`: as
+    /// [`mbarrier_try_wait_parity_shared_b64`], acquiring at block scope only, for a barrier
+    /// whose arrivals are this block's and whose copies are its own TMA loads (a TMA pipeline):
+    /// no L1 invalidation.
+    mbarrier_try_wait_parity_cta_shared_b64 => "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64"
 }
 
 /// `cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes`: copies `bytes`

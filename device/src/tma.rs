@@ -74,7 +74,9 @@ impl<const STAGES: usize> PipelineState<STAGES> {
 
 /// `STAGES` shared-memory buffers handed between one producer thread (issuing TMA loads) and
 /// consumers: a *full* mbarrier per stage (one arrival, the producer's, plus the loads'
-/// bytes) and an *empty* one (one arrival per consumer).
+/// bytes) and an *empty* one (one arrival per consumer). Every load and arrival is this
+/// block's, so its waits acquire at block scope
+/// ([`arch::mbarrier_try_wait_parity_cta_shared_b64`]).
 #[derive(Clone, Copy)]
 pub struct Pipeline<const STAGES: usize> {
     full: u32,
@@ -132,7 +134,7 @@ impl<const STAGES: usize> Pipeline<STAGES> {
         // SAFETY: initialised barriers of this block (`new`). Waiting for the parity before
         // the current phase's passes at once on a fresh barrier.
         unsafe {
-            while !arch::mbarrier_try_wait_parity_shared_b64(self.empty + s, state.phase ^ 1) {}
+            while !arch::mbarrier_try_wait_parity_cta_shared_b64(self.empty + s, state.phase ^ 1) {}
             arch::mbarrier_arrive_expect_tx_shared_b64(self.full + s, bytes);
         }
         self.full + s
@@ -149,7 +151,7 @@ impl<const STAGES: usize> Pipeline<STAGES> {
     #[inline(always)]
     pub fn consumer_wait(&self, state: PipelineState<STAGES>) {
         // SAFETY: as above.
-        while !unsafe { arch::mbarrier_try_wait_parity_shared_b64(self.full + state.stage * 8, state.phase) } {}
+        while !unsafe { arch::mbarrier_try_wait_parity_cta_shared_b64(self.full + state.stage * 8, state.phase) } {}
     }
 
     /// Consumer: this consumer is done with `state`'s stage (one arrival on its empty barrier).

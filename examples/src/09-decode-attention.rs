@@ -1012,7 +1012,7 @@ pub mod host {
     }
 
     fn config(grid: usize, block: u32, cluster: Option<u32>, dynamic_smem_bytes: usize) -> LaunchConfig {
-        LaunchConfig { grid: (grid as u32).into(), block: block.into(), cluster: cluster.map(Into::into), dynamic_smem_bytes: dynamic_smem_bytes as u32, programmatic: false }
+        LaunchConfig { grid: (grid as u32).into(), block: block.into(), cluster: cluster.map(Into::into), dynamic_smem_bytes: dynamic_smem_bytes as u32, ..LaunchConfig::default() }
     }
 
     /// The batch tile of the kernels that run `batch` tokens.

@@ -873,6 +873,11 @@ mod host {
                 attention_split: (tokens <= wgmma_gemm::BM).then(|| LaunchConfig {
                     grid: Dim3::new(dims.seq.div_ceil(SPLIT_QUERIES) as u32, dims.heads as u32, batch as u32),
                     block: (32 * ATTENTION_WARPS).into(),
+                    // 96 blocks at batch 1, launched programmatically while the QKV kernel
+                    // holds 108 SMs: uncapped, the early ones pile onto the SMs it leaves free,
+                    // three a SM (its shared memory allows), and the batch-1 pass takes 443
+                    // µs against 421 (`results/bert-h200.md`).
+                    max_blocks_per_sm: Some(1),
                     ..LaunchConfig::default()
                 }),
                 // Example 04's softmax: a warp per row, 8 rows a block.

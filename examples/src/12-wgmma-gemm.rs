@@ -373,17 +373,18 @@ use unroll;
 
 /// Columns of C per block of the split-K kernels ([`gemm_split_k`]).
 pub const SPLIT_BN: usize = 64;
-/// Pipeline stages of the split-K kernels.
-const SPLIT_STAGES: usize = 4;
+/// Pipeline stages of the split-K kernels: every k-step of BERT-base's batch-1 projections
+/// (at most 6 a block) in flight at once.
+const SPLIT_STAGES: usize = 6;
 /// Bytes of one stage of Bᵀ of the split-K kernels.
 const SPLIT_B_STAGE_BYTES: u32 = (SPLIT_BN * BK * 2) as u32;
 /// Row stride, in f32, of a split-K block's partial tile: 8 words of padding, so that a warp's
 /// accumulator stores (8 rows × 4 column pairs) hit each bank at most twice.
 const PARTIAL_STRIDE: usize = SPLIT_BN + 8;
 /// Dynamic shared memory per block of the split-K kernels: the stages, their mbarriers, and
-/// 1024 bytes to align the tiles for the swizzle (99 392 bytes: two blocks fit on an SM, so
-/// the next kernel's blocks can start beside them). The f32 partial tile (36 864 bytes) takes
-/// the drained stages' place.
+/// 1024 bytes to align the tiles for the swizzle (148 576 bytes: one block an SM, as
+/// [`split_k_config`] also asks). The f32 partial tile (36 864 bytes) takes the drained
+/// stages' place.
 pub const SPLIT_SMEM_BYTES: u32 = 1024 + SPLIT_STAGES as u32 * (A_STAGE_BYTES + SPLIT_B_STAGE_BYTES) + 16 * SPLIT_STAGES as u32;
 
 /// The block's share of the 128 × 64 tile of `out = epilogue(a · bᵀ)` at (block y, block x),
@@ -966,8 +967,10 @@ mod host {
     /// The launch configuration of the split-K kernels ([`gemm_split_k`]) for an M × N × K
     /// GEMM on `sms` SMs, or why they cannot compute it: per 128 × 64 tile of C, the most
     /// blocks (a cluster along z, up to the portable 8, at most one per k-step) that keep the
-    /// grid within one block per SM. BERT-base at batch 1 on 132 SMs: QKV 36 tiles × 3, O
-    /// and FFN2 12 × 8, FFN1 48 × 2.
+    /// grid within one block per SM, and at most one block on each SM: two side by side, as
+    /// when 4 stages (99 KB) let them, ran BERT's batch-1 projections at 1.7× the time
+    /// (`results/bert-h200.md`). BERT-base at batch 1 on 132 SMs: QKV 36 tiles × 3, O and
+    /// FFN2 12 × 8, FFN1 48 × 2.
     pub fn split_k_config(m: usize, n: usize, k: usize, sms: usize) -> std::result::Result<LaunchConfig, GemmError> {
         config(m, n, k, 1)?;
         let (tiles_n, tiles_m) = (n.div_ceil(SPLIT_BN), m.div_ceil(BM));
@@ -981,6 +984,7 @@ mod host {
             block: (THREADS as u32).into(),
             cluster: Some(Dim3::new(1, 1, splits)),
             dynamic_smem_bytes: SPLIT_SMEM_BYTES,
+            max_blocks_per_sm: Some(1),
             ..LaunchConfig::default()
         })
     }

@@ -1017,13 +1017,13 @@ pub mod host {
     /// [`project`], at most `max_blocks`.
     pub fn projection_config(pairs: usize, k: usize, max_blocks: u32, programmatic: bool) -> LaunchConfig {
         let blocks = (pairs.div_ceil(pairs_per_block(k)) as u32).min(max_blocks);
-        LaunchConfig { grid: blocks.into(), block: BLOCK.into(), cluster: None, dynamic_smem_bytes: stage_bytes(k) as u32, programmatic }
+        LaunchConfig { grid: blocks.into(), block: BLOCK.into(), cluster: None, dynamic_smem_bytes: stage_bytes(k) as u32, programmatic, ..LaunchConfig::default() }
     }
 
     /// The attention's launch: a cluster of `cluster` (at most [`MAX_CLUSTER`]) blocks per KV head.
     pub fn attention_config(shape: Shape, cluster: u32, programmatic: bool) -> LaunchConfig {
         assert!(cluster as usize <= MAX_CLUSTER, "clusters of {cluster} blocks: the attention merges at most {MAX_CLUSTER}");
-        LaunchConfig { grid: (shape.kv_heads as u32 * cluster).into(), block: BLOCK.into(), cluster: Some(cluster.into()), dynamic_smem_bytes: 0, programmatic }
+        LaunchConfig { grid: (shape.kv_heads as u32 * cluster).into(), block: BLOCK.into(), cluster: Some(cluster.into()), programmatic, ..LaunchConfig::default() }
     }
 
     /// One decode step on `s`: 2 + 5 · layers launches, every one but the first launched

@@ -4,7 +4,7 @@
 use crate::kernel::KernelFacts;
 use clusterfuse_device::limits::{
     DEFAULT_DYNAMIC_SHARED_MEMORY, MAX_BLOCK_DIM, MAX_CLUSTER_SIZE, MAX_GRID_DIM, MAX_PORTABLE_CLUSTER_SIZE,
-    MAX_THREADS_PER_BLOCK,
+    MAX_SHARED_MEMORY_PER_SM, MAX_THREADS_PER_BLOCK, RESERVED_SHARED_MEMORY_PER_BLOCK,
 };
 use clusterfuse_device::Dim3;
 
@@ -33,12 +33,19 @@ pub struct LaunchConfig {
     /// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`, also inside graph capture
     /// (the edge becomes a programmatic one). The emulator runs launches one after another.
     pub programmatic: bool,
+    /// At most this many of the kernel's blocks resident on one SM at once (`None`: as many
+    /// as fit): the plan raises the dynamic shared memory until no more fit. For
+    /// latency-bound kernels of about one block per SM, launched programmatically: their
+    /// blocks that start early otherwise crowd onto the few SMs the previous kernel leaves
+    /// free, and run there side by side for the whole kernel.
+    pub max_blocks_per_sm: Option<u32>,
 }
 
 impl Default for LaunchConfig {
-    /// One block of one thread, no cluster, no dynamic shared memory, ordinary stream order.
+    /// One block of one thread, no cluster, no dynamic shared memory, ordinary stream order,
+    /// no cap on blocks per SM.
     fn default() -> Self {
-        Self { grid: Dim3::default(), block: Dim3::default(), cluster: None, dynamic_smem_bytes: 0, programmatic: false }
+        Self { grid: Dim3::default(), block: Dim3::default(), cluster: None, dynamic_smem_bytes: 0, programmatic: false, max_blocks_per_sm: None }
     }
 }
 
@@ -87,12 +94,14 @@ pub enum LaunchError {
     ClusterMismatch { declared: Dim3, requested: Dim3 },
     #[error("{static_bytes} B static + {dynamic_bytes} B dynamic shared memory exceeds the {limit} B a block may use")]
     SharedMemoryTooLarge { static_bytes: u32, dynamic_bytes: u32, limit: u32 },
+    #[error("`max_blocks_per_sm: Some(0)` leaves no block a place; ask for at least 1, or `None`")]
+    NoBlocksPerSm,
 }
 
 /// Checks `config` for a kernel with `facts` that uses `static_smem` bytes of static shared
 /// memory on a device allowing `smem_limit` bytes per block.
 pub fn plan(facts: &KernelFacts, static_smem: u32, smem_limit: u32, config: &LaunchConfig) -> Result<LaunchPlan, LaunchError> {
-    let LaunchConfig { grid, block, dynamic_smem_bytes, programmatic, .. } = *config;
+    let LaunchConfig { grid, block, dynamic_smem_bytes, programmatic, max_blocks_per_sm, .. } = *config;
     for (what, dim) in [("grid", grid), ("block", block)] {
         if dim.to_array().contains(&0) {
             return Err(LaunchError::ZeroExtent { what, dim });
@@ -131,10 +140,21 @@ pub fn plan(facts: &KernelFacts, static_smem: u32, smem_limit: u32, config: &Lau
             return Err(LaunchError::ClusterDoesNotDivideGrid { grid, cluster });
         }
     }
+    let dynamic_smem_bytes = match max_blocks_per_sm {
+        Some(0) => return Err(LaunchError::NoBlocksPerSm),
+        Some(blocks) => dynamic_smem_bytes.max(smem_for_at_most(blocks).saturating_sub(static_smem)),
+        None => dynamic_smem_bytes,
+    };
     if static_smem as u64 + dynamic_smem_bytes as u64 > smem_limit as u64 {
         return Err(LaunchError::SharedMemoryTooLarge { static_bytes: static_smem, dynamic_bytes: dynamic_smem_bytes, limit: smem_limit });
     }
     Ok(LaunchPlan { grid, block, cluster, dynamic_smem_bytes, programmatic })
+}
+
+/// The least shared memory a block declares (static and dynamic) such that at most `blocks`
+/// of them fit on an SM: `blocks + 1` of them, each with the system's reserve, overflow it.
+fn smem_for_at_most(blocks: u32) -> u32 {
+    (MAX_SHARED_MEMORY_PER_SM / (blocks + 1) + 1).saturating_sub(RESERVED_SHARED_MEMORY_PER_BLOCK)
 }
 
 #[cfg(test)]
@@ -204,6 +224,25 @@ mod tests {
         assert!(matches!(check(&PLAIN, c), Err(LaunchError::ClusterTooLarge { size: 32, .. })));
         let c = LaunchConfig { cluster: Some((2, 0, 1).into()), ..config(4, 128) };
         assert!(matches!(check(&PLAIN, c), Err(LaunchError::ZeroExtent { what: "cluster", .. })));
+    }
+
+    #[test]
+    fn caps_blocks_per_sm_with_shared_memory() {
+        let capped = |blocks, static_smem, dynamic_smem_bytes| {
+            let c = LaunchConfig { dynamic_smem_bytes, max_blocks_per_sm: Some(blocks), ..config(96, 128) };
+            plan(&PLAIN, static_smem, MAX_SHARED_MEMORY_PER_BLOCK, &c).map(|p| p.dynamic_smem_bytes)
+        };
+        // Two blocks of 58 112 B static fit in 228 KB; padded, one does and two do not.
+        let one = capped(1, 58_112, 0).unwrap();
+        let per_block = 58_112 + one + RESERVED_SHARED_MEMORY_PER_BLOCK;
+        assert!(per_block <= MAX_SHARED_MEMORY_PER_SM && 2 * per_block > MAX_SHARED_MEMORY_PER_SM);
+        assert!(2 * (58_112 + one - 1 + RESERVED_SHARED_MEMORY_PER_BLOCK) <= MAX_SHARED_MEMORY_PER_SM);
+        let three = capped(3, 0, 0).unwrap();
+        assert!(4 * (three + RESERVED_SHARED_MEMORY_PER_BLOCK) > MAX_SHARED_MEMORY_PER_SM);
+        assert!(3 * (three + RESERVED_SHARED_MEMORY_PER_BLOCK) <= MAX_SHARED_MEMORY_PER_SM);
+        // A block that already takes more keeps what it asked for.
+        assert_eq!(capped(1, 0, 150_000), Ok(150_000));
+        assert_eq!(capped(0, 0, 0), Err(LaunchError::NoBlocksPerSm));
     }
 
     #[test]

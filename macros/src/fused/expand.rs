@@ -174,6 +174,7 @@ fn config_fn(fused: &Fused, krate: &TokenStream) -> TokenStream {
                 cluster: ::core::option::Option::None,
                 dynamic_smem_bytes: #dynamic,
                 programmatic: false,
+                max_blocks_per_sm: ::core::option::Option::None,
             }
         }
     }
