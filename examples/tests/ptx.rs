@@ -388,7 +388,7 @@ const WGMMA_KERNELS: [(&str, &str); 10] = [
 ];
 
 #[test]
-fn split_k_wgmma_gemm_uses_tma_wgmma_m64n64_and_two_blocks_per_sm() {
+fn split_k_wgmma_gemm_uses_tma_and_wgmma_m64n64() {
     for kernel in [
         "wgmma_split_f16",
         "wgmma_split_f16_bias",
