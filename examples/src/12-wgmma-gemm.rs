@@ -780,25 +780,25 @@ pub fn layer_norm_rows(summed: &[f16], stats: &[f32], gamma: &[f16], beta: &[f16
 macro_rules! split_k_kernels {
     ($($t:ident: $plain:ident, $bias:ident, $bias_gelu:ident, $residual:ident;)*) => {$(
         #[doc = concat!("`out = a · bᵀ`, ", stringify!($t), ", for small M ([`gemm_split_k`]): grid (⌈N/64⌉, ⌈M/128⌉, splits), clusters of (1, 1, splits) ([`split_k_config`]), 384 threads, [`SPLIT_SMEM_BYTES`] of dynamic shared memory.")]
-        #[kernel(launch_bounds(max_threads = 384, min_blocks = 2))]
+        #[kernel(launch_bounds(max_threads = 384, min_blocks = 1))]
         pub fn $plain(a_map: &[u64], b_map: &[u64], out: Out<$t>, m: u32, n: u32, k: u32) {
             gemm_split_k(a_map, b_map, &out, m, n, k, Plain);
         }
 
         #[doc = concat!("`out = a · bᵀ + bias`, ", stringify!($t), "; launched as the plain split-K kernel.")]
-        #[kernel(launch_bounds(max_threads = 384, min_blocks = 2))]
+        #[kernel(launch_bounds(max_threads = 384, min_blocks = 1))]
         pub fn $bias(a_map: &[u64], b_map: &[u64], bias: &[$t], out: Out<$t>, m: u32, n: u32, k: u32) {
             gemm_split_k(a_map, b_map, &out, m, n, k, Bias(bias));
         }
 
         #[doc = concat!("`out = gelu(a · bᵀ + bias)`, ", stringify!($t), "; launched as the plain split-K kernel.")]
-        #[kernel(launch_bounds(max_threads = 384, min_blocks = 2))]
+        #[kernel(launch_bounds(max_threads = 384, min_blocks = 1))]
         pub fn $bias_gelu(a_map: &[u64], b_map: &[u64], bias: &[$t], out: Out<$t>, m: u32, n: u32, k: u32) {
             gemm_split_k(a_map, b_map, &out, m, n, k, BiasGelu(bias));
         }
 
         #[doc = concat!("`out = a · bᵀ + residual`, ", stringify!($t), "; launched as the plain split-K kernel.")]
-        #[kernel(launch_bounds(max_threads = 384, min_blocks = 2))]
+        #[kernel(launch_bounds(max_threads = 384, min_blocks = 1))]
         pub fn $residual(a_map: &[u64], b_map: &[u64], residual: &[$t], out: Out<$t>, m: u32, n: u32, k: u32) {
             gemm_split_k(a_map, b_map, &out, m, n, k, Residual(residual));
         }
@@ -816,7 +816,7 @@ split_k_kernels! {
 
 /// `out = LayerNorm(a) · wᵀ + bias`, f16, from `b_map` of W′ and `c`, `d` ([`FoldedNorm`]),
 /// A's statistics `a_stats` (K a multiple of 128); launched as the plain split-K kernel.
-#[kernel(launch_bounds(max_threads = 384, min_blocks = 2))]
+#[kernel(launch_bounds(max_threads = 384, min_blocks = 1))]
 #[allow(clippy::too_many_arguments)]
 pub fn wgmma_split_f16_folded_ln_bias(a_map: &[u64], b_map: &[u64], a_stats: &[f32], c: &[f32], d: &[f32], out: Out<f16>, m: u32, n: u32, k: u32) {
     let epilogue = FoldedNorm::<false> { stats: a_stats, k: k as usize, c, d };
@@ -824,7 +824,7 @@ pub fn wgmma_split_f16_folded_ln_bias(a_map: &[u64], b_map: &[u64], a_stats: &[f
 }
 
 /// `out = gelu(LayerNorm(a) · wᵀ + bias)`, f16, as [`wgmma_split_f16_folded_ln_bias`].
-#[kernel(launch_bounds(max_threads = 384, min_blocks = 2))]
+#[kernel(launch_bounds(max_threads = 384, min_blocks = 1))]
 #[allow(clippy::too_many_arguments)]
 pub fn wgmma_split_f16_folded_ln_bias_gelu(a_map: &[u64], b_map: &[u64], a_stats: &[f32], c: &[f32], d: &[f32], out: Out<f16>, m: u32, n: u32, k: u32) {
     let epilogue = FoldedNorm::<true> { stats: a_stats, k: k as usize, c, d };
@@ -834,7 +834,7 @@ pub fn wgmma_split_f16_folded_ln_bias_gelu(a_map: &[u64], b_map: &[u64], a_stats
 /// `out = a · bᵀ + bias + residual` and its rows' statistics, f16 (N a multiple of 64), for a
 /// LayerNorm that its readers take ([`gemm_split_k_rows`]); launched as the plain split-K
 /// kernel.
-#[kernel(launch_bounds(max_threads = 384, min_blocks = 2))]
+#[kernel(launch_bounds(max_threads = 384, min_blocks = 1))]
 #[allow(clippy::too_many_arguments)]
 pub fn wgmma_split_f16_residual_stats(a_map: &[u64], b_map: &[u64], bias: &[f16], residual: &[f16], out: Out<f16>, stats: Out<f32>, m: u32, n: u32, k: u32) {
     gemm_split_k_rows(a_map, b_map, &out, Some(&stats), m, n, k, BiasResidual(bias, residual));
@@ -842,7 +842,7 @@ pub fn wgmma_split_f16_residual_stats(a_map: &[u64], b_map: &[u64], bias: &[f16]
 
 /// As [`wgmma_split_f16_residual_stats`], the residual `LayerNorm(residual) · γ + β` from
 /// `residual_stats`: a post-LN layer's output projection or second FFN projection.
-#[kernel(launch_bounds(max_threads = 384, min_blocks = 2))]
+#[kernel(launch_bounds(max_threads = 384, min_blocks = 1))]
 #[allow(clippy::too_many_arguments)]
 pub fn wgmma_split_f16_ln_residual_stats(
     a_map: &[u64],
