@@ -14,12 +14,13 @@ pub const MAX_THREADS_PER_BLOCK: u32 = 1024;
 pub const MAX_BLOCK_DIM: [u32; 3] = [1024, 1024, 64];
 /// Largest grid extent per dimension (x, y, z).
 pub const MAX_GRID_DIM: [u32; 3] = [i32::MAX as u32, 65535, 65535];
-/// Most shared memory one block may use, static and dynamic together (227 KB).
-pub const MAX_SHARED_MEMORY_PER_BLOCK: u32 = 227 * 1024;
 /// Shared memory of one multiprocessor (228 KB), which its resident blocks share.
 pub const MAX_SHARED_MEMORY_PER_SM: u32 = 228 * 1024;
 /// Shared memory the system reserves for each resident block, beside what it declares.
 pub const RESERVED_SHARED_MEMORY_PER_BLOCK: u32 = 1024;
+/// Most shared memory one block may use, static and dynamic together (227 KB): the SM's,
+/// less the block's reserve.
+pub const MAX_SHARED_MEMORY_PER_BLOCK: u32 = MAX_SHARED_MEMORY_PER_SM - RESERVED_SHARED_MEMORY_PER_BLOCK;
 /// Dynamic shared memory a kernel may take without opting in through
 /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`.
 pub const DEFAULT_DYNAMIC_SHARED_MEMORY: u32 = 48 * 1024;

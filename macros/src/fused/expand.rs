@@ -173,8 +173,7 @@ fn config_fn(fused: &Fused, krate: &TokenStream) -> TokenStream {
                 block: #host::Dim3::new((#block) as u32, 1, 1),
                 cluster: ::core::option::Option::None,
                 dynamic_smem_bytes: #dynamic,
-                programmatic: false,
-                max_blocks_per_sm: ::core::option::Option::None,
+                ..#host::LaunchConfig::default()
             }
         }
     }
