@@ -20,7 +20,8 @@ impl<'a, T: Copy> Out<'a, T> {
     ///
     /// # Safety
     /// 1. `ptr .. ptr + len` is device memory, aligned for `T`, writable for `'a`.
-    /// 2. No `&[T]` to that memory is alive for `'a` (inputs are read through the read-only path).
+    /// 2. No `&[T]` to that memory is alive for `'a` (inputs may be read through the read-only
+    ///    path, [`load16_invariant`]).
     #[inline(always)]
     pub unsafe fn from_raw_parts(ptr: *mut T, len: usize) -> Self {
         Self { ptr, len, _buffer: PhantomData }
@@ -109,9 +110,8 @@ impl<'a, T: Copy> Out<'a, T> {
     }
 
     /// Elements `N * i .. N * i + N` in one 16-byte `ld.global.v4` through the coherent path
-    /// (an output may be read back where this kernel, ordered by a barrier or fence, wrote it;
-    /// [`load16`] on inputs takes the read-only path instead). Traps when out of bounds or
-    /// misaligned.
+    /// (an output may be read back where this kernel, ordered by a barrier or fence, wrote it).
+    /// Traps when out of bounds or misaligned.
     #[inline(always)]
     pub fn load16<const N: usize>(&self, i: usize) -> [T; N] {
         #[repr(C, align(16))]
@@ -216,8 +216,10 @@ pub unsafe fn load_pair_unchecked<T: Copy>(input: &[T], i: usize) -> [T; 2] {
     core::mem::transmute_copy(&(input.as_ptr().add(i) as *const u32).read())
 }
 
-/// Elements `N * i .. N * i + N` of a kernel input in one 16-byte `ld.global.nc.v4`;
-/// `[T; N]` must be 16 bytes. Traps when out of bounds or misaligned.
+/// Elements `N * i .. N * i + N` of a kernel input in one 16-byte `ld.global.v4`; `[T; N]`
+/// must be 16 bytes. Traps when out of bounds or misaligned. The coherent path: after
+/// [`wait_for_prerequisites`](crate::grid::wait_for_prerequisites) it reads what the kernel
+/// launched before this one wrote ([`load16_invariant`] reads weights faster, and may not).
 #[inline(always)]
 pub fn load16<T: Copy, const N: usize>(input: &[T], i: usize) -> [T; N] {
     vector_ptr::<T, N>(input.as_ptr(), input.len(), i);
@@ -233,8 +235,32 @@ pub fn load16<T: Copy, const N: usize>(input: &[T], i: usize) -> [T; N] {
 #[inline(always)]
 pub unsafe fn load16_unchecked<T: Copy, const N: usize>(input: &[T], i: usize) -> [T; N] {
     const { assert!(N * size_of::<T>() == 16, "a 16-byte access needs N * size_of::<T>() == 16") };
-    // Inputs are not written during the kernel (`Out`'s invariant 2), so the read-only path is
-    // coherent.
+    core::mem::transmute_copy(&arch::ld_global_v4_b32(input.as_ptr().add(N * i) as *const [u32; 4]))
+}
+
+/// [`load16`] through the read-only path (`ld.global.nc.v4`), for data no grid writes while
+/// the kernel runs: weights, parameters. ptxas may issue it ahead of an earlier
+/// [`wait_for_prerequisites`](crate::grid::wait_for_prerequisites), so that it overlaps the
+/// wait. Traps when out of bounds or misaligned.
+///
+/// # Safety
+/// 1. No grid writes `input` while this kernel runs: neither this one (inputs never are,
+///    [`Out`]'s invariant 2) nor one it was launched programmatically after.
+#[inline(always)]
+pub unsafe fn load16_invariant<T: Copy, const N: usize>(input: &[T], i: usize) -> [T; N] {
+    vector_ptr::<T, N>(input.as_ptr(), input.len(), i);
+    // SAFETY: in bounds and aligned (checked); unwritten (the caller's promise).
+    load16_invariant_unchecked(input, i)
+}
+
+/// [`load16_invariant`] without its checks.
+///
+/// # Safety
+/// 1. As [`load16_invariant`]'s.
+/// 2. `N (i + 1) <= input.len()`, and `input` starts at a 16-byte-aligned address.
+#[inline(always)]
+pub unsafe fn load16_invariant_unchecked<T: Copy, const N: usize>(input: &[T], i: usize) -> [T; N] {
+    const { assert!(N * size_of::<T>() == 16, "a 16-byte access needs N * size_of::<T>() == 16") };
     core::mem::transmute_copy(&arch::ld_global_nc_v4_b32(input.as_ptr().add(N * i) as *const [u32; 4]))
 }
 

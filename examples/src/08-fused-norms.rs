@@ -173,6 +173,10 @@ struct Run<'a> {
     x: &'a [f16],
     /// The run's last vector.
     last: u32,
+    /// Whether `x` is a parameter, which no kernel writes: read through the read-only path,
+    /// which ptxas may move ahead of the wait for the previous kernel. Activations, which
+    /// that kernel may write, take the coherent path.
+    parameter: bool,
 }
 
 impl<'a> Run<'a> {
@@ -183,7 +187,7 @@ impl<'a> Run<'a> {
         let vectors = row.vectors.max(1);
         global::check16::<f16, 8>(x.as_ptr(), x.len(), offset + vectors as usize);
         // SAFETY: `8 offset <= 8 (offset + vectors) <= x.len()`, as `check16` found.
-        Self { x: unsafe { x.get_unchecked(8 * offset..) }, last: vectors - 1 }
+        Self { x: unsafe { x.get_unchecked(8 * offset..) }, last: vectors - 1, parameter: false }
     }
 
     /// Vector `row.column(k)` of the run as four f16x2, or, where `row` has no vector `k`, its
@@ -192,8 +196,10 @@ impl<'a> Run<'a> {
     fn halves(&self, row: &Row, k: usize) -> [u32; 4] {
         let column = row.column(k).min(self.last as usize);
         // SAFETY: `column <= last`, and `new` found the run's `last + 1` vectors in bounds of
-        // the 16-byte-aligned `x`.
-        let h: [f16; 8] = unsafe { global::load16_unchecked(self.x, column) };
+        // the 16-byte-aligned `x`; a parameter is written by the host alone.
+        let h: [f16; 8] = unsafe {
+            if self.parameter { global::load16_invariant_unchecked(self.x, column) } else { global::load16_unchecked(self.x, column) }
+        };
         core::array::from_fn(|i| h[2 * i].to_bits() as u32 | (h[2 * i + 1].to_bits() as u32) << 16)
     }
 
@@ -268,11 +274,11 @@ pub fn load_row(x: &[f16], hidden: u32) -> Row {
     row
 }
 
-/// A per-column parameter (bias, γ, β, weight) of `row`'s length, checked once; [`Run::halves`]
-/// reads its vector `column(k)`.
+/// A per-column parameter (bias, γ, β, weight) of `row`'s length, which the host alone writes,
+/// checked once; [`Run::halves`] reads its vector `column(k)`.
 #[inline(always)]
 fn columns<'a>(param: &'a [f16], row: &Row) -> Run<'a> {
-    Run::new(param, 0, row)
+    Run { parameter: true, ..Run::new(param, 0, row) }
 }
 
 /// Writes this thread's vectors of the row to `out` in f16, 16 bytes at once.

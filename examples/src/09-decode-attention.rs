@@ -241,7 +241,8 @@ fn load_item<T: Packed, const R: usize, const V: usize>(w: &[T], starts: [usize;
     unroll!(u in [0 1 2 3] {
         unroll!(j in [0 1 2 3] {
             if u < R && j < V {
-                item[u][j] = load_words(w, starts[u] + (32 * V * k + 32 * j + lane).min(len - 1));
+                // SAFETY: as in `load_words`; weights are written by the host alone.
+                item[u][j] = unsafe { global::load16_invariant::<u32, 4>(words(w), starts[u] + (32 * V * k + 32 * j + lane).min(len - 1)) };
             }
         });
     });
@@ -905,7 +906,8 @@ fn gemv(w: &[f16], v: &[f32], done: impl Fn(usize, f32)) {
     let mut c = lane;
     while c < chunks {
         let x = load8(staged, 2 * c);
-        let ws: [[f16; 8]; QKV_ROWS] = core::array::from_fn(|u| global::load16::<f16, 8>(w, (row0 + u) * chunks + c));
+        // SAFETY: weights are written by the host alone.
+        let ws: [[f16; 8]; QKV_ROWS] = core::array::from_fn(|u| unsafe { global::load16_invariant::<f16, 8>(w, (row0 + u) * chunks + c) });
         for u in 0..QKV_ROWS {
             acc[u] = dot8_f16(ws[u], x, acc[u]);
         }

@@ -46,8 +46,8 @@
 //! Everything a kernel reads that another kernel of the step writes — `h`, `q`, `attn`, `act`,
 //! the caches — is an `Out` parameter read through the coherent path: with programmatic
 //! dependent launch the writer may still be running when the reader starts, which the
-//! read-only path's contract (nothing written during the kernel) does not allow. Weights,
-//! norms, the RoPE table, token and position are written by the host alone: read-only path.
+//! read-only path's contract (nothing written while the kernel runs) does not allow. Weights
+//! and norms are written by the host alone: read-only path ([`global::load16_invariant`]).
 
 use clusterfuse::arch;
 use clusterfuse::packed::{dot8, widen8, words};
@@ -142,8 +142,8 @@ fn stage_input(x: &Out<f32>, norm_w: Option<(&[bf16], Vector)>, stage: SharedSli
                     squares = value.fma(value, squares);
                 }
                 if let Some((norm_w, mine)) = norm_w {
-                    // SAFETY: `norm_w` is a kernel argument, 256-byte aligned.
-                    let g = widen8::<bf16>(if c == thread::rank_in_block() as usize { mine } else { global::load16::<u32, 4>(unsafe { words(norm_w) }, c) });
+                    // SAFETY: `norm_w` is a kernel argument, 256-byte aligned, written by the host alone.
+                    let g = widen8::<bf16>(if c == thread::rank_in_block() as usize { mine } else { unsafe { global::load16_invariant::<u32, 4>(words(norm_w), c) } });
                     for j in 0..8 {
                         v[j] *= g[j];
                     }
@@ -199,10 +199,10 @@ fn load_tile(w: &[bf16], rows: (usize, usize), row_vectors: usize, chunk: usize)
         let c = first + 32 * j;
         if c < row_vectors {
             // SAFETY: vectors below `(max row + 1) · row_vectors` are in bounds (checked above),
-            // and `c < row_vectors`.
+            // and `c < row_vectors`; weights are written by the host alone.
             unsafe {
-                tile[0][j] = global::load16_unchecked::<u32, 4>(w, rows.0 * row_vectors + c);
-                tile[1][j] = global::load16_unchecked::<u32, 4>(w, rows.1 * row_vectors + c);
+                tile[0][j] = global::load16_invariant_unchecked::<u32, 4>(w, rows.0 * row_vectors + c);
+                tile[1][j] = global::load16_invariant_unchecked::<u32, 4>(w, rows.1 * row_vectors + c);
             }
         }
     });
@@ -254,8 +254,8 @@ fn combine(sums: [f32; 2], partial: SharedSlice<f32>, shift: u32) -> Option<[f32
 #[inline(always)]
 fn norm_vector(norm_w: &[bf16]) -> Vector {
     let last = norm_w.len() / 8 - 1;
-    // SAFETY: `norm_w` is a kernel argument, 256-byte aligned.
-    global::load16::<u32, 4>(unsafe { words(norm_w) }, (thread::rank_in_block() as usize).min(last))
+    // SAFETY: `norm_w` is a kernel argument, 256-byte aligned, written by the host alone.
+    unsafe { global::load16_invariant::<u32, 4>(words(norm_w), (thread::rank_in_block() as usize).min(last)) }
 }
 
 /// A projection of `x` (f32, `row_vectors · 8` long, times `norm_w` when given) by `w`, row

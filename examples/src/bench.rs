@@ -49,20 +49,6 @@ pub fn bench_reduce(x: &[f32], out: Out<f32>, cycles: Out<u64>, n: u32, reps: u3
     store_vector(data, &out);
 }
 
-/// 16 bytes of `buffer` at vector `i`, through the coherent path: `buffer` is written during
-/// the kernel, so the read-only path of [`global::load16`] would not do.
-#[inline(always)]
-fn load16_coherent(buffer: &Out<f32>, i: usize) -> [f32; 4] {
-    #[repr(C, align(16))]
-    struct Vector([f32; 4]);
-    if (i + 1) * 4 > buffer.len() {
-        arch::trap()
-    }
-    // SAFETY: in bounds (checked above); device allocations and vector offsets are 16-byte
-    // aligned; the writers of these bytes were ordered before us by a cluster barrier.
-    unsafe { (buffer.as_mut_ptr() as *const Vector).add(i).read().0 }
-}
-
 /// The same all-reduce through global memory: every block writes its vector to
 /// `scratch[b*n ..]`, a cluster barrier orders the writes, and every block sums all of its
 /// cluster's vectors in rank order from global memory (16-byte accesses throughout); a
@@ -80,7 +66,7 @@ pub fn bench_reduce_global(x: &[f32], out: Out<f32>, scratch: Out<f32>, cycles: 
             for v in block::stride_loop(0..vectors) {
                 let mut acc = [0.0f32; 4];
                 for peer in 0..cluster::size() as usize {
-                    let w = load16_coherent(&scratch, (first_block + peer) * vectors + v);
+                    let w = scratch.load16::<4>((first_block + peer) * vectors + v);
                     acc = [acc[0] + w[0], acc[1] + w[1], acc[2] + w[2], acc[3] + w[3]];
                 }
                 data.store16(v, acc);

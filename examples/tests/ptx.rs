@@ -94,7 +94,10 @@ fn fused_kernels_are_one_entry_with_16_byte_accesses() {
     for kernel in ["layernorm_gelu", "add_rmsnorm"] {
         let text = entry(kernel);
         assert!(text.contains(".maxntid 256, 1, 1"), "`{kernel}` lacks its declared launch bound");
-        assert!(text.contains("ld.global.nc.v4.b32") && text.contains("st.global.v4.b32"), "`{kernel}` lacks 16-byte accesses");
+        assert!(text.contains("ld.global.v4.b32") && text.contains("st.global.v4.b32"), "`{kernel}` lacks 16-byte accesses");
+        // Parameters through the read-only path; activations, which the previous kernel may
+        // write, through the coherent one.
+        assert!(text.contains("ld.global.nc.v4.b32"), "`{kernel}` reads no parameter through the read-only path");
     }
     // Up to four 16-byte vectors per thread: RMSNorm writes them to the residual and the
     // output, LayerNorm → GELU to the output; each store twice, in the branch-free path of
@@ -493,6 +496,36 @@ fn wgmma_gemm_epilogue_is_straight_line() {
         let prefetch = lines[..last_mma].iter().filter(|l| l.contains("LDG.E ")).count();
         let bias = kernel.ends_with("bias") || kernel.ends_with("bias_gelu");
         assert!(!bias || prefetch >= 32, "`{kernel}`: {prefetch} 4-byte loads before the main loop's end");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// No kernel reads global memory ahead of its programmatic wait more than its PTX does:
+/// ptxas may issue a read-only load (`ld.global.nc`, which it takes to be invariant for the
+/// whole kernel) before `griddepcontrol.wait` (`ACQBULK`), and under programmatic dependent
+/// launch that load reads what the previous kernel may still be writing. It did so with x in
+/// `layernorm_gelu` and `bias_layer_norm` until activations took the coherent path
+/// (`global::load16`); loads a kernel issues before its wait on purpose (weights) are its
+/// PTX's. The PTX count is textual, an upper bound for the loads the wait can precede.
+#[test]
+fn no_global_load_moves_ahead_of_the_programmatic_wait() {
+    let (sass, dir) = sass_of_examples("pdl");
+    let waiting: Vec<&str> = PTX
+        .text
+        .split(".entry ")
+        .skip(1)
+        .filter_map(|e| e.split_once('(').map(|(name, _)| name))
+        .filter(|name| entry(name).contains("griddepcontrol.wait;"))
+        .collect();
+    assert!(waiting.len() >= 40, "only {} kernels wait for a prerequisite", waiting.len());
+    for name in waiting {
+        let text = entry(name);
+        let in_ptx = text[..text.find("griddepcontrol.wait;").unwrap()].matches("ld.global").count();
+        let sass = sass(name);
+        let wait = sass.find("ACQBULK").unwrap_or_else(|| panic!("`{name}`: no ACQBULK in the SASS"));
+        let is_load = |l: &&str| l.split_whitespace().any(|t| t == "LDG" || t.starts_with("LDG."));
+        let in_sass = sass[..wait].lines().filter(is_load).count();
+        assert!(in_sass <= in_ptx, "`{name}`: {in_sass} global loads before ACQBULK in the SASS, {in_ptx} before the wait in the PTX");
     }
     std::fs::remove_dir_all(&dir).ok();
 }
