@@ -4,7 +4,7 @@ layers, hidden 768, 12 heads, ffn 3072, seq 128, fp16, random weights, no mask) 
 framework model runs it (one QKV linear, matmul / sqrt(64), softmax, matmul, permute +
 contiguous, linear + residual, layer_norm, linear, exact GELU, linear + residual, layer_norm),
 eager and replayed from a CUDA graph (torch.cuda.CUDAGraph), batch 1-64. Latency: median of 20
-forward passes after 3 warm-up (CUDA events); kernels: CUDA kernels of one eager pass
+forward passes after 3 warm-up (CUDA events around each, from an idle GPU: the launch counts); kernels: CUDA kernels of one eager pass
 (torch.profiler). Prints the markdown table of `bert-bench`.
 
 With `--trace DIR`, one eager pass per batch size is also written to DIR as a clusterfuse
@@ -122,9 +122,9 @@ def main():
             x = (torch.rand(batch, SEQ, HIDDEN, device=dev) * 2 - 1).half()
             eager = lambda: encoder(x, layers)
             count = kernels(eager)
-            print(f"| {batch} | {batch * SEQ} | torch eager | {count} | {time_us([eager], WARMUP, REPS):.1f} |", flush=True)
+            print(f"| {batch} | {batch * SEQ} | torch eager | {count} | {time_us([eager], WARMUP, REPS, lead_in=False):.1f} |", flush=True)
             replay = graphed(eager)
-            print(f"| {batch} | {batch * SEQ} | torch graph | {count} | {time_us([replay], WARMUP, REPS):.1f} |", flush=True)
+            print(f"| {batch} | {batch * SEQ} | torch graph | {count} | {time_us([replay], WARMUP, REPS, lead_in=False):.1f} |", flush=True)
             del replay
             if trace_dir:
                 path = os.path.join(trace_dir, f"torch-b{batch:02d}.jsonl")

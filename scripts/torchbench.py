@@ -4,12 +4,19 @@ capture, relative errors, and the rotate-half RoPE of both Llama decode scripts.
 import torch
 
 
-def time_us(calls, warmup, reps):
+def time_us(calls, warmup, reps, lead_in=True):
     """Median µs per call of `calls` (zero-argument callables run back to back in each pass),
-    over `reps` passes timed with CUDA events after `warmup` untimed ones."""
+    over `reps` passes timed with CUDA events after `warmup` untimed ones. Each pass is led in
+    by its last call, untimed, before the start event (as `median_us_per_call` in
+    examples/src/check.rs): where the GPU is the bottleneck, it is then busy when the timed
+    calls arrive, and the CPU's latency in submitting the first is not counted. Without the
+    lead-in (`median_latency_us`), one call's time is its latency from an idle GPU, its launch
+    included."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     samples = []
     for rep in range(warmup + reps):
+        if lead_in:
+            calls[-1]()
         start.record()
         for call in calls:
             call()

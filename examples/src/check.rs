@@ -95,18 +95,42 @@ pub fn median<T: Copy + PartialOrd>(mut samples: Vec<T>) -> T {
 }
 
 /// The median, over `reps` passes after `warmup` discarded ones, of the GPU time of a
-/// pass of `calls` back-to-back `call(i)` (`i` in `0..calls`), in µs per call.
+/// pass of `calls` back-to-back `call(i)` (`i` in `0..calls`), in µs per call: a call's cost
+/// within a stream of them. Each pass is led in by one untimed call (`call(calls - 1)`, as
+/// the pass before would end) enqueued before the start event: where the GPU is the
+/// bottleneck, it is then busy when the timed calls arrive, and the window does not count
+/// the CPU's latency in submitting the first of them; where the CPU is, the GPU waits for
+/// each call either way.
 pub fn median_us_per_call<E: From<clusterfuse::host::Error>>(
     gpu: &Gpu,
     (warmup, reps): (usize, usize),
     calls: usize,
     mut call: impl FnMut(usize) -> std::result::Result<(), E>,
 ) -> std::result::Result<f64, E> {
+    median_us(gpu, (warmup, reps), |gpu| {
+        call(calls - 1)?;
+        Ok(gpu.time_ms(|| (0..calls).try_for_each(&mut call))? * 1e3 / calls as f64)
+    })
+}
+
+/// The median, over `reps` runs after `warmup` discarded ones, of the latency of `run`'s
+/// work from an idle GPU: CUDA events around it, so that the window counts the CPU's
+/// submission of the work (a graph's launch, say), as a request's latency does.
+pub fn median_latency_us<E: From<clusterfuse::host::Error>>(
+    gpu: &Gpu,
+    (warmup, reps): (usize, usize),
+    mut run: impl FnMut() -> std::result::Result<(), E>,
+) -> std::result::Result<f64, E> {
+    median_us(gpu, (warmup, reps), |gpu| Ok(gpu.time_ms(&mut run)? * 1e3))
+}
+
+/// The median of `reps` samples of `sample` (µs) after `warmup` discarded ones.
+fn median_us<E>(gpu: &Gpu, (warmup, reps): (usize, usize), mut sample: impl FnMut(&Gpu) -> std::result::Result<f64, E>) -> std::result::Result<f64, E> {
     let mut samples = Vec::with_capacity(reps);
     for rep in 0..warmup + reps {
-        let ms = gpu.time_ms(|| (0..calls).try_for_each(&mut call))?;
+        let us = sample(gpu)?;
         if rep >= warmup {
-            samples.push(ms * 1e3 / calls as f64);
+            samples.push(us);
         }
     }
     Ok(median(samples))

@@ -6,7 +6,8 @@
 //! reference, and the 12-layer outputs of both modes at batch 1 against each other. Then per
 //! batch and mode: one forward pass (ended by a synchronisation) recorded to warm up and one
 //! for the trace (`bert-<mode>-bNN.jsonl`, with its launch count checked), the latency of a
-//! pass (median of 20 after 3 warm-up, CUDA events), and the same for the pass captured into a
+//! pass (median of 20 after 3 warm-up, CUDA events around each, from an idle GPU: the launch
+//! counts, as in a request's latency), and the same for the pass captured into a
 //! graph. Prints the latency table, then per mode the TKLQT summary and CPU-/GPU-bound sweep
 //! tables and the fusion advice at batch 1, and writes `<mode>-tklqt.svg` and
 //! `<mode>-latency.svg`. Progress goes to stderr. Without a GPU it prints SKIPPED and exits
@@ -19,7 +20,7 @@ use clusterfuse::f16;
 use clusterfuse::host::trace::{self, AdviceOptions, Summary, Trace};
 use clusterfuse::host::Gpu;
 use clusterfuse_examples::bert::{self, Batch, Dims, Kernels, Mode, Model, BERT_BASE};
-use clusterfuse_examples::check::{gpu_or_skip, median_us_per_call, random, Report};
+use clusterfuse_examples::check::{gpu_or_skip, median_latency_us, random, Report};
 use std::error::Error;
 use std::path::{Path, PathBuf};
 
@@ -120,9 +121,10 @@ fn modes_agree(gpu: &Gpu, kernels: &Kernels, model: &Model) -> Result<Report> {
     Ok(Report::new("12 layers, batch 1".into(), &outputs[0], &fused, MODES_AGREE))
 }
 
-/// Median over [`REPS`] passes of `enqueue`'s time on the GPU, after [`WARMUP`] passes, in µs.
-fn latency_us(gpu: &Gpu, mut enqueue: impl FnMut() -> clusterfuse::host::Result<()>) -> Result<f64> {
-    Ok(median_us_per_call(gpu, (WARMUP, REPS), 1, |_| enqueue())?)
+/// Median over [`REPS`] passes of `enqueue`'s latency from an idle GPU, after [`WARMUP`]
+/// passes, in µs: a request's, its launch included.
+fn latency_us(gpu: &Gpu, enqueue: impl FnMut() -> clusterfuse::host::Result<()>) -> Result<f64> {
+    Ok(median_latency_us(gpu, (WARMUP, REPS), enqueue)?)
 }
 
 /// Prints one mode's tables and advice, and writes its plots into `dir`.
