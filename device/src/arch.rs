@@ -689,7 +689,8 @@ pub unsafe fn ld_global_v4_b32(ptr: *const [u32; 4]) -> [u32; 4] {
 
 /// `ld.global.nc.v4.b32`: 16 bytes through the read-only path, which ptxas treats as
 /// invariant for the whole kernel: it may issue the load before a `griddepcontrol.wait` that
-/// precedes it in the program (seen: `layernorm_gelu`'s loads of x, before session 10).
+/// precedes it in the program (it once did with example 08's loads of x, which the kernel
+/// before may write).
 ///
 /// # Safety
 /// 1. `ptr` is a 16-byte-aligned global address of 16 readable bytes that no grid writes
