@@ -669,44 +669,42 @@ pub unsafe fn cp_async_bulk_prefetch_l2_global(src: *const u8, bytes: u32) {
 
 // --- Global memory (§9.7.9.8, §9.7.13.5) -----------------------------------------------------
 
-/// `ld.global.v4.b32`: 16 bytes through the coherent path, ordered after every barrier and
-/// `griddepcontrol.wait` before it.
-///
-/// # Safety
-/// 1. `ptr` is a 16-byte-aligned global address of 16 readable bytes.
-#[inline(always)]
-pub unsafe fn ld_global_v4_b32(ptr: *const [u32; 4]) -> [u32; 4] {
-    gpu_or_emulator! {
-        gpu: {
-            let (a, b, c, d): (u32, u32, u32, u32);
-            ptx!("ld.global.v4.b32 {{{a}, {b}, {c}, {d}}}, [{p}];", a = out(reg32) a, b = out(reg32) b,
-                 c = out(reg32) c, d = out(reg32) d, p = in(reg64) ptr, options(readonly, nostack, pure));
-            [a, b, c, d]
-        },
-        emulator: emu::global_access(ptr, 16, || ptr.read()),
-    }
+/// 16-byte global loads, one function per PTX load instruction.
+macro_rules! global_v4_load {
+    ($($(#[$doc:meta])* $name:ident => $op:literal;)*) => {$(
+        $(#[$doc])*
+        #[inline(always)]
+        pub unsafe fn $name(ptr: *const [u32; 4]) -> [u32; 4] {
+            gpu_or_emulator! {
+                gpu: {
+                    let (a, b, c, d): (u32, u32, u32, u32);
+                    ptx!(concat!($op, " {{{a}, {b}, {c}, {d}}}, [{p}];"), a = out(reg32) a, b = out(reg32) b,
+                         c = out(reg32) c, d = out(reg32) d, p = in(reg64) ptr, options(readonly, nostack, pure));
+                    [a, b, c, d]
+                },
+                emulator: emu::global_access(ptr, 16, || ptr.read()),
+            }
+        }
+    )*};
 }
 
-/// `ld.global.nc.v4.b32`: 16 bytes through the read-only path, which ptxas treats as
-/// invariant for the whole kernel: it may issue the load before a `griddepcontrol.wait` that
-/// precedes it in the program (it once did with example 08's loads of x, which the kernel
-/// before may write).
-///
-/// # Safety
-/// 1. `ptr` is a 16-byte-aligned global address of 16 readable bytes that no grid writes
-///    while this kernel runs: neither this one nor one it was launched programmatically
-///    after (weights and parameters, not activations).
-#[inline(always)]
-pub unsafe fn ld_global_nc_v4_b32(ptr: *const [u32; 4]) -> [u32; 4] {
-    gpu_or_emulator! {
-        gpu: {
-            let (a, b, c, d): (u32, u32, u32, u32);
-            ptx!("ld.global.nc.v4.b32 {{{a}, {b}, {c}, {d}}}, [{p}];", a = out(reg32) a, b = out(reg32) b,
-                 c = out(reg32) c, d = out(reg32) d, p = in(reg64) ptr, options(readonly, nostack, pure));
-            [a, b, c, d]
-        },
-        emulator: emu::global_access(ptr, 16, || ptr.read()),
-    }
+global_v4_load! {
+    /// `ld.global.v4.b32`: 16 bytes through the coherent path, ordered after every barrier and
+    /// `griddepcontrol.wait` before it.
+    ///
+    /// # Safety
+    /// 1. `ptr` is a 16-byte-aligned global address of 16 readable bytes.
+    ld_global_v4_b32 => "ld.global.v4.b32";
+    /// `ld.global.nc.v4.b32`: 16 bytes through the read-only path, which ptxas treats as
+    /// invariant for the whole kernel: it may issue the load before a `griddepcontrol.wait`
+    /// that precedes it in the program (it once did with example 08's loads of x, which the
+    /// kernel before may write).
+    ///
+    /// # Safety
+    /// 1. `ptr` is a 16-byte-aligned global address of 16 readable bytes that no grid writes
+    ///    while this kernel runs: neither this one nor one it was launched programmatically
+    ///    after (weights and parameters, not activations).
+    ld_global_nc_v4_b32 => "ld.global.nc.v4.b32";
 }
 
 /// `st.global.v4.b32`: 16 bytes in one store.
