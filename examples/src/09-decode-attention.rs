@@ -130,15 +130,6 @@ const STATE: usize = HEAD_DIM + 4;
 const NO_SCORE: f32 = -1e30;
 /// log2(e) / √128: scores in `exp2` units.
 const Q_SCALE: f32 = core::f32::consts::LOG2_E * 0.088_388_35;
-
-/// `body` once for each listed `$i`, unrolled, so that register arrays are indexed by
-/// constants (a run-time index sends them to local memory). Indices past a generic bound
-/// are skipped with `if $i < BOUND`, which each instantiation folds away.
-macro_rules! unroll {
-    ($i:ident in [$($n:literal)*] $body:block) => {{
-        $( { let $i: usize = $n; $body } )*
-    }};
-}
 const _: () = assert!(HEAD_DIM.is_multiple_of(QKV_ITEM[0].0) && HEAD_DIM.is_multiple_of(QKV_ITEM[1].0), "an item's rows stay inside one of q, k, v");
 const _: () = assert!(
     QKV_ITEM[0].0 <= 4 && QKV_ITEM[0].1 <= 4 && QKV_ITEM[1].0 <= 4 && QKV_ITEM[1].1 <= 4 && O_VECTORS[0] <= 4 && O_VECTORS[1] <= 4 && TOKENS == 8 && MAX_BATCH == 8,

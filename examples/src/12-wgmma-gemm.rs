@@ -365,12 +365,6 @@ impl<T: HalfFloat> TileEpilogue for Residual<'_, T> {
     }
 }
 
-/// `body` once per listed constant, bound to `$i`.
-macro_rules! unroll {
-    ($i:ident in [$($n:literal)*] $body:block) => {{ $({ let $i: usize = $n; $body })* }};
-}
-use unroll;
-
 /// Columns of C per block of the split-K kernels ([`gemm_split_k`]).
 pub const SPLIT_BN: usize = 64;
 /// Pipeline stages of the split-K kernels: every k-step of BERT-base's batch-1 projections
@@ -560,17 +554,10 @@ fn load_row_stats(stats: &[f32], row: usize, n: usize) -> [f32; 4] {
 #[inline(always)]
 fn merge_row_stats(v: [f32; 4], n: usize) -> (f32, f32) {
     let (tiles, lane) = (n / SPLIT_BN, warp::lane() as usize % 16);
-    let mean = half_warp_sum(v[0] + v[2]) / tiles as f32;
+    let mean = warp::group_sum::<16, f32>(v[0] + v[2]) / tiles as f32;
     let (d0, d1) = (v[0] - mean, v[2] - mean);
     let squares = if lane < tiles / 2 { (SPLIT_BN as f32 * d0).fma(d0, (SPLIT_BN as f32 * d1).fma(d1, v[1] + v[3])) } else { 0.0 };
-    (mean, math::rsqrt(half_warp_sum(squares) / n as f32 + crate::fused_norms::EPS))
-}
-
-/// Σ of `x` over the calling lane's half-warp (every lane of the warp calls it), in the same
-/// order in every lane.
-#[inline(always)]
-fn half_warp_sum(x: f32) -> f32 {
-    [8, 4, 2, 1].iter().fold(x, |x, &offset| x + warp::shuffle_xor(x, offset))
+    (mean, math::rsqrt(warp::group_sum::<16, f32>(squares) / n as f32 + crate::fused_norms::EPS))
 }
 
 /// An epilogue of [`split_k_sum_rows`], applied to a lane's four columns of a row at a time.
@@ -739,8 +726,8 @@ fn split_k_sum_rows<E: RowEpilogue>(partial: SharedSlice<f32>, out: &Out<f16>, s
             continue;
         };
         // The row's 64 values over its half-warp: mean, then Σ(v − mean)², of the f16 values.
-        let mean = half_warp_sum(values.iter().fold(0.0, |s, v| s + v.to_f32())) * (1.0 / SPLIT_BN as f32);
-        let squares = half_warp_sum(values.iter().fold(0.0, |s: f32, v| {
+        let mean = warp::group_sum::<16, f32>(values.iter().fold(0.0, |s, v| s + v.to_f32())) * (1.0 / SPLIT_BN as f32);
+        let squares = warp::group_sum::<16, f32>(values.iter().fold(0.0, |s: f32, v| {
             let d = v.to_f32() - mean;
             d.fma(d, s)
         }));

@@ -87,12 +87,6 @@ const Q_SCALE: f32 = core::f32::consts::LOG2_E * 0.125;
 /// bank groups.
 const STAGE: usize = 12;
 
-/// `body` once for each listed `$i`, unrolled, so that register arrays are indexed by constants.
-macro_rules! unroll {
-    ($i:ident in [$($n:literal)*] $body:block) => {{
-        $( { let $i: usize = $n; $body } )*
-    }};
-}
 const _: () = assert!(V == 8 && TOKENS == 2 && MAX_GROUP == 4 && MAX_CLUSTER == 16 && GROUPS == 4 * WARPS, "the unrolled loops list 8, 2, 4 and 16 indices; 4 groups a warp");
 
 /// 16 bytes (8 bf16 values) as four raw words.

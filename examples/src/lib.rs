@@ -4,6 +4,16 @@
 
 clusterfuse::embed_ptx!();
 
+/// `body` once for each listed `$i`, unrolled, so that register arrays indexed by `$i` are
+/// indexed by constants (a run-time index sends them to local memory; LLVM leaves a loop with
+/// a large body rolled). Indices past a generic bound are skipped with `if $i < BOUND`, which
+/// each instantiation folds away.
+macro_rules! unroll {
+    ($i:ident in [$($n:literal)*] $body:block) => {{
+        $( { let $i: usize = $n; $body } )*
+    }};
+}
+
 #[path = "00-empty.rs"]
 pub mod empty;
 #[path = "01-saxpy.rs"]
