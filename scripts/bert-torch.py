@@ -4,8 +4,8 @@ layers, hidden 768, 12 heads, ffn 3072, seq 128, fp16, random weights, no mask) 
 framework model runs it (one QKV linear, matmul / sqrt(64), softmax, matmul, permute +
 contiguous, linear + residual, layer_norm, linear, exact GELU, linear + residual, layer_norm),
 eager and replayed from a CUDA graph (torch.cuda.CUDAGraph), batch 1-64. Latency: median of 20
-forward passes after 3 warm-up (CUDA events around each, from an idle GPU: the launch counts); kernels: CUDA kernels of one eager pass
-(torch.profiler). Prints the markdown table of `bert-bench`.
+forward passes after 3 warm-up (CUDA events around each, from an idle GPU: the launch counts);
+kernels: CUDA kernels of one eager pass (torch.profiler). Prints the markdown table of `bert-bench`.
 
 With `--trace DIR`, one eager pass per batch size is also written to DIR as a clusterfuse
 launch trace (`torch-bNN.jsonl`: each kernel with its launch call's CPU times and its GPU

@@ -107,7 +107,7 @@ pub fn median_us_per_call<E: From<clusterfuse::host::Error>>(
     calls: usize,
     mut call: impl FnMut(usize) -> std::result::Result<(), E>,
 ) -> std::result::Result<f64, E> {
-    median_us(gpu, (warmup, reps), |gpu| {
+    median_us((warmup, reps), || {
         call(calls - 1)?;
         Ok(gpu.time_ms(|| (0..calls).try_for_each(&mut call))? * 1e3 / calls as f64)
     })
@@ -121,14 +121,14 @@ pub fn median_latency_us<E: From<clusterfuse::host::Error>>(
     (warmup, reps): (usize, usize),
     mut run: impl FnMut() -> std::result::Result<(), E>,
 ) -> std::result::Result<f64, E> {
-    median_us(gpu, (warmup, reps), |gpu| Ok(gpu.time_ms(&mut run)? * 1e3))
+    median_us((warmup, reps), || Ok(gpu.time_ms(&mut run)? * 1e3))
 }
 
 /// The median of `reps` samples of `sample` (µs) after `warmup` discarded ones.
-fn median_us<E>(gpu: &Gpu, (warmup, reps): (usize, usize), mut sample: impl FnMut(&Gpu) -> std::result::Result<f64, E>) -> std::result::Result<f64, E> {
+fn median_us<E>((warmup, reps): (usize, usize), mut sample: impl FnMut() -> std::result::Result<f64, E>) -> std::result::Result<f64, E> {
     let mut samples = Vec::with_capacity(reps);
     for rep in 0..warmup + reps {
-        let us = sample(gpu)?;
+        let us = sample()?;
         if rep >= warmup {
             samples.push(us);
         }
