@@ -702,12 +702,15 @@ fn split_k_sum_rows<E: RowEpilogue>(partial: SharedSlice<f32>, out: &Out<f16>, s
     // SAFETY: the partial tile's BM × PARTIAL_STRIDE f32 as 16-byte vectors (1024-aligned).
     let vectors = unsafe { SharedSlice::<[u32; 4]>::from_raw_parts(partial.addr(), BM * ROW_VECTORS) };
     let col = bn + 4 * lane;
-    // The global loads of the lane's first row (every lane, rows past the block's clamped)
-    // fly while the cluster synchronises, each later row's during the DSMEM reads before it.
+    // This block's partial tile is in place. The release waits for the thread's memory
+    // accesses in flight (`MEMBAR.ALL.GPU`), so the epilogue's global loads are issued after
+    // it: those of the lane's first row (every lane, rows past the block's clamped) fly while
+    // the cluster synchronises, each later row's during the DSMEM reads before it.
+    cluster::arrive();
     let load = |local: usize| epilogue.load((bm + local.min(end - 1)).min(m - 1), col, n);
     let (columns, mut loaded) = (epilogue.columns(col), load(start + half));
     // Every block's partial tile is in place.
-    cluster::sync();
+    cluster::wait();
     // Whole warps step together (the shuffles below), past the block's rows if need be.
     for base in (start..end).step_by(HALF_WARPS) {
         let local = base + half;
