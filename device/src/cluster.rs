@@ -40,9 +40,11 @@ pub fn index_in_grid() -> Dim3 {
 
 /// Cluster barrier, both halves: every thread of the cluster waits here, and writes before
 /// it (to any block's shared memory) are visible to the whole cluster after it. The releasing
-/// arrival compiles to `MEMBAR.ALL.GPU` on sm_90 (it waits for the thread's outstanding
-/// global stores too); a barrier that only keeps shared memory alive while peers read it can
-/// arrive relaxed instead ([`sync_after_reads`]).
+/// arrival compiles to `MEMBAR.ALL.GPU` on sm_90, which waits for the thread's memory
+/// accesses in flight, global loads included: loads that need not precede the barrier go out
+/// between [`arrive`] and [`wait`] instead, where they overlap it (example 12's split-K row
+/// tail). A barrier that only keeps shared memory alive while peers read it can arrive
+/// relaxed ([`sync_after_reads`]).
 #[inline(always)]
 pub fn sync() {
     arch::barrier_cluster_arrive_release();
