@@ -711,14 +711,24 @@ fn split_k_sum_rows<E: RowEpilogue>(partial: SharedSlice<f32>, out: &Out<f16>, s
     let (columns, mut loaded) = (epilogue.columns(col), load(start + half));
     // Every block's partial tile is in place.
     cluster::wait();
+    // Every block's vector of the lane's row (up to 8 blocks), all in flight at once.
+    let peers = |local: usize| -> [[u32; 4]; 8] {
+        let v = local.min(BM - 1) * ROW_VECTORS + lane;
+        core::array::from_fn(|p| if (p as u32) < cluster::size() { vectors.in_block(p as u32).load(v) } else { [0; 4] })
+    };
+    let mut words = peers(start + half);
     // Whole warps step together (the shuffles below), past the block's rows if need be.
     for base in (start..end).step_by(HALF_WARPS) {
         let local = base + half;
         let row = bm + local;
         let active = local < end && row < m;
-        let v = local.min(BM - 1) * ROW_VECTORS + lane;
         let next = load(local + HALF_WARPS);
-        let acc = cluster::combine_vector::<f32, Sum>(vectors, v).map(f32::from_bits);
+        // Σ in rank order, as `cluster::combine_vector`; then the next row's DSMEM reads fly
+        // during this row's epilogue, where the block has one.
+        let acc = (0..8).fold([0.0f32; 4], |sum, p| if p < cluster::size() as usize { core::array::from_fn(|i| sum[i] + f32::from_bits(words[p][i])) } else { sum });
+        if base + HALF_WARPS < end {
+            words = peers(local + HALF_WARPS);
+        }
         let values = epilogue.apply(&columns, loaded, acc).map(|v| if active { f16::from_f32(v) } else { f16::from_f32(0.0) });
         loaded = next;
         if active {
