@@ -64,11 +64,21 @@ pub fn arrive() {
 /// global stores.
 #[inline(always)]
 pub fn sync_after_reads() {
-    arch::barrier_cluster_arrive_relaxed();
+    arrive_relaxed();
     wait();
 }
 
-/// Second half of a split barrier: wait for every thread of the cluster to [`arrive`].
+/// First half of a split barrier whose arrival orders no memory, as [`sync_after_reads`]'s: a
+/// block that has consumed every read of its peers' shared memory arrives here, goes on with
+/// work that reads no peer's, and [`wait`]s before it leaves, so that the barrier's latency
+/// overlaps that work.
+#[inline(always)]
+pub fn arrive_relaxed() {
+    arch::barrier_cluster_arrive_relaxed();
+}
+
+/// Second half of a split barrier: wait for every thread of the cluster to [`arrive`] (or
+/// [`arrive_relaxed`]).
 #[inline(always)]
 pub fn wait() {
     arch::barrier_cluster_wait_acquire();

@@ -716,7 +716,13 @@ fn split_k_sum_rows<E: RowEpilogue>(partial: SharedSlice<f32>, out: &Out<f16>, s
         let v = local.min(BM - 1) * ROW_VECTORS + lane;
         core::array::from_fn(|p| if (p as u32) < cluster::size() { vectors.in_block(p as u32).load(v) } else { [0; 4] })
     };
-    let mut words = peers(start + half);
+    let mut words = [[0; 4]; 8];
+    if start < end {
+        words = peers(start + half);
+    } else {
+        // No rows: the block reads no peer's shared memory.
+        cluster::arrive_relaxed();
+    }
     // Whole warps step together (the shuffles below), past the block's rows if need be.
     for base in (start..end).step_by(HALF_WARPS) {
         let local = base + half;
@@ -728,6 +734,10 @@ fn split_k_sum_rows<E: RowEpilogue>(partial: SharedSlice<f32>, out: &Out<f16>, s
         let acc = (0..8).fold([0.0f32; 4], |sum, p| if p < cluster::size() as usize { core::array::from_fn(|i| sum[i] + f32::from_bits(words[p][i])) } else { sum });
         if base + HALF_WARPS < end {
             words = peers(local + HALF_WARPS);
+        } else {
+            // The block's last DSMEM reads are consumed: its peers may leave once every block
+            // has arrived, which overlaps this row's epilogue.
+            cluster::arrive_relaxed();
         }
         let values = epilogue.apply(&columns, loaded, acc).map(|v| if active { f16::from_f32(v) } else { f16::from_f32(0.0) });
         loaded = next;
@@ -751,7 +761,7 @@ fn split_k_sum_rows<E: RowEpilogue>(partial: SharedSlice<f32>, out: &Out<f16>, s
         }
     }
     // No block leaves while a peer may still read its partial tile.
-    cluster::sync_after_reads();
+    cluster::wait();
 }
 
 /// `out = LayerNorm(summed)·γ + β` for an M × N `summed` with its [`RowNorm`] statistics:
