@@ -109,8 +109,8 @@ pub fn bench_barrier(cycles: Out<u64>, count: u32, relaxed: u32, reps: u32) {
         timed(&cycles, reps as usize, rep, || {
             if relaxed != 0 {
                 for _ in 0..count {
-                    arch::barrier_cluster_arrive_relaxed();
-                    arch::barrier_cluster_wait_acquire();
+                    cluster::arrive_relaxed();
+                    cluster::wait();
                 }
             } else {
                 for _ in 0..count {
