@@ -367,6 +367,9 @@ impl<T: HalfFloat> TileEpilogue for Residual<'_, T> {
 
 /// Columns of C per block of the split-K kernels ([`gemm_split_k`]).
 pub const SPLIT_BN: usize = 64;
+/// The most blocks a split-K cluster splits K over: the portable cluster size, which
+/// [`split_k_config`] keeps to and [`split_k_sum_rows`] holds a row's vectors of in registers.
+pub const MAX_SPLITS: usize = 8;
 /// Pipeline stages of the split-K kernels: every k-step of BERT-base's batch-1 projections
 /// (at most 6 a block) in flight at once.
 const SPLIT_STAGES: usize = 6;
@@ -677,7 +680,8 @@ impl<const GELU: bool> RowEpilogue for FoldedNorm<'_, GELU> {
 /// written to `out`, and where `stats` is given, per row, the mean and Σ(v − mean)² of its 64
 /// f16 values ([`RowNorm`]'s input, N/64 pairs a row): the kernels whose output a LayerNorm
 /// follows leave it to the readers, so that no block waits for another cluster. Block `r` of
-/// the cluster takes rows `r·⌈128/size⌉ ..`, a half-warp a row and a lane 4 columns.
+/// the cluster takes rows `r·⌈128/size⌉ ..`, a half-warp a row and a lane 4 columns. Traps
+/// on a cluster of more than [`MAX_SPLITS`] blocks.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_split_k_rows<E: RowEpilogue>(a_map: &[u64], b_map: &[u64], out: &Out<f16>, stats: Option<&Out<f32>>, m: u32, n: u32, k: u32, epilogue: E) {
@@ -711,12 +715,16 @@ fn split_k_sum_rows<E: RowEpilogue>(partial: SharedSlice<f32>, out: &Out<f16>, s
     let (columns, mut loaded) = (epilogue.columns(col), load(start + half));
     // Every block's partial tile is in place.
     cluster::wait();
-    // Every block's vector of the lane's row (up to 8 blocks), all in flight at once.
-    let peers = |local: usize| -> [[u32; 4]; 8] {
+    let blocks = cluster::size() as usize;
+    if blocks > MAX_SPLITS {
+        arch::trap()
+    }
+    // Every block's vector of the lane's row, all in flight at once.
+    let peers = |local: usize| -> [[u32; 4]; MAX_SPLITS] {
         let v = local.min(BM - 1) * ROW_VECTORS + lane;
-        core::array::from_fn(|p| if (p as u32) < cluster::size() { vectors.in_block(p as u32).load(v) } else { [0; 4] })
+        core::array::from_fn(|p| if p < blocks { vectors.in_block(p as u32).load(v) } else { [0; 4] })
     };
-    let mut words = [[0; 4]; 8];
+    let mut words = [[0; 4]; MAX_SPLITS];
     if start < end {
         words = peers(start + half);
     } else {
@@ -731,7 +739,7 @@ fn split_k_sum_rows<E: RowEpilogue>(partial: SharedSlice<f32>, out: &Out<f16>, s
         let next = load(local + HALF_WARPS);
         // Σ in rank order, as `cluster::combine_vector`; then the next row's DSMEM reads fly
         // during this row's epilogue, where the block has one.
-        let acc = (0..8).fold([0.0f32; 4], |sum, p| if p < cluster::size() as usize { core::array::from_fn(|i| sum[i] + f32::from_bits(words[p][i])) } else { sum });
+        let acc = (0..MAX_SPLITS).fold([0.0f32; 4], |sum, p| if p < blocks { core::array::from_fn(|i| sum[i] + f32::from_bits(words[p][i])) } else { sum });
         if base + HALF_WARPS < end {
             words = peers(local + HALF_WARPS);
         } else {
@@ -976,7 +984,7 @@ mod host {
 
     /// The launch configuration of the split-K kernels ([`gemm_split_k`]) for an M × N × K
     /// GEMM on `sms` SMs, or why they cannot compute it: per 128 × 64 tile of C, the most
-    /// blocks (a cluster along z, up to the portable 8, at most one per k-step) that keep the
+    /// blocks (a cluster along z, up to [`MAX_SPLITS`], at most one per k-step) that keep the
     /// grid within one block per SM, and at most one block on each SM: two side by side, as
     /// when 4 stages (99 KB) let them, ran BERT's batch-1 projections at 1.7× the time
     /// (`results/bert-h200.md`). BERT-base at batch 1 on 132 SMs: QKV 36 tiles × 3, O and
@@ -988,7 +996,7 @@ mod host {
             return Err(GemmError::Shape(format!("M = {m}, N = {n}, K = {k}: at most 65535 row tiles of {BM}")));
         }
         let steps = k.div_ceil(BK);
-        let splits = (1..=8).rev().find(|&s| s <= steps && tiles_n * tiles_m * s <= sms).unwrap_or(1) as u32;
+        let splits = (1..=MAX_SPLITS).rev().find(|&s| s <= steps && tiles_n * tiles_m * s <= sms).unwrap_or(1) as u32;
         Ok(LaunchConfig {
             grid: Dim3::new(tiles_n as u32, tiles_m as u32, splits),
             block: (THREADS as u32).into(),
