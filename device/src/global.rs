@@ -216,6 +216,19 @@ pub unsafe fn load_pair_unchecked<T: Copy>(input: &[T], i: usize) -> [T; 2] {
     core::mem::transmute_copy(&(input.as_ptr().add(i) as *const u32).read())
 }
 
+/// Elements `i .. i + 4` of a kernel input of a 2-byte `T` (four f16, say) in one 8-byte
+/// load. Traps when out of bounds or not 8-byte aligned.
+#[inline(always)]
+pub fn load_quad<T: Copy>(input: &[T], i: usize) -> [T; 4] {
+    const { assert!(size_of::<T>() == 2, "a quad load moves four 2-byte values") };
+    let ptr = input.as_ptr().wrapping_add(i);
+    if i + 4 > input.len() || !(ptr as usize).is_multiple_of(8) {
+        out_of_bounds()
+    }
+    // SAFETY: in bounds and 8-byte aligned (checked).
+    unsafe { core::mem::transmute_copy(&(ptr as *const u64).read()) }
+}
+
 /// Elements `N * i .. N * i + N` of a kernel input in one 16-byte `ld.global.v4`; `[T; N]`
 /// must be 16 bytes. Traps when out of bounds or misaligned. The coherent path: after
 /// [`wait_for_prerequisites`](crate::grid::wait_for_prerequisites) it reads what the kernel
@@ -276,5 +289,35 @@ pub fn prefetch_l2<T>(data: &[T]) {
         // SAFETY: `first .. first + bytes` lies in `data`, one live allocation, 16-byte aligned
         // and a multiple of 16 bytes long.
         unsafe { arch::cp_async_bulk_prefetch_l2_global(data.as_ptr().cast::<u8>().add(first - start), bytes) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::load_quad;
+
+    #[repr(C, align(8))]
+    struct Aligned([u16; 12]);
+
+    fn data() -> Aligned {
+        Aligned(core::array::from_fn(|i| i as u16))
+    }
+
+    #[test]
+    fn load_quad_reads_four_consecutive_values() {
+        assert_eq!(load_quad(&data().0, 4), [4, 5, 6, 7]);
+        assert_eq!(load_quad(&data().0, 8), [8, 9, 10, 11]);
+    }
+
+    #[test]
+    #[should_panic(expected = "out-of-bounds")]
+    fn load_quad_traps_when_not_8_byte_aligned() {
+        load_quad(&data().0, 2);
+    }
+
+    #[test]
+    #[should_panic(expected = "out-of-bounds")]
+    fn load_quad_traps_past_the_end() {
+        load_quad(&data().0, 12);
     }
 }

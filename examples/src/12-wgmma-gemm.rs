@@ -581,12 +581,6 @@ pub trait RowEpilogue: Copy {
     fn apply(&self, columns: &Self::Columns, loaded: Self::Loaded, acc: [f32; 4]) -> [f32; 4];
 }
 
-/// Elements `i .. i + 4` of `values`, one load each.
-#[inline(always)]
-fn four<T: Copy>(values: &[T], i: usize) -> [T; 4] {
-    core::array::from_fn(|c| values[i + c])
-}
-
 /// `C = A·Bᵀ + bias[col] + R` for an M × N residual R.
 #[derive(Clone, Copy)]
 pub struct BiasResidual<'a>(pub &'a [f16], pub &'a [f16]);
@@ -596,11 +590,11 @@ impl RowEpilogue for BiasResidual<'_> {
     type Loaded = [f16; 4];
     #[inline(always)]
     fn columns(&self, col: usize) -> [f16; 4] {
-        four(self.0, col)
+        global::load_quad(self.0, col)
     }
     #[inline(always)]
     fn load(&self, row: usize, col: usize, n: usize) -> [f16; 4] {
-        four(self.1, row * n + col)
+        global::load_quad(self.1, row * n + col)
     }
     #[inline(always)]
     fn apply(&self, bias: &[f16; 4], residual: [f16; 4], acc: [f32; 4]) -> [f32; 4] {
@@ -624,11 +618,11 @@ impl RowEpilogue for BiasNormalizedResidual<'_> {
     type Loaded = ([f16; 4], [f32; 4]);
     #[inline(always)]
     fn columns(&self, col: usize) -> [[f16; 4]; 3] {
-        [four(self.bias, col), four(self.norm.gamma, col), four(self.norm.beta, col)]
+        [global::load_quad(self.bias, col), global::load_quad(self.norm.gamma, col), global::load_quad(self.norm.beta, col)]
     }
     #[inline(always)]
     fn load(&self, row: usize, col: usize, n: usize) -> ([f16; 4], [f32; 4]) {
-        (four(self.residual, row * n + col), load_row_stats(self.norm.stats, row, n))
+        (global::load_quad(self.residual, row * n + col), load_row_stats(self.norm.stats, row, n))
     }
     #[inline(always)]
     fn apply(&self, [bias, gamma, beta]: &[[f16; 4]; 3], (residual, stats): ([f16; 4], [f32; 4]), acc: [f32; 4]) -> [f32; 4] {
