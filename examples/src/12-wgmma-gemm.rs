@@ -703,7 +703,8 @@ fn split_k_sum_rows<E: RowEpilogue>(partial: SharedSlice<f32>, out: &Out<f16>, s
     // This block's partial tile is in place. The release waits for the thread's memory
     // accesses in flight (`MEMBAR.ALL.GPU`), so the epilogue's global loads are issued after
     // it: those of the lane's first row (every lane, rows past the block's clamped) fly while
-    // the cluster synchronises, each later row's during the DSMEM reads before it.
+    // the cluster synchronises, each later row's during the DSMEM reads before it. The wait
+    // lasts until they have landed too, so they are few and wide (`global::load_quad`).
     cluster::arrive();
     let load = |local: usize| epilogue.load((bm + local.min(end - 1)).min(m - 1), col, n);
     let (columns, mut loaded) = (epilogue.columns(col), load(start + half));
