@@ -703,7 +703,7 @@ fn split_k_sum_rows<E: RowEpilogue>(partial: SharedSlice<f32>, out: &Out<f16>, s
     // This block's partial tile is in place. The release waits for the thread's memory
     // accesses in flight (`MEMBAR.ALL.GPU`), so the epilogue's global loads are issued after
     // it: those of the lane's first row (every lane, rows past the block's clamped) fly while
-    // the cluster synchronises, each later row's during the DSMEM reads before it. The wait
+    // the cluster synchronises, each later row's during the two rows before it. The wait
     // lasts until they have landed too, so they are few and wide (`global::load_quad`).
     cluster::arrive();
     let load = |local: usize| epilogue.load((bm + local.min(end - 1)).min(m - 1), col, n);
@@ -726,12 +726,15 @@ fn split_k_sum_rows<E: RowEpilogue>(partial: SharedSlice<f32>, out: &Out<f16>, s
         // No rows: the block reads no peer's shared memory.
         cluster::arrive_relaxed();
     }
+    // Each later row's loads, two rows ahead: the second row's now, after the wait.
+    let ahead = |base: usize| (base < end).then(|| load(base + half));
+    let mut next = ahead(start + HALF_WARPS);
     // Whole warps step together (the shuffles below), past the block's rows if need be.
     for base in (start..end).step_by(HALF_WARPS) {
         let local = base + half;
         let row = bm + local;
         let active = local < end && row < m;
-        let next = load(local + HALF_WARPS);
+        let after = ahead(base + 2 * HALF_WARPS);
         // Σ in rank order, as `cluster::combine_vector`; then the next row's DSMEM reads fly
         // during this row's epilogue, where the block has one.
         let acc = (0..MAX_SPLITS).fold([0.0f32; 4], |sum, p| if p < blocks { core::array::from_fn(|i| sum[i] + f32::from_bits(words[p][i])) } else { sum });
@@ -743,7 +746,10 @@ fn split_k_sum_rows<E: RowEpilogue>(partial: SharedSlice<f32>, out: &Out<f16>, s
             cluster::arrive_relaxed();
         }
         let values = epilogue.apply(&columns, loaded, acc).map(|v| if active { f16::from_f32(v) } else { f16::from_f32(0.0) });
-        loaded = next;
+        if let Some(next) = next {
+            loaded = next;
+        }
+        next = after;
         if active {
             out.store_pair(row * n + col, [values[0], values[1]]);
             out.store_pair(row * n + col + 2, [values[2], values[3]]);
