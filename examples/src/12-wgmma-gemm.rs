@@ -370,19 +370,38 @@ pub const SPLIT_BN: usize = 64;
 /// The most blocks a split-K cluster splits K over: the portable cluster size, which
 /// [`split_k_config`] keeps to and [`split_k_sum_rows`] holds a row's vectors of in registers.
 pub const MAX_SPLITS: usize = 8;
-/// Pipeline stages of the split-K kernels: every k-step of BERT-base's batch-1 projections
-/// (at most 6 a block) in flight at once.
+/// The most pipeline stages of a split-K block: every k-step of BERT-base's batch-1
+/// projections (at most 6 a block) in flight at once.
 const SPLIT_STAGES: usize = 6;
+/// The fewest stages a split-K block lays out: the f32 partial tile takes their place.
+const MIN_SPLIT_STAGES: usize = 2;
 /// Bytes of one stage of Bᵀ of the split-K kernels.
 const SPLIT_B_STAGE_BYTES: u32 = (SPLIT_BN * BK * 2) as u32;
 /// Row stride, in f32, of a split-K block's partial tile: 8 words of padding, so that a warp's
 /// accumulator stores (8 rows × 4 column pairs) hit each bank at most twice.
 const PARTIAL_STRIDE: usize = SPLIT_BN + 8;
-/// Dynamic shared memory per block of the split-K kernels: the stages, their mbarriers, and
-/// 1024 bytes to align the tiles for the swizzle (148 576 bytes: one block an SM, as
-/// [`split_k_config`] also asks). The f32 partial tile (36 864 bytes) takes the drained
-/// stages' place.
-pub const SPLIT_SMEM_BYTES: u32 = 1024 + SPLIT_STAGES as u32 * (A_STAGE_BYTES + SPLIT_B_STAGE_BYTES) + 16 * SPLIT_STAGES as u32;
+
+/// Stages a split-K block of `steps` k-steps lays out: one a k-step, between
+/// [`MIN_SPLIT_STAGES`] and [`SPLIT_STAGES`] (beyond, the pipeline goes round).
+const fn split_stages(steps: usize) -> usize {
+    if steps < MIN_SPLIT_STAGES {
+        MIN_SPLIT_STAGES
+    } else if steps > SPLIT_STAGES {
+        SPLIT_STAGES
+    } else {
+        steps
+    }
+}
+
+/// Dynamic shared memory of a split-K block of at most `steps` k-steps: its stages, the
+/// mbarriers of [`SPLIT_STAGES`], and 1024 bytes to align the tiles for the swizzle (at most
+/// 148 576 bytes). The f32 partial tile (36 864 bytes) takes the drained stages' place. Less
+/// than the most leaves room on the SM for a block of the kernel after it, launched
+/// programmatically, whose prologue then overlaps this kernel (BERT's attention,
+/// `results/bert-h200.md`).
+pub const fn split_smem_bytes(steps: usize) -> u32 {
+    1024 + split_stages(steps) as u32 * (A_STAGE_BYTES + SPLIT_B_STAGE_BYTES) + 16 * SPLIT_STAGES as u32
+}
 
 /// The block's share of the 128 × 64 tile of `out = epilogue(a · bᵀ)` at (block y, block x),
 /// for small M: the blocks of a cluster along z split K's steps between them, as example
@@ -420,7 +439,7 @@ fn split_k_origin() -> (usize, usize) {
 /// block barrier.
 #[inline(always)]
 fn split_k_partial<T: WgmmaInput + HalfFloat>(a_map: &[u64], b_map: &[u64], k: usize) -> SharedSlice<f32> {
-    const { assert!(THREADS as u32 == (1 + CONSUMERS) * 128 && BM * PARTIAL_STRIDE * 4 <= SPLIT_STAGES * (BM + SPLIT_BN) * BK * 2) };
+    const { assert!(THREADS as u32 == (1 + CONSUMERS) * 128 && BM * PARTIAL_STRIDE * 4 <= MIN_SPLIT_STAGES * (BM + SPLIT_BN) * BK * 2) };
     let (splits, split) = (cluster::size() as usize, cluster::block_rank() as usize);
     let all_steps = k.div_ceil(BK);
     let (first, steps) = (all_steps * split / splits, all_steps * (split + 1) / splits - all_steps * split / splits);
@@ -430,8 +449,9 @@ fn split_k_partial<T: WgmmaInput + HalfFloat>(a_map: &[u64], b_map: &[u64], k: u
     let (a_map, b_map) = (TensorMap::new(a_map), TensorMap::new(b_map));
     let mut smem = shared::dynamic();
     smem.align_to(1024);
-    let tiles = smem.take::<T>(SPLIT_STAGES * (BM + SPLIT_BN) * BK);
-    let (a_tiles, b_tiles) = (tiles.addr(), tiles.addr() + SPLIT_STAGES as u32 * A_STAGE_BYTES);
+    let stages = split_stages(steps);
+    let tiles = smem.take::<T>(stages * (BM + SPLIT_BN) * BK);
+    let (a_tiles, b_tiles) = (tiles.addr(), tiles.addr() + stages as u32 * A_STAGE_BYTES);
     let pipeline = Pipeline::<SPLIT_STAGES>::new(smem.take::<u64>(2 * SPLIT_STAGES), CONSUMERS);
     block::sync();
     let (bm, bn) = split_k_origin();
@@ -442,7 +462,7 @@ fn split_k_partial<T: WgmmaInput + HalfFloat>(a_map: &[u64], b_map: &[u64], k: u
     if wg.index() == 0 {
         if wg.thread_rank() == 0 {
             let bytes = A_STAGE_BYTES + SPLIT_B_STAGE_BYTES;
-            let ahead = steps.min(SPLIT_STAGES);
+            let ahead = steps.min(stages);
             let mut state = PipelineState::START;
             for kt in 0..ahead {
                 let full = pipeline.producer_acquire(state, bytes);
@@ -798,7 +818,7 @@ pub fn layer_norm_rows(summed: &[f16], stats: &[f32], gamma: &[f16], beta: &[f16
 
 macro_rules! split_k_kernels {
     ($($t:ident: $plain:ident, $bias:ident, $bias_gelu:ident, $residual:ident;)*) => {$(
-        #[doc = concat!("`out = a · bᵀ`, ", stringify!($t), ", for small M ([`gemm_split_k`]): grid (⌈N/64⌉, ⌈M/128⌉, splits), clusters of (1, 1, splits) ([`split_k_config`]), 384 threads, [`SPLIT_SMEM_BYTES`] of dynamic shared memory.")]
+        #[doc = concat!("`out = a · bᵀ`, ", stringify!($t), ", for small M ([`gemm_split_k`]): grid (⌈N/64⌉, ⌈M/128⌉, splits), clusters of (1, 1, splits) ([`split_k_config`]), 384 threads, [`split_smem_bytes`] of dynamic shared memory.")]
         #[kernel(launch_bounds(max_threads = 384, min_blocks = 1))]
         pub fn $plain(a_map: &[u64], b_map: &[u64], out: Out<$t>, m: u32, n: u32, k: u32) {
             gemm_split_k(a_map, b_map, &out, m, n, k, Plain);
@@ -986,10 +1006,14 @@ mod host {
     /// The launch configuration of the split-K kernels ([`gemm_split_k`]) for an M × N × K
     /// GEMM on `sms` SMs, or why they cannot compute it: per 128 × 64 tile of C, the most
     /// blocks (a cluster along z, up to [`MAX_SPLITS`], at most one per k-step) that keep the
-    /// grid within one block per SM, and at most one block on each SM: two side by side, as
-    /// when 4 stages (99 KB) let them, ran BERT's batch-1 projections at 1.7× the time
-    /// (`results/bert-h200.md`). BERT-base at batch 1 on 132 SMs: QKV 36 tiles × 3, O and
-    /// FFN2 12 × 8, FFN1 48 × 2.
+    /// grid within one block per SM, with the stages the longest block's k-steps fill
+    /// ([`split_smem_bytes`]). At most two blocks on an SM by shared memory; the kernels
+    /// BERT's batch-1 pass takes after its first (89-119 registers a thread) fit one by
+    /// registers, which leaves room beside each for a block of the kernel launched after it
+    /// (its attention), but none for the next projection's: two projection blocks side by
+    /// side, as when 4 stages (99 KB) and 80 registers let them, ran the pass at 1.2-1.7× the
+    /// time (`results/bert-h200.md`). BERT-base at batch 1 on 132 SMs: QKV 36 tiles × 3 (4
+    /// stages), O 12 × 8 (2), FFN1 48 × 2 (6), FFN2 12 × 8 (6).
     pub fn split_k_config(m: usize, n: usize, k: usize, sms: usize) -> std::result::Result<LaunchConfig, GemmError> {
         config(m, n, k, 1)?;
         let (tiles_n, tiles_m) = (n.div_ceil(SPLIT_BN), m.div_ceil(BM));
@@ -1002,8 +1026,8 @@ mod host {
             grid: Dim3::new(tiles_n as u32, tiles_m as u32, splits),
             block: (THREADS as u32).into(),
             cluster: Some(Dim3::new(1, 1, splits)),
-            dynamic_smem_bytes: SPLIT_SMEM_BYTES,
-            max_blocks_per_sm: Some(1),
+            dynamic_smem_bytes: split_smem_bytes(steps.div_ceil(splits as usize)),
+            max_blocks_per_sm: Some(2),
             ..LaunchConfig::default()
         })
     }
@@ -1205,7 +1229,8 @@ mod host {
     }
 
     /// The SMs the emulator stands for in [`run_split_k`] (and a GPU running its shapes), so
-    /// that its 2 tiles split K three ways, 5-6 k-steps a block: the pipeline wraps.
+    /// that its 2 tiles split K three ways, 5-6 k-steps a block: blocks of 5 and 6 stages
+    /// in one cluster ([`run_split_k_layer_norm`]'s second GEMM, 10 k-steps, wraps the pipeline).
     const EMULATOR_SPLIT_SMS: usize = 6;
 
     /// Checks one epilogue of the f16 split-K kernels against its f64 reference, on every

@@ -4,6 +4,7 @@
 //! holds block `b`'s cycles of repetition `r`.
 
 use clusterfuse::arch;
+use clusterfuse::mbarrier::Mbarrier;
 use clusterfuse::prelude::*;
 
 /// Runs `op` between two `clock64` reads taken after a cluster barrier, and records the
@@ -149,6 +150,52 @@ pub fn bench_dsmem_read(sink: Out<u32>, cycles: Out<u64>, vectors: u32, passes: 
             }
             block::sync();
         });
+    }
+    sink.set(thread::global_index_x(), acc);
+    cluster::sync();
+}
+
+/// How [`bench_gather`] moves every block's tile to every block of its cluster.
+pub mod gather_mode {
+    /// Each thread stores its vectors into every peer's `all` (`cluster::gather`, 16-byte
+    /// remote stores).
+    pub const PUSH: u32 = 0;
+    /// Each thread loads its vectors of every peer's tile into its own `all` (16-byte
+    /// remote loads), as example 12's split-K row tail reads its peers' partial rows.
+    pub const PULL: u32 = 1;
+    /// Thread 0 copies the whole tile into every peer's `all`, one bulk copy a peer
+    /// (`cluster::gather_bulk`).
+    pub const BULK: u32 = 2;
+}
+
+/// DSMEM all-gather bandwidth: every block's tile of `vectors` 16-byte vectors lands in every
+/// block's `all`, `reps` times, each timed from a cluster barrier to the end of the gather
+/// (which closes with one), moved as `mode` says ([`gather_mode`]). `sink` gets each thread's
+/// XOR of what landed, so the moves cannot be dropped.
+#[kernel(launch_bounds(max_threads = 1024))]
+pub fn bench_gather(sink: Out<u32>, cycles: Out<u64>, vectors: u32, mode: u32, reps: u32) {
+    let (rank, blocks, m) = (cluster::block_rank(), cluster::size() as usize, vectors as usize);
+    let mut smem = shared::dynamic();
+    let (tile, all) = (smem.take::<[u32; 4]>(m), smem.take::<[u32; 4]>(blocks * m));
+    let mut barrier = Mbarrier::new(smem.take::<u64>(1), 1);
+    for i in block::stride_loop(0..m) {
+        tile.store(i, [i as u32, !(i as u32), rank, 0x9e37_79b9]);
+    }
+    for rep in 0..reps as usize {
+        timed(&cycles, reps as usize, rep, || match mode {
+            gather_mode::PUSH => cluster::gather(tile, all),
+            gather_mode::PULL => {
+                for i in block::stride_loop(0..blocks * m) {
+                    all.store(i, tile.in_block((i / m) as u32).load(i % m));
+                }
+                cluster::sync();
+            }
+            _ => cluster::gather_bulk(tile, all, &mut barrier),
+        });
+    }
+    let mut acc = 0u32;
+    for i in block::stride_loop(0..blocks * m) {
+        acc ^= all.load(i).iter().fold(0, |a, w| a ^ w);
     }
     sink.set(thread::global_index_x(), acc);
     cluster::sync();

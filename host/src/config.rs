@@ -34,7 +34,8 @@ pub struct LaunchConfig {
     /// (the edge becomes a programmatic one). The emulator runs launches one after another.
     pub programmatic: bool,
     /// At most this many of the kernel's blocks resident on one SM at once (`None`: as many
-    /// as fit): the plan raises the dynamic shared memory until no more fit. For
+    /// as fit): the plan raises the dynamic shared memory until no more fit, and asks for the
+    /// SM's whole shared memory (the carveout), which the count assumes. For
     /// latency-bound kernels of about one block per SM, launched programmatically: their
     /// blocks that start early otherwise crowd onto the few SMs the previous kernel leaves
     /// free, and run there side by side for the whole kernel.
@@ -59,6 +60,10 @@ pub struct LaunchPlan {
     pub dynamic_smem_bytes: u32,
     /// Programmatic dependent launch (see [`LaunchConfig::programmatic`]).
     pub programmatic: bool,
+    /// The SM's L1 / shared memory split set to all the shared memory it can have: the
+    /// shared memory of [`LaunchConfig::max_blocks_per_sm`] counts on it, and kernels of
+    /// one split can share an SM that kernels of different splits cannot.
+    pub max_shared_carveout: bool,
 }
 
 impl LaunchPlan {
@@ -148,7 +153,7 @@ pub fn plan(facts: &KernelFacts, static_smem: u32, smem_limit: u32, config: &Lau
     if static_smem as u64 + dynamic_smem_bytes as u64 > smem_limit as u64 {
         return Err(LaunchError::SharedMemoryTooLarge { static_bytes: static_smem, dynamic_bytes: dynamic_smem_bytes, limit: smem_limit });
     }
-    Ok(LaunchPlan { grid, block, cluster, dynamic_smem_bytes, programmatic })
+    Ok(LaunchPlan { grid, block, cluster, dynamic_smem_bytes, programmatic, max_shared_carveout: max_blocks_per_sm.is_some() })
 }
 
 /// The least shared memory a block declares (static and dynamic) such that at most `blocks`
@@ -243,6 +248,9 @@ mod tests {
         // A block that already takes more keeps what it asked for.
         assert_eq!(capped(1, 0, 150_000), Ok(150_000));
         assert_eq!(capped(0, 0, 0), Err(LaunchError::NoBlocksPerSm));
+        // The cap counts on the SM's whole shared memory: the carveout asks for it.
+        let carveout = |max_blocks_per_sm| check(&PLAIN, LaunchConfig { max_blocks_per_sm, ..config(96, 128) }).map(|p| p.max_shared_carveout);
+        assert_eq!((carveout(Some(2)), carveout(None)), (Ok(true), Ok(false)));
     }
 
     #[test]

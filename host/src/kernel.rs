@@ -39,6 +39,7 @@ struct CudaKernel {
     /// The dynamic shared memory the function is currently allowed (48 KB until raised).
     dynamic_smem_allowed: AtomicU32,
     non_portable_allowed: AtomicBool,
+    max_shared_carveout: AtomicBool,
     /// The GPU the function was loaded on: launches must use its streams.
     context: Arc<CudaContext>,
     _module: Arc<CudaModule>,
@@ -60,6 +61,7 @@ impl Kernel {
             static_smem,
             dynamic_smem_allowed: AtomicU32::new(dynamic_allowed),
             non_portable_allowed: AtomicBool::new(false),
+            max_shared_carveout: AtomicBool::new(false),
             context,
             _module: module,
         };
@@ -205,8 +207,8 @@ impl CudaKernel {
         result.result().driver("cuLaunchKernel", Some(kernel))
     }
 
-    /// Raises the function's limits the plan needs, once: the dynamic shared memory opt-in
-    /// and the non-portable cluster size.
+    /// Raises the function's limits the plan needs, once: the dynamic shared memory opt-in,
+    /// the non-portable cluster size and the shared memory carveout.
     fn prepare(&self, facts: &KernelFacts, plan: &LaunchPlan) -> Result<()> {
         let name = Some(facts.name);
         let function = self.function.cu_function();
@@ -224,6 +226,14 @@ impl CudaKernel {
                 .result()
                 .driver("cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)", name)?;
             self.non_portable_allowed.store(true, Ordering::Relaxed);
+        }
+        if plan.max_shared_carveout && !self.max_shared_carveout.load(Ordering::Relaxed) {
+            let max_shared = sys::CUshared_carveout::CU_SHAREDMEM_CARVEOUT_MAX_SHARED as i32;
+            // SAFETY: as above.
+            unsafe { sys::cuFuncSetAttribute(function, Attr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, max_shared) }
+                .result()
+                .driver("cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT)", name)?;
+            self.max_shared_carveout.store(true, Ordering::Relaxed);
         }
         Ok(())
     }

@@ -289,7 +289,7 @@ mod tests {
     use clusterfuse_device::Dim3;
 
     fn plan(cluster: Option<Dim3>) -> LaunchPlan {
-        LaunchPlan { grid: Dim3::new(8, 2, 1), block: Dim3::new(128, 1, 1), cluster, dynamic_smem_bytes: 0, programmatic: false }
+        LaunchPlan { grid: Dim3::new(8, 2, 1), block: Dim3::new(128, 1, 1), cluster, dynamic_smem_bytes: 0, programmatic: false, max_shared_carveout: false }
     }
 
     #[test]

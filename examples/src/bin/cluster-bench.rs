@@ -2,7 +2,8 @@
 //! 1. all-reduce (sum, f32) of n elements per block across clusters of 2-16: `cluster::reduce`
 //!    (DSMEM) against the same reduction through global memory and a naive DSMEM version;
 //! 2. cluster barrier round trip: `cluster::sync()` against a relaxed arrive;
-//! 3. DSMEM read bandwidth from the next block of the cluster, 16-byte loads.
+//! 3. DSMEM read bandwidth from the next block of the cluster, 16-byte loads;
+//! 4. DSMEM all-gather bandwidth: remote stores, remote loads and bulk copies.
 //!
 //! Every launch fills the GPU with one block per SM (enough dynamic shared memory to forbid a
 //! second) and as many clusters as can be resident. Cycles are the median over blocks and
@@ -13,7 +14,7 @@
 //! `cargo run --release -p clusterfuse-examples --bin cluster-bench`
 
 use clusterfuse::host::{Gpu, LaunchConfig};
-use clusterfuse_examples::bench::{bench_barrier, bench_dsmem_read, bench_reduce, bench_reduce_global, bench_reduce_naive, bench_spin};
+use clusterfuse_examples::bench::{bench_barrier, bench_dsmem_read, bench_gather, bench_reduce, bench_reduce_global, bench_reduce_naive, bench_spin, gather_mode};
 use clusterfuse_examples::check::{random, median, gpu_or_skip};
 use std::process::ExitCode;
 
@@ -180,6 +181,34 @@ fn run(gpu: &Gpu) -> Result<()> {
         let per_cycle = (VECTORS * 16 * PASSES) as f64 / median_cycles(&gpu.download(&cycles)?, REPS as usize)? as f64;
         let gbs = per_cycle * mhz / 1e3;
         println!("| {size} | {per_cycle:.1} | {gbs:.0} | {:.0} |", gbs * blocks as f64);
+    }
+
+    println!("\n## DSMEM all-gather bandwidth: every block's 16 KB tile into every block of the cluster, 1024 threads\n");
+    println!("push: 16-byte remote stores (`cluster::gather`); pull: 16-byte remote loads of every peer's tile (the pattern");
+    println!("of example 12's split-K row tail); bulk: one `cp.async.bulk` a peer (`cluster::gather_bulk`). Bytes a block");
+    println!("receives from its peers per cycle, each gather timed from a cluster barrier through its closing one.\n");
+    println!("| cluster | push bytes/cycle/SM | pull bytes/cycle/SM | bulk bytes/cycle/SM |");
+    println!("|---:|---:|---:|---:|");
+    let gather = bench_gather::load(gpu)?;
+    const TILE_VECTORS: u32 = 1024;
+    for size in [2u32, 4, 8] {
+        let smem = (size + 1) * TILE_VECTORS * 16 + 16;
+        let config = fill(gather.raw(), gpu, size, 1024, smem.max(ONE_BLOCK_PER_SM))?;
+        let blocks = config.grid.x as usize;
+        let mut row = Vec::new();
+        for mode in [gather_mode::PUSH, gather_mode::PULL, gather_mode::BULK] {
+            let mut sink = gpu.upload(&vec![0u32; blocks * 1024])?;
+            let mut cycles = gpu.upload(&vec![u64::MAX; blocks * REPS as usize])?;
+            gather.launch(gpu.stream(), &config, &mut sink, &mut cycles, TILE_VECTORS, mode, REPS)?;
+            // Element i of `all` is rank i / m's vector i % m, [j, !j, rank, C]: its XOR is !rank ^ C.
+            let m = TILE_VECTORS as usize;
+            let expected = |t: usize| (t..size as usize * m).step_by(1024).fold(0u32, |a, i| a ^ !(i / m) as u32 ^ 0x9e37_79b9);
+            if gpu.download(&sink)?.chunks(1024).any(|block| block.iter().enumerate().any(|(t, &x)| x != expected(t))) {
+                return Err(format!("all-gather mode {mode}, cluster {size}: a block's gathered tiles are wrong").into());
+            }
+            row.push(((size - 1) * TILE_VECTORS * 16) as f64 / median_cycles(&gpu.download(&cycles)?, REPS as usize)? as f64);
+        }
+        println!("| {size} | {:.1} | {:.1} | {:.1} |", row[0], row[1], row[2]);
     }
     Ok(())
 }
