@@ -294,25 +294,28 @@ fn owned_by_this_thread(len: usize) -> block::StrideLoop {
 /// own way (deterministic, the same in every block).
 #[inline(always)]
 pub fn combine_vector<T: Element, Op: ReduceOp<T>>(words: SharedSlice<[u32; 4]>, v: usize) -> [u32; 4] {
-    combine_peers(size(), splat16(Op::identity()), |peer| words.in_block(peer).load(v), combine16::<T, Op>)
+    combine_peers(size(), splat16(Op::identity()), |peer| words.in_block(peer), |peer_words| peer_words.load(v), combine16::<T, Op>)
 }
 
-/// `combine` over `init, load(0), load(1), .., load(blocks - 1)`, in that order, issuing up
-/// to four loads before their results are needed.
+/// `combine` over `init, read(at(0)), read(at(1)), .., read(at(blocks - 1))`, in that order,
+/// issuing up to four reads before their results are needed. A group's views (`at`, which
+/// checks the rank) are all made before its reads, so that no branch separates the loads:
+/// with the checks between them, ptxas put the first value's adds before the other loads,
+/// which then waited for it, a DSMEM round trip a group of four (`results/clusters-h200.md`).
 #[inline(always)]
-fn combine_peers<V: Copy>(blocks: u32, init: V, load: impl Fn(u32) -> V, combine: impl Fn(V, V) -> V) -> V {
+fn combine_peers<P: Copy, V: Copy>(blocks: u32, init: V, at: impl Fn(u32) -> P, read: impl Fn(P) -> V, combine: impl Fn(V, V) -> V) -> V {
     let mut acc = init;
     let mut peer = 0;
     while peer + 4 <= blocks {
-        let (a, b, c, d) = (load(peer), load(peer + 1), load(peer + 2), load(peer + 3));
+        let views = (at(peer), at(peer + 1), at(peer + 2), at(peer + 3));
+        let (a, b, c, d) = (read(views.0), read(views.1), read(views.2), read(views.3));
         acc = combine(combine(combine(combine(acc, a), b), c), d);
         peer += 4;
     }
     let rest = blocks - peer;
     if rest > 0 {
-        let a = load(peer);
-        let b = (rest > 1).then(|| load(peer + 1));
-        let c = (rest > 2).then(|| load(peer + 2));
+        let views = (at(peer), (rest > 1).then(|| at(peer + 1)), (rest > 2).then(|| at(peer + 2)));
+        let (a, b, c) = (read(views.0), views.1.map(&read), views.2.map(&read));
         acc = combine(acc, a);
         if let Some(b) = b {
             acc = combine(acc, b);
