@@ -191,19 +191,20 @@ fn run(gpu: &Gpu) -> Result<()> {
     println!("|---:|---:|---:|---:|");
     let gather = bench_gather::load(gpu)?;
     const TILE_VECTORS: u32 = 1024;
+    let m = TILE_VECTORS as usize;
     for size in [2u32, 4, 8] {
         let smem = (size + 1) * TILE_VECTORS * 16 + 16;
         let config = fill(gather.raw(), gpu, size, 1024, smem.max(ONE_BLOCK_PER_SM))?;
         let blocks = config.grid.x as usize;
+        // Every block's sink, thread by thread: element i of `all` is rank i / m's vector
+        // i % m, [j, !j, rank, C], whose XOR is !rank ^ C.
+        let expected: Vec<u32> = (0..1024).map(|t| (t..size as usize * m).step_by(1024).fold(0u32, |a, i| a ^ !(i / m) as u32 ^ 0x9e37_79b9)).collect();
         let mut row = Vec::new();
         for mode in [gather_mode::PUSH, gather_mode::PULL, gather_mode::BULK] {
             let mut sink = gpu.upload(&vec![0u32; blocks * 1024])?;
             let mut cycles = gpu.upload(&vec![u64::MAX; blocks * REPS as usize])?;
             gather.launch(gpu.stream(), &config, &mut sink, &mut cycles, TILE_VECTORS, mode, REPS)?;
-            // Element i of `all` is rank i / m's vector i % m, [j, !j, rank, C]: its XOR is !rank ^ C.
-            let m = TILE_VECTORS as usize;
-            let expected = |t: usize| (t..size as usize * m).step_by(1024).fold(0u32, |a, i| a ^ !(i / m) as u32 ^ 0x9e37_79b9);
-            if gpu.download(&sink)?.chunks(1024).any(|block| block.iter().enumerate().any(|(t, &x)| x != expected(t))) {
+            if gpu.download(&sink)?.chunks(1024).any(|block| block != expected.as_slice()) {
                 return Err(format!("all-gather mode {mode}, cluster {size}: a block's gathered tiles are wrong").into());
             }
             row.push(((size - 1) * TILE_VECTORS * 16) as f64 / median_cycles(&gpu.download(&cycles)?, REPS as usize)? as f64);
