@@ -730,7 +730,6 @@ fn split_k_sum_rows<E: RowEpilogue>(partial: SharedSlice<f32>, out: &Out<f16>, s
     let (columns, mut loaded) = (epilogue.columns(col), load(start + half));
     // Every block's partial tile is in place.
     cluster::wait();
-    let blocks = cluster::size() as usize;
     if blocks > MAX_SPLITS {
         arch::trap()
     }
