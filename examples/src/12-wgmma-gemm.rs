@@ -967,6 +967,40 @@ pub fn tma_box(map: &[u64], out: Out<bf16>, c0: i32, c1: i32, waited: u32) {
     }
 }
 
+/// As [`tma_box`], the box loaded by the cluster's first block into the second's shared
+/// memory (a `.shared::cluster` destination and mbarrier, from `mapa`), which the second
+/// reads back into `out`: the emulator's test of TMA loads into a peer (on the H200 it
+/// matched the emulator bitwise and memcheck found nothing; racecheck's tool fails on it,
+/// as on other asynchronous copies into a peer, so no example runs it).
+#[kernel(launch_bounds(max_threads = 128), cluster(2, 1, 1))]
+pub fn tma_box_peer(map: &[u64], out: Out<bf16>, c0: i32, c1: i32) {
+    let mut smem = shared::dynamic();
+    smem.align_to(1024);
+    let (tile, slot) = (smem.take::<bf16>(8 * 64), smem.take::<u64>(1));
+    let mut barrier = clusterfuse::mbarrier::Mbarrier::new(slot, 1);
+    let (rank, t) = (cluster::block_rank(), thread::index_x() as usize);
+    if rank == 1 && t == 0 {
+        barrier.arrive_expect_tx(1024);
+    }
+    // The second block's barrier is initialised and expects the box before the load starts.
+    cluster::sync();
+    if rank == 0 && t == 0 {
+        let (dst, full) = (arch::mapa_shared_cluster(tile.addr(), 1), arch::mapa_shared_cluster(barrier.addr(), 1));
+        // SAFETY: the second block's tile is 1024-aligned and holds the box, read there only
+        // after its barrier's phase, which expects the box's 1024 bytes, completes.
+        unsafe { TensorMap::new(map).load_2d(dst, c0, c1, full) };
+    }
+    if rank == 1 {
+        barrier.wait();
+        for i in (t..512).step_by(128) {
+            let (r, c) = (i / 64, i % 64);
+            out.set(i, tile.load(r * 64 + ((c / 8) ^ (r % 8)) * 8 + c % 8));
+        }
+    }
+    // The first block stays until the second has its box.
+    cluster::sync();
+}
+
 #[cfg(not(target_arch = "nvptx64"))]
 pub use host::*;
 

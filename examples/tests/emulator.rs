@@ -194,6 +194,22 @@ fn reading_a_tma_tile_before_its_mbarrier_wait_is_a_race() {
 }
 
 #[test]
+fn a_tma_load_into_a_peers_shared_memory_lands_there() {
+    use clusterfuse::bf16;
+    use clusterfuse::host::Swizzle;
+    use clusterfuse::Dim3;
+    use clusterfuse_examples::wgmma_gemm::{tma_box_peer, TMA_BOX_SMEM};
+    let gpu = Gpu::emulator();
+    let x: Vec<bf16> = (0..8 * 64).map(|i| bf16::from_f32(i as f32)).collect();
+    let tensor = gpu.upload(&x).unwrap();
+    let map = gpu.tensor_map_2d(&tensor, (8, 64), (8, 64), Swizzle::B128).unwrap();
+    let mut out = gpu.upload(&[bf16::NAN; 512]).unwrap();
+    let config = LaunchConfig { grid: 2.into(), cluster: Some(Dim3::new(2, 1, 1)), dynamic_smem_bytes: TMA_BOX_SMEM, ..config(2, 128) };
+    tma_box_peer::load(&gpu).unwrap().launch(gpu.stream(), &config, map.words(), &mut out, 0, 0).unwrap();
+    assert_eq!(gpu.download(&out).unwrap(), x);
+}
+
+#[test]
 fn wgmma_gemm_rejects_unsupported_shapes_before_launching() {
     use clusterfuse::bf16;
     use clusterfuse::host::Swizzle;

@@ -192,6 +192,7 @@ fn every_kernel_assembles_without_spills() {
         ("attention_split", (2 * 128 + 16) * 72 * 2 + 4 * 32 * 37 * 4),
         ("bias_layer_norm", 2 * 32),
         ("tma_box", 0),
+        ("tma_box_peer", 0),
         ("wgmma_bf16", 0),
         ("wgmma_bf16_bias", 0),
         ("wgmma_bf16_bias_gelu", 0),

@@ -287,6 +287,12 @@ pub fn window_of(addr: u32) -> u32 {
     (addr & WINDOW_MASK) >> 24
 }
 
+/// The cluster-rank bits of a `.shared::cluster` address from [`mapa`] (none in a
+/// `.shared::cta` one).
+pub fn rank_bits(addr: u32) -> u32 {
+    addr & (0x1f << RANK_SHIFT)
+}
+
 /// The `.shared::cta` address of byte `offset` in window `window` (see [`window_of`]).
 pub fn in_window(window: u32, offset: u32) -> u32 {
     (window << 24) | (offset & OFFSET_MASK)

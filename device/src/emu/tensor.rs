@@ -92,7 +92,8 @@ pub unsafe fn tma_load_2d(dst: u32, map: *const [u64; 16], c0: i32, c1: i32, bar
         // the kernel's buffer list does not cover it).
         unsafe { core::ptr::copy_nonoverlapping(src, data[at..at + len].as_mut_ptr(), len) };
     }
-    let window = memory::window_of(dst);
+    // The destination may be a peer's (`mapa`): its rank bits stay on every swizzled write.
+    let (window, rank) = (memory::window_of(dst), memory::rank_bits(dst));
     let base = dst & ((1 << 24) - 1);
     let bytes = data.len() as u32;
     complete_tx(dst, bytes, barrier, |index, phase| {
@@ -101,7 +102,7 @@ pub unsafe fn tma_load_2d(dst: u32, map: *const [u64; 16], c0: i32, c1: i32, bar
         } else {
             for (chunk, piece) in data.chunks(16).enumerate() {
                 let offset = swizzle_128b(base + 16 * chunk as u32);
-                memory::async_write(memory::in_window(window, offset), piece, index, phase);
+                memory::async_write(memory::in_window(window, offset) | rank, piece, index, phase);
             }
         }
     });
