@@ -204,7 +204,7 @@ fn a_tma_load_into_a_peers_shared_memory_lands_there() {
     let tensor = gpu.upload(&x).unwrap();
     let map = gpu.tensor_map_2d(&tensor, (8, 64), (8, 64), Swizzle::B128).unwrap();
     let mut out = gpu.upload(&[bf16::NAN; 512]).unwrap();
-    let config = LaunchConfig { grid: 2.into(), cluster: Some(Dim3::new(2, 1, 1)), dynamic_smem_bytes: TMA_BOX_SMEM, ..config(2, 128) };
+    let config = LaunchConfig { cluster: Some(Dim3::new(2, 1, 1)), dynamic_smem_bytes: TMA_BOX_SMEM, ..config(2, 128) };
     tma_box_peer::load(&gpu).unwrap().launch(gpu.stream(), &config, map.words(), &mut out, 0, 0).unwrap();
     assert_eq!(gpu.download(&out).unwrap(), x);
 }
