@@ -210,29 +210,23 @@ impl CudaKernel {
     /// Raises the function's limits the plan needs, once: the dynamic shared memory opt-in,
     /// the non-portable cluster size and the shared memory carveout.
     fn prepare(&self, facts: &KernelFacts, plan: &LaunchPlan) -> Result<()> {
-        let name = Some(facts.name);
         let function = self.function.cu_function();
+        let set = |attribute: Attr, value: i32, call: &'static str| {
+            // SAFETY: sets an attribute of a live function handle.
+            unsafe { sys::cuFuncSetAttribute(function, attribute, value) }.result().driver(call, Some(facts.name))
+        };
         if plan.dynamic_smem_bytes > self.dynamic_smem_allowed.load(Ordering::Relaxed) {
             let bytes = plan.dynamic_smem_bytes;
-            // SAFETY: sets an attribute of a live function handle.
-            unsafe { sys::cuFuncSetAttribute(function, Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32) }
-                .result()
-                .driver("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", name)?;
+            set(Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32, "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")?;
             self.dynamic_smem_allowed.fetch_max(bytes, Ordering::Relaxed);
         }
         if plan.non_portable_cluster() && !self.non_portable_allowed.load(Ordering::Relaxed) {
-            // SAFETY: as above.
-            unsafe { sys::cuFuncSetAttribute(function, Attr::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1) }
-                .result()
-                .driver("cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)", name)?;
+            set(Attr::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1, "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)")?;
             self.non_portable_allowed.store(true, Ordering::Relaxed);
         }
         if plan.max_shared_carveout && !self.max_shared_carveout.load(Ordering::Relaxed) {
             let max_shared = sys::CUshared_carveout::CU_SHAREDMEM_CARVEOUT_MAX_SHARED as i32;
-            // SAFETY: as above.
-            unsafe { sys::cuFuncSetAttribute(function, Attr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, max_shared) }
-                .result()
-                .driver("cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT)", name)?;
+            set(Attr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, max_shared, "cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT)")?;
             self.max_shared_carveout.store(true, Ordering::Relaxed);
         }
         Ok(())
