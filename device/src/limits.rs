@@ -30,3 +30,7 @@ pub const MAX_PORTABLE_CLUSTER_SIZE: u32 = 8;
 pub const MAX_CLUSTER_SIZE: u32 = 16;
 /// Most blocks resident on one multiprocessor.
 pub const MAX_BLOCKS_PER_SM: u32 = 32;
+/// 32-bit registers of one multiprocessor, which its resident blocks share.
+pub const REGISTERS_PER_SM: u32 = 64 * 1024;
+/// Registers are allocated to a warp in units of this many a thread (256 a warp).
+pub const REGISTER_ALLOCATION_UNIT: u32 = 8;

@@ -1041,8 +1041,8 @@ mod host {
     /// blocks (a cluster along z, up to [`MAX_SPLITS`], at most one per k-step) that keep the
     /// grid within one block per SM, with the stages the longest block's k-steps fill
     /// ([`split_smem_bytes`]). At most two blocks on an SM by shared memory; the kernels
-    /// BERT's batch-1 pass takes after its first (89-119 registers a thread) fit one by
-    /// registers, which leaves room beside each for a block of the kernel launched after it
+    /// BERT's batch-1 pass takes after its first (89-120 registers a thread) fit one by
+    /// registers (`tests/ptx.rs` checks it), which leaves room beside each for a block of the kernel launched after it
     /// (its attention), but none for the next projection's: two projection blocks side by
     /// side, as when 4 stages (99 KB) and 80 registers let them, ran the pass at 1.2-1.7× the
     /// time (`results/bert-h200.md`). BERT-base at batch 1 on 132 SMs: QKV 36 tiles × 3 (4

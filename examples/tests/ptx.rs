@@ -3,7 +3,8 @@
 //! assembled by `ptxas -arch=sm_90a` with no spills and the shared memory it should use (a
 //! `#[cluster_primitive]`'s scratch included); the GEMM on the tensor cores (`mma.sync`,
 //! `ldmatrix`, `cp.async` in the PTX; `HMMA`, `LDSM`, `LDGSTS` in the SASS); the warpgroup GEMM
-//! (`wgmma.mma_async`, TMA, `setmaxnreg` in the PTX; `HGMMA`, `UTMALDG` in the SASS).
+//! (`wgmma.mma_async`, TMA, `setmaxnreg` in the PTX; `HGMMA`, `UTMALDG` in the SASS); BERT's
+//! batch-1 projections one block an SM by registers.
 
 use clusterfuse_build::{assemble, home, parse_report, KernelResources};
 use clusterfuse_examples::__CLUSTERFUSE_PTX as PTX;
@@ -450,6 +451,25 @@ fn split_k_wgmma_gemm_uses_tma_and_wgmma_m64n64() {
             assert!(text.contains(instruction), "`{kernel}` lacks `{instruction}`");
         }
         assert!(!text.contains("setmaxnreg"), "`{kernel}`: one tile a block needs no register split");
+    }
+}
+
+/// BERT's batch-1 pass leaves room on each SM for one projection block and the next kernel's
+/// (`split_k_config`): shared memory would fit two projection blocks, registers must not. The
+/// split-K kernels it takes after its first layer hold this only while they use more than 80
+/// registers a thread; a change that drops one below lets two of its blocks share an SM,
+/// which ran the pass at 1.2-1.7× the time (`results/bert-h200.md`).
+#[test]
+fn bert_batch_1_projections_take_an_sm_each_by_registers() {
+    use clusterfuse::limits::{REGISTERS_PER_SM, REGISTER_ALLOCATION_UNIT};
+    let kernels = resources();
+    for kernel in ["wgmma_split_f16_folded_ln_bias", "wgmma_split_f16_folded_ln_bias_gelu", "wgmma_split_f16_residual_stats", "wgmma_split_f16_ln_residual_stats"] {
+        let registers = kernels[kernel].registers.next_multiple_of(REGISTER_ALLOCATION_UNIT);
+        assert!(
+            2 * clusterfuse_examples::wgmma_gemm::THREADS as u32 * registers > REGISTERS_PER_SM,
+            "`{kernel}`: two blocks of {:?} fit one SM's registers",
+            kernels[kernel]
+        );
     }
 }
 
