@@ -14,11 +14,15 @@
 //! dependent launch, a chain of them overlaps each grid's tail with the next one's launch.
 //! Each block also asks L2 for its own row before that wait and for a row further on after
 //! it ([`prefetch_row`]), so that memory streams through the previous grid's tail and while
-//! the resident blocks compute.
+//! the resident blocks compute. Many rows of at most 1024 values go a warp a row instead,
+//! four rows a block (`layernorm_gelu_warps`, `add_rmsnorm_warps`: the same stages; [`Fused`]
+//! launches the kernel a shape takes, [`warp_a_row`]).
 
-use clusterfuse::arch::{add_rn_f16x2, cvt_rn_f16x2_f32, fma_rn_f16x2};
+use clusterfuse::arch::{self, add_rn_f16x2, cvt_rn_f16x2_f32, fma_rn_f16x2};
 use clusterfuse::packed::widen8;
 use clusterfuse::prelude::*;
+#[cfg(not(target_arch = "nvptx64"))]
+use clusterfuse::host::{Buffer, Result, Stream};
 
 /// Halves per 16-byte vector.
 pub const VECTOR: u32 = 8;
@@ -58,9 +62,18 @@ pub struct Row {
     vectors: u32,
     /// The row's first vector in the `rows × hidden` tensor.
     start: usize,
+    /// The block's rows (`rows` of them from row `first_row`), the same in every thread of the
+    /// block, and whether this is the block's first thread, which asks L2 for them
+    /// ([`prefetch_row`]).
+    first_row: u32,
+    rows: u32,
+    leader: bool,
     /// The row's first value, in every thread, where the loader read it (0 from [`Row::new`]):
     /// LayerNorm's shift.
     first: f32,
+    /// Whether the row is the thread's own ([`Row::of_warp`]): a warp past the tensor's rows
+    /// computes on its block's first row and stores nothing.
+    live: bool,
 }
 
 impl Row {
@@ -68,7 +81,24 @@ impl Row {
     #[inline(always)]
     fn new(hidden: u32) -> Self {
         let (thread, threads, vectors) = (thread::index_x(), block::dim().x, hidden / VECTOR);
-        Self { values: [[0.0; 8]; VECTORS], thread, threads, vectors, start: block::index_x() as usize * vectors as usize, first: 0.0 }
+        let start = block::index_x() as usize * vectors as usize;
+        Self { values: [[0.0; 8]; VECTORS], thread, threads, vectors, start, first: 0.0, first_row: block::index_x(), rows: 1, leader: thread == 0, live: true }
+    }
+
+    /// This thread's share of its warp's row of `hidden` values (at most [`PER_WARP`]) of the
+    /// `len` values of a tensor, all zero: warp `w` of block `b` of `W` warps (along x) takes
+    /// row `b · W + w`. Traps on a longer row.
+    #[inline(always)]
+    fn of_warp(hidden: u32, len: usize) -> Self {
+        if hidden > PER_WARP {
+            arch::trap()
+        }
+        let (t, rows, vectors) = (thread::index_x(), block::dim().x / 32, hidden / VECTOR);
+        let first_row = block::index_x() * rows;
+        let row = first_row + t / 32;
+        let live = (row as usize + 1) * hidden as usize <= len;
+        let start = if live { row } else { first_row } as usize * vectors as usize;
+        Self { values: [[0.0; 8]; VECTORS], thread: t % 32, threads: 32, vectors, start, first: 0.0, first_row, rows, leader: t == 0, live }
     }
 
     /// Whether `values[k]` is part of the row.
@@ -236,26 +266,26 @@ fn overlap_launches() {
     grid::wait_for_prerequisites();
 }
 
-/// How many rows past its own a block asks L2 for a row ([`prefetch_row`]): the best of
+/// How many rows past its own a block asks L2 for its rows ([`prefetch_row`]): the best of
 /// 128-768 measured at hidden 4096 and 8192 (`results/norms-h200.md`), about a third of the
 /// rows the H200's resident blocks hold at once at hidden 4096 (1056); further ahead, the
 /// prefetched rows wait longer in L2 and RMSNorm's two streams lose more than LayerNorm gains.
 pub const PREFETCH_AHEAD_ROWS: u32 = 384;
 
-/// Asks L2 (one instruction, thread 0) for the row of `x` that block `index + ahead` reads,
-/// if there is one. Every kernel here asks for its own row (`ahead` 0) before it waits for
-/// the previous kernel — a hint, sound even while that kernel writes `x`, as L2 is where
-/// global memory is coherent — so that under programmatic dependent launch the blocks that
-/// wait through the previous grid's tail have their rows on the way when it completes; and
-/// for the row [`PREFETCH_AHEAD_ROWS`] on once it reads its own, so that memory keeps
-/// streaming while the resident blocks compute and the block that later takes this SM finds
-/// its row in L2.
+/// Asks L2 (one instruction, the block's first thread, at an address the same in every
+/// thread) for the block's rows of `x` shifted by `ahead` rows, if they are all there. Every
+/// kernel here asks for its own rows (`ahead` 0) before it waits for the previous kernel — a
+/// hint, sound even while that kernel writes `x`, as L2 is where global memory is coherent —
+/// so that under programmatic dependent launch the blocks that wait through the previous
+/// grid's tail have their rows on the way when it completes; and for the rows
+/// [`PREFETCH_AHEAD_ROWS`] on once it reads its own, so that memory keeps streaming while the
+/// resident blocks compute and the block that later takes this SM finds its rows in L2.
 #[inline(always)]
 fn prefetch_row(x: &[f16], row: &Row, ahead: u32) {
-    if row.thread == 0 {
+    if row.leader {
         let values = (VECTOR * row.vectors) as usize;
-        let start = (block::index_x() + ahead) as usize * values;
-        if let Some(next) = x.get(start..start + values) {
+        let start = (row.first_row + ahead) as usize * values;
+        if let Some(next) = x.get(start..start + row.rows as usize * values) {
             global::prefetch_l2(next);
         }
     }
@@ -284,6 +314,9 @@ fn columns<'a>(param: &'a [f16], row: &Row) -> Run<'a> {
 /// Writes this thread's vectors of the row to `out` in f16, 16 bytes at once.
 #[inline(always)]
 pub fn store_row(row: Row, out: &Out<f16>) {
+    if !row.live {
+        return;
+    }
     global::check16::<f16, 8>(out.as_mut_ptr(), out.len(), row.start + row.vectors as usize);
     // SAFETY: the row's `8 vectors` values from `8 start` lie in `out` (`check16`), which is
     // writable and aliased by no input (`Out`'s invariants), and start 16-byte aligned.
@@ -351,40 +384,14 @@ pub mod layernorm_gelu {
     /// kernel that wrote x ([`overlap_launches`]).
     #[stage(thread)]
     pub fn add_bias(x: Global<&[f16]>, b: Global<&[f16]>) -> Registers<Row> {
-        let mut y = Row::new(b.len() as u32);
-        let (run, b) = (Run::new(x, y.start, &y), columns(b, &y));
-        let bias = b.all(&y);
-        prefetch_row(x, &y, 0);
-        overlap_launches();
-        y.values = run.plus(bias, &y);
-        y.first = f16::from_bits(add_rn_f16x2(run.first(), b.first()) as u16).to_f32();
-        prefetch_row(x, &y, PREFETCH_AHEAD_ROWS);
-        y
+        plus_bias(Row::new(b.len() as u32), x, b)
     }
 
-    /// (y − μ) / √(σ² + ε) · γ + β, with Σ(y − c) and Σ(y − c)² reduced over the block together
-    /// (one barrier), shifted by the row's first value c so that σ² = mean((y − c)²) − (μ − c)²
-    /// cancels little (|μ − c| is of the order of σ); the affine step in f16 (`fma.rn.f16x2`),
-    /// whose result PyTorch's fp16 LayerNorm also rounds to f16.
+    /// LayerNorm(y) · γ + β ([`normalise`]).
     #[stage(block)]
-    pub fn layer_norm(mut y: Registers<Row>, gamma: Global<&[f16]>, beta: Global<&[f16]>, hidden: u32) -> Registers<Row> {
+    pub fn layer_norm(y: Registers<Row>, gamma: Global<&[f16]>, beta: Global<&[f16]>, hidden: u32) -> Registers<Row> {
         // Two slots per warp of the block (at most 8).
-        let sums = shared!([f32; 16]);
-        // `rcp.approx`: exact at powers of two, within an ulp elsewhere, and no division's slow path.
-        let inverse = math::rcp(hidden as f32);
-        let [sum, squares] = y.sums(y.moments(y.first), sums);
-        let shift = sum * inverse;
-        let rstd = math::rsqrt(math::maximum((-shift).fma(shift, squares * inverse), 0.0) + EPS);
-        // (y − μ)·rstd as one FMA: y·rstd − μ·rstd.
-        let offset = -(y.first + shift) * rstd;
-        // γ and β a vector at a time, as loaded, into as few registers as possible.
-        let (gamma, beta) = (columns(gamma, &y), columns(beta, &y));
-        y.map_vectors(|row, k, d| {
-            let (g, b) = (gamma.halves(row, k), beta.halves(row, k));
-            let n: [f32; 8] = core::array::from_fn(|e| d[e].fma(rstd, offset));
-            widen8::<f16>(core::array::from_fn(|i| fma_rn_f16x2(cvt_rn_f16x2_f32(n[2 * i + 1], n[2 * i]), g[i], b[i])))
-        });
-        y
+        normalise(y, gamma, beta, hidden, shared!([f32; 16]))
     }
 
     /// out = GELU(z), written as f16.
@@ -402,6 +409,44 @@ pub mod layernorm_gelu {
     }
 }
 
+/// y = x + b in f16 for `y`'s row, kept in registers; b, a parameter, is loaded before the
+/// wait for the kernel that wrote x ([`overlap_launches`]).
+#[inline(always)]
+fn plus_bias(mut y: Row, x: &[f16], b: &[f16]) -> Row {
+    let (run, b) = (Run::new(x, y.start, &y), columns(b, &y));
+    let bias = b.all(&y);
+    prefetch_row(x, &y, 0);
+    overlap_launches();
+    y.values = run.plus(bias, &y);
+    y.first = f16::from_bits(add_rn_f16x2(run.first(), b.first()) as u16).to_f32();
+    prefetch_row(x, &y, PREFETCH_AHEAD_ROWS);
+    y
+}
+
+/// (y − μ) / √(σ² + ε) · γ + β, with Σ(y − c) and Σ(y − c)² reduced over the row's warps
+/// together (through `sums`, two slots a warp, after one barrier, past one warp), shifted by
+/// the row's first value c so that σ² = mean((y − c)²) − (μ − c)² cancels little (|μ − c| is
+/// of the order of σ); the affine step in f16 (`fma.rn.f16x2`), whose result PyTorch's fp16
+/// LayerNorm also rounds to f16.
+#[inline(always)]
+fn normalise(mut y: Row, gamma: &[f16], beta: &[f16], hidden: u32, sums: SharedSlice<f32>) -> Row {
+    // `rcp.approx`: exact at powers of two, within an ulp elsewhere, and no division's slow path.
+    let inverse = math::rcp(hidden as f32);
+    let [sum, squares] = y.sums(y.moments(y.first), sums);
+    let shift = sum * inverse;
+    let rstd = math::rsqrt(math::maximum((-shift).fma(shift, squares * inverse), 0.0) + EPS);
+    // (y − μ)·rstd as one FMA: y·rstd − μ·rstd.
+    let offset = -(y.first + shift) * rstd;
+    // γ and β a vector at a time, as loaded, into as few registers as possible.
+    let (gamma, beta) = (columns(gamma, &y), columns(beta, &y));
+    y.map_vectors(|row, k, d| {
+        let (g, b) = (gamma.halves(row, k), beta.halves(row, k));
+        let n: [f32; 8] = core::array::from_fn(|e| d[e].fma(rstd, offset));
+        widen8::<f16>(core::array::from_fn(|i| fma_rn_f16x2(cvt_rn_f16x2_f32(n[2 * i + 1], n[2 * i]), g[i], b[i])))
+    });
+    y
+}
+
 /// `h = x + r` (rounded to f16, written to `residual_out`), then
 /// `out = h / √(mean(h²) + ε) · w`, for `rows × hidden` (as for `layernorm_gelu`).
 #[allow(clippy::manual_div_ceil)] // `block` takes operators, not method calls
@@ -412,34 +457,14 @@ pub mod add_rmsnorm {
     /// h = x + r in f16: the next layer's residual, written out and kept in registers.
     #[stage(thread)]
     pub fn add_residual(x: Global<&[f16]>, r: Global<&[f16]>, residual_out: Global<Out<f16>>, hidden: u32) -> Registers<Row> {
-        let mut h = Row::new(hidden);
-        prefetch_row(x, &h, 0);
-        prefetch_row(r, &h, 0);
-        overlap_launches();
-        h.values = Run::new(x, h.start, &h).plus(Run::new(r, h.start, &h).all(&h), &h);
-        prefetch_row(x, &h, PREFETCH_AHEAD_ROWS);
-        prefetch_row(r, &h, PREFETCH_AHEAD_ROWS);
-        store_row(h, residual_out);
-        h
+        plus_residual(Row::new(hidden), x, r, residual_out)
     }
 
-    /// out = h · rsqrt(mean(h²) + ε) · w.
+    /// out = h · rsqrt(mean(h²) + ε) · w ([`rms_normalise`]).
     #[stage(block)]
-    pub fn rms_norm(mut h: Registers<Row>, weight: Global<&[f16]>, out: Global<Out<f16>>, hidden: u32) {
-        let squares = shared!([f32; 8]);
-        let weight = columns(weight, &h);
-        let [squares] = h.sums([h.fold(|s, v| v.fma(v, s))], squares);
-        let rstd = math::rsqrt(squares / hidden as f32 + EPS);
-        // A vector at a time, skipping those past the row: the branch keeps one weight load in
-        // flight, not four, and RMSNorm at 48 registers (62 with four).
-        h.map_vectors(|row, k, h| {
-            if !row.has(k) {
-                return h;
-            }
-            let w = widen8::<f16>(weight.halves(row, k));
-            core::array::from_fn(|e| h[e] * rstd * w[e])
-        });
-        store_row(h, out);
+    pub fn rms_norm(h: Registers<Row>, weight: Global<&[f16]>, out: Global<Out<f16>>, hidden: u32) {
+        // A slot per warp of the block (at most 8).
+        rms_normalise(h, weight, out, hidden, shared!([f32; 8]));
     }
 
     /// Launch arguments; the body is the dataflow the macro checks.
@@ -447,6 +472,158 @@ pub mod add_rmsnorm {
     pub fn kernel(x: &[f16], residual: &[f16], weight: &[f16], residual_out: Out<f16>, out: Out<f16>, hidden: u32, rows: u32) {
         let h = add_residual(x, residual, residual_out, hidden);
         rms_norm(h, weight, out, hidden);
+    }
+}
+
+/// h = x + r in f16 for `h`'s row: written to `residual_out` and kept in registers.
+#[inline(always)]
+fn plus_residual(mut h: Row, x: &[f16], r: &[f16], residual_out: &Out<f16>) -> Row {
+    prefetch_row(x, &h, 0);
+    prefetch_row(r, &h, 0);
+    overlap_launches();
+    h.values = Run::new(x, h.start, &h).plus(Run::new(r, h.start, &h).all(&h), &h);
+    prefetch_row(x, &h, PREFETCH_AHEAD_ROWS);
+    prefetch_row(r, &h, PREFETCH_AHEAD_ROWS);
+    store_row(h, residual_out);
+    h
+}
+
+/// out = h · rsqrt(mean(h²) + ε) · w, Σh² reduced over the row's warps (through `squares`, a
+/// slot a warp, after one barrier, past one warp).
+#[inline(always)]
+fn rms_normalise(mut h: Row, weight: &[f16], out: &Out<f16>, hidden: u32, squares: SharedSlice<f32>) {
+    let weight = columns(weight, &h);
+    let [squares] = h.sums([h.fold(|s, v| v.fma(v, s))], squares);
+    let rstd = math::rsqrt(squares / hidden as f32 + EPS);
+    // A vector at a time, skipping those past the row: the branch keeps one weight load in
+    // flight, not four, and RMSNorm at 48 registers (62 with four).
+    h.map_vectors(|row, k, h| {
+        if !row.has(k) {
+            return h;
+        }
+        let w = widen8::<f16>(weight.halves(row, k));
+        core::array::from_fn(|e| h[e] * rstd * w[e])
+    });
+    store_row(h, out);
+}
+
+/// Whether `rows × hidden` takes the warp-a-row kernels ([`layernorm_gelu_warps`],
+/// [`add_rmsnorm_warps`]): rows of at most [`PER_WARP`] values, which [`layernorm_gelu`] and
+/// [`add_rmsnorm`] launch as blocks of one warp, and at least [`WARP_A_ROW_FROM`] of them.
+/// Measured on the H200 (`results/norms-h200.md`, session 15): at 4096 rows of 768 and 1024,
+/// LayerNorm → GELU takes 21% and 13% less time a warp a row than a block a row, RMSNorm 3%
+/// and the same; at 512 rows and fewer, LayerNorm → GELU takes 7-15% more.
+pub const fn warp_a_row(hidden: u32, rows: u32) -> bool {
+    hidden <= PER_WARP && rows >= WARP_A_ROW_FROM
+}
+
+/// The fewest rows [`warp_a_row`] takes: between 512, where a warp a row loses, and 4096,
+/// where it gains (not measured in between).
+pub const WARP_A_ROW_FROM: u32 = 2048;
+
+/// [`layernorm_gelu`] for rows of at most [`PER_WARP`] values, a warp a row, `ROWS` rows a
+/// block: the same stages on a [`Row::of_warp`], reduced by shuffles alone.
+#[allow(clippy::manual_div_ceil)] // `grid` takes operators, not method calls
+#[fused_kernel(grid = (rows + ROWS - 1) / ROWS, block = ROWS * 32, launch_bounds(max_threads = 128, min_blocks = 8))]
+pub mod layernorm_gelu_warps {
+    use super::*;
+
+    /// Rows a block.
+    pub const ROWS: u32 = 4;
+
+    /// y = x + b ([`plus_bias`]).
+    #[stage(thread)]
+    pub fn add_bias(x: Global<&[f16]>, b: Global<&[f16]>) -> Registers<Row> {
+        plus_bias(Row::of_warp(b.len() as u32, x.len()), x, b)
+    }
+
+    /// LayerNorm(y) · γ + β ([`normalise`]), reduced by shuffles alone (the two slots, a
+    /// row's one warp's, are never read).
+    #[stage(warp)]
+    pub fn layer_norm(y: Registers<Row>, gamma: Global<&[f16]>, beta: Global<&[f16]>, hidden: u32) -> Registers<Row> {
+        normalise(y, gamma, beta, hidden, shared!([f32; 2]))
+    }
+
+    /// out = GELU(z), written as f16.
+    #[stage(thread)]
+    pub fn gelu_out(z: Registers<Row>, out: Global<Out<f16>>) {
+        layernorm_gelu::gelu_out(z, out);
+    }
+
+    /// Launch arguments; the body is the dataflow the macro checks.
+    pub fn kernel(x: &[f16], b: &[f16], gamma: &[f16], beta: &[f16], out: Out<f16>, hidden: u32, rows: u32) {
+        let y = add_bias(x, b);
+        let z = layer_norm(y, gamma, beta, hidden);
+        gelu_out(z, out);
+    }
+}
+
+/// [`add_rmsnorm`] for rows of at most [`PER_WARP`] values, a warp a row, `ROWS` rows a block
+/// (as [`layernorm_gelu_warps`]).
+#[allow(clippy::manual_div_ceil)] // `grid` takes operators, not method calls
+#[fused_kernel(grid = (rows + ROWS - 1) / ROWS, block = ROWS * 32, launch_bounds(max_threads = 128, min_blocks = 8))]
+pub mod add_rmsnorm_warps {
+    use super::*;
+
+    /// Rows a block.
+    pub const ROWS: u32 = 4;
+
+    /// h = x + r ([`plus_residual`]).
+    #[stage(thread)]
+    pub fn add_residual(x: Global<&[f16]>, r: Global<&[f16]>, residual_out: Global<Out<f16>>, hidden: u32) -> Registers<Row> {
+        plus_residual(Row::of_warp(hidden, x.len()), x, r, residual_out)
+    }
+
+    /// out = h · rsqrt(mean(h²) + ε) · w ([`rms_normalise`]), reduced by shuffles alone (the
+    /// slot is never read).
+    #[stage(warp)]
+    pub fn rms_norm(h: Registers<Row>, weight: Global<&[f16]>, out: Global<Out<f16>>, hidden: u32) {
+        rms_normalise(h, weight, out, hidden, shared!([f32; 1]));
+    }
+
+    /// Launch arguments; the body is the dataflow the macro checks.
+    #[allow(clippy::too_many_arguments)]
+    pub fn kernel(x: &[f16], residual: &[f16], weight: &[f16], residual_out: Out<f16>, out: Out<f16>, hidden: u32, rows: u32) {
+        let h = add_residual(x, residual, residual_out, hidden);
+        rms_norm(h, weight, out, hidden);
+    }
+}
+
+/// Both fused ops, each launched as the kernel its shape takes ([`warp_a_row`]).
+#[cfg(not(target_arch = "nvptx64"))]
+pub struct Fused {
+    ln: layernorm_gelu::Kernel,
+    ln_warps: layernorm_gelu_warps::Kernel,
+    rms: add_rmsnorm::Kernel,
+    rms_warps: add_rmsnorm_warps::Kernel,
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+impl Fused {
+    pub fn load(gpu: &Gpu) -> Result<Self> {
+        Ok(Self { ln: layernorm_gelu::load(gpu)?, ln_warps: layernorm_gelu_warps::load(gpu)?, rms: add_rmsnorm::load(gpu)?, rms_warps: add_rmsnorm_warps::load(gpu)? })
+    }
+
+    /// `out = GELU(LayerNorm(x + b) · γ + β)`, with programmatic dependent launch if
+    /// `programmatic`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layernorm_gelu(&self, s: &Stream, programmatic: bool, x: &Buffer<f16>, b: &Buffer<f16>, gamma: &Buffer<f16>, beta: &Buffer<f16>, out: &mut Buffer<f16>, hidden: u32, rows: u32) -> Result<()> {
+        if warp_a_row(hidden, rows) {
+            self.ln_warps.launch(s, &LaunchConfig { programmatic, ..layernorm_gelu_warps::config(rows) }, x, b, gamma, beta, out, hidden, rows)
+        } else {
+            self.ln.launch(s, &LaunchConfig { programmatic, ..layernorm_gelu::config(hidden, rows) }, x, b, gamma, beta, out, hidden, rows)
+        }
+    }
+
+    /// `residual_out = x + r`, `out = RMSNorm(residual_out) · w`, with programmatic dependent
+    /// launch if `programmatic`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_rmsnorm(&self, s: &Stream, programmatic: bool, x: &Buffer<f16>, r: &Buffer<f16>, w: &Buffer<f16>, residual_out: &mut Buffer<f16>, out: &mut Buffer<f16>, hidden: u32, rows: u32) -> Result<()> {
+        if warp_a_row(hidden, rows) {
+            self.rms_warps.launch(s, &LaunchConfig { programmatic, ..add_rmsnorm_warps::config(rows) }, x, r, w, residual_out, out, hidden, rows)
+        } else {
+            self.rms.launch(s, &LaunchConfig { programmatic, ..add_rmsnorm::config(hidden, rows) }, x, r, w, residual_out, out, hidden, rows)
+        }
     }
 }
 
@@ -541,11 +718,11 @@ pub mod reference {
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
-pub fn run(gpu: &Gpu) -> clusterfuse::host::Result<crate::check::Report> {
+pub fn run(gpu: &Gpu) -> Result<crate::check::Report> {
     use crate::check::{random, Report};
     let halves = |v: Vec<f32>| -> Vec<f16> { v.into_iter().map(f16::from_f32).collect() };
     let floats = |v: &[f16]| -> Vec<f32> { v.iter().map(|h| h.to_f32()).collect() };
-    let (ln_fused, rms_fused) = (layernorm_gelu::load(gpu)?, add_rmsnorm::load(gpu)?);
+    let fused = Fused::load(gpu)?;
     let (k_bias, k_ln, k_gelu) = (add_bias::load(gpu)?, layer_norm::load(gpu)?, gelu_kernel::load(gpu)?);
     let (k_add, k_rms) = (add_residual::load(gpu)?, rms_norm::load(gpu)?);
     let (mut outs, mut refs) = (Vec::new(), Vec::new());
@@ -562,9 +739,16 @@ pub fn run(gpu: &Gpu) -> clusterfuse::host::Result<crate::check::Report> {
 
         let ln_ref = reference::layernorm_gelu(&floats(&x), &floats(&b), &floats(&gamma), &floats(&beta), EPS as f64);
         let mut out = poisoned()?;
-        ln_fused.launch(s, &layernorm_gelu::config(hidden, rows), &dx, &db, &dg, &dbeta, &mut out, hidden, rows)?;
+        fused.layernorm_gelu(s, false, &dx, &db, &dg, &dbeta, &mut out, hidden, rows)?;
         outs.extend(floats(&gpu.download(&out)?));
         refs.extend(&ln_ref);
+        // The warp-a-row kernel too, wherever it can run (here a partial last block).
+        if hidden <= PER_WARP {
+            let mut out = poisoned()?;
+            fused.ln_warps.launch(s, &layernorm_gelu_warps::config(rows), &dx, &db, &dg, &dbeta, &mut out, hidden, rows)?;
+            outs.extend(floats(&gpu.download(&out)?));
+            refs.extend(&ln_ref);
+        }
         let (mut y, mut z, mut out) = (poisoned()?, poisoned()?, poisoned()?);
         let config = row_config(hidden, rows);
         k_bias.launch(s, &config, &dx, &db, &mut y)?;
@@ -576,16 +760,22 @@ pub fn run(gpu: &Gpu) -> clusterfuse::host::Result<crate::check::Report> {
         let h: Vec<f32> = x.iter().zip(&r).map(|(a, b)| f16::from_f32(a.to_f32() + b.to_f32()).to_f32()).collect();
         let rms_ref = reference::rmsnorm(&h, &floats(&w), EPS as f64);
         let (mut res, mut out) = (poisoned()?, poisoned()?);
-        rms_fused.launch(s, &add_rmsnorm::config(hidden, rows), &dx, &dr, &dw, &mut res, &mut out, hidden, rows)?;
+        fused.add_rmsnorm(s, false, &dx, &dr, &dw, &mut res, &mut out, hidden, rows)?;
         outs.extend(floats(&gpu.download(&res)?).into_iter().chain(floats(&gpu.download(&out)?)));
         refs.extend(h.iter().map(|&v| v as f64).chain(rms_ref.iter().copied()));
+        if hidden <= PER_WARP {
+            let (mut res, mut out) = (poisoned()?, poisoned()?);
+            fused.rms_warps.launch(s, &add_rmsnorm_warps::config(rows), &dx, &dr, &dw, &mut res, &mut out, hidden, rows)?;
+            outs.extend(floats(&gpu.download(&res)?).into_iter().chain(floats(&gpu.download(&out)?)));
+            refs.extend(h.iter().map(|&v| v as f64).chain(rms_ref.iter().copied()));
+        }
         let (mut res, mut out) = (poisoned()?, poisoned()?);
         k_add.launch(s, &config, &dx, &dr, &mut res)?;
         k_rms.launch(s, &config, &res, &dw, &mut out, hidden)?;
         outs.extend(floats(&gpu.download(&res)?).into_iter().chain(floats(&gpu.download(&out)?)));
         refs.extend(h.iter().map(|&v| v as f64).chain(rms_ref));
     }
-    Ok(Report::new(format!("{rows} rows × hidden 256-8192, fused + unfused"), &outs, &refs, 2e-3))
+    Ok(Report::new(format!("{rows} rows × hidden 256-8192, all kernels"), &outs, &refs, 2e-3))
 }
 
 #[cfg(all(test, not(target_arch = "nvptx64")))]

@@ -22,11 +22,7 @@
 
 use clusterfuse::f16;
 use clusterfuse::host::{Gpu, LaunchConfig};
-use clusterfuse_examples::fused_norms::{
-    add_bias, add_residual, add_rmsnorm, gelu_kernel, layer_norm, layernorm_gelu, rms_norm, row_config,
-};
-use layernorm_gelu::config as ln_config;
-use add_rmsnorm::config as rms_config;
+use clusterfuse_examples::fused_norms::{add_bias, add_residual, gelu_kernel, layer_norm, rms_norm, row_config, Fused};
 use clusterfuse_examples::check::{gpu_or_skip, median_us_per_call};
 use std::error::Error;
 
@@ -64,7 +60,7 @@ fn main() -> Result<()> {
         return Ok(());
     };
     let s = gpu.stream();
-    let (ln, rms) = (layernorm_gelu::load(&gpu)?, add_rmsnorm::load(&gpu)?);
+    let fused = Fused::load(&gpu)?;
     let (k_bias, k_ln, k_gelu, k_add, k_rms) =
         (add_bias::load(&gpu)?, layer_norm::load(&gpu)?, gelu_kernel::load(&gpu)?, add_residual::load(&gpu)?, rms_norm::load(&gpu)?);
     println!("{} — fp16, median of {REPS} passes (CUDA events), µs per call; roofline {:.1} TB/s", gpu.name()?, PEAK_BYTES_PER_S / 1e12);
@@ -84,9 +80,9 @@ fn main() -> Result<()> {
             let upload = |v: &[f16], k: usize| (0..k).map(|_| gpu.upload(v)).collect::<std::result::Result<Vec<_>, _>>();
             let (xs, bs, gs, betas) = (upload(&x, sets)?, upload(&col, sets)?, upload(&col, sets)?, upload(&col, sets)?);
             let (mut outs, mut ys, mut zs) = (upload(&x, sets)?, upload(&x, sets)?, upload(&x, sets)?);
-            for (variant, fused) in [(ln_config(hidden, rows), "fused"), (pdl(ln_config(hidden, rows)), "fused, PDL")] {
-                let us = time(&gpu, sets, |i| Ok(ln.launch(s, &variant, &xs[i], &bs[i], &gs[i], &betas[i], &mut outs[i], hidden, rows)?))?;
-                row("LayerNorm(x+b)→GELU", hidden, rows, fused, 1, sets, us, bytes);
+            for (programmatic, variant) in [(false, "fused"), (true, "fused, PDL")] {
+                let us = time(&gpu, sets, |i| Ok(fused.layernorm_gelu(s, programmatic, &xs[i], &bs[i], &gs[i], &betas[i], &mut outs[i], hidden, rows)?))?;
+                row("LayerNorm(x+b)→GELU", hidden, rows, variant, 1, sets, us, bytes);
             }
             for (config, unfused) in [(config, "unfused"), (pdl(config), "unfused, PDL")] {
                 let us = time(&gpu, sets, |i| {
@@ -103,9 +99,9 @@ fn main() -> Result<()> {
             let sets = (2 * L2_BYTES).div_ceil(bytes as usize).clamp(1, MAX_SETS);
             let (xs, rs, ws) = (upload(&x, sets)?, upload(&x, sets)?, upload(&col, sets)?);
             let (mut res, mut outs) = (upload(&x, sets)?, upload(&x, sets)?);
-            for (variant, fused) in [(rms_config(hidden, rows), "fused"), (pdl(rms_config(hidden, rows)), "fused, PDL")] {
-                let us = time(&gpu, sets, |i| Ok(rms.launch(s, &variant, &xs[i], &rs[i], &ws[i], &mut res[i], &mut outs[i], hidden, rows)?))?;
-                row("RMSNorm(x+r)", hidden, rows, fused, 1, sets, us, bytes);
+            for (programmatic, variant) in [(false, "fused"), (true, "fused, PDL")] {
+                let us = time(&gpu, sets, |i| Ok(fused.add_rmsnorm(s, programmatic, &xs[i], &rs[i], &ws[i], &mut res[i], &mut outs[i], hidden, rows)?))?;
+                row("RMSNorm(x+r)", hidden, rows, variant, 1, sets, us, bytes);
             }
             for (config, unfused) in [(config, "unfused"), (pdl(config), "unfused, PDL")] {
                 let us = time(&gpu, sets, |i| {
