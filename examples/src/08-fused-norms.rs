@@ -512,13 +512,14 @@ fn rms_normalise(mut h: Row, weight: &[f16], out: &Out<f16>, hidden: u32, square
 /// [`add_rmsnorm`] launch as blocks of one warp, and at least [`WARP_A_ROW_FROM`] of them.
 /// Measured on the H200 (`results/norms-h200.md`, session 15): at 4096 rows of 768 and 1024,
 /// LayerNorm → GELU takes 21% and 13% less time a warp a row than a block a row, RMSNorm 3%
-/// and the same; at 512 rows and fewer, LayerNorm → GELU takes 7-15% more.
+/// and the same; at 2048 rows LayerNorm → GELU 8-12% less.
 pub const fn warp_a_row(hidden: u32, rows: u32) -> bool {
     hidden <= PER_WARP && rows >= WARP_A_ROW_FROM
 }
 
-/// The fewest rows [`warp_a_row`] takes: between 512, where a warp a row loses, and 4096,
-/// where it gains (not measured in between).
+/// The fewest rows [`warp_a_row`] takes: from 2048 rows a warp a row is clearly faster; at
+/// 1024 it gained 1-7% head to head, and at 512 it was as fast or faster there but 6-15%
+/// slower in `norms-bench` (whose parameters have copies of their own).
 pub const WARP_A_ROW_FROM: u32 = 2048;
 
 /// [`layernorm_gelu`] for rows of at most [`PER_WARP`] values, a warp a row, `ROWS` rows a
