@@ -960,6 +960,13 @@ pub fn tma_box(map: &[u64], out: Out<bf16>, c0: i32, c1: i32, waited: u32) {
     if waited != 0 {
         barrier.wait();
     }
+    unswizzle_box(tile, &out, t);
+}
+
+/// Thread `t` of 128's share of the 8 × 64 bf16 box in `tile`, as a 128-byte-swizzled TMA
+/// load left it, written to `out` un-swizzled.
+#[inline(always)]
+fn unswizzle_box(tile: SharedSlice<bf16>, out: &Out<bf16>, t: usize) {
     for i in (t..512).step_by(128) {
         // Row r's 16-byte chunk j sits at chunk j ^ (r % 8) of the row.
         let (r, c) = (i / 64, i % 64);
@@ -992,10 +999,7 @@ pub fn tma_box_peer(map: &[u64], out: Out<bf16>, c0: i32, c1: i32) {
     }
     if rank == 1 {
         barrier.wait();
-        for i in (t..512).step_by(128) {
-            let (r, c) = (i / 64, i % 64);
-            out.set(i, tile.load(r * 64 + ((c / 8) ^ (r % 8)) * 8 + c % 8));
-        }
+        unswizzle_box(tile, &out, t);
     }
     // The first block stays until the second has its box.
     cluster::sync();
@@ -1042,11 +1046,11 @@ mod host {
     /// grid within one block per SM, with the stages the longest block's k-steps fill
     /// ([`split_smem_bytes`]). At most two blocks on an SM by shared memory; the kernels
     /// BERT's batch-1 pass takes after its first (89-120 registers a thread) fit one by
-    /// registers (`tests/ptx.rs` checks it), which leaves room beside each for a block of the kernel launched after it
-    /// (its attention), but none for the next projection's: two projection blocks side by
-    /// side, as when 4 stages (99 KB) and 80 registers let them, ran the pass at 1.2-1.7× the
-    /// time (`results/bert-h200.md`). BERT-base at batch 1 on 132 SMs: QKV 36 tiles × 3 (4
-    /// stages), O 12 × 8 (2), FFN1 48 × 2 (6), FFN2 12 × 8 (6).
+    /// registers (`tests/ptx.rs` checks it), which leaves room beside each for a block of the
+    /// kernel launched after it (its attention), but none for the next projection's: two
+    /// projection blocks side by side, as when 4 stages (99 KB) and 80 registers let them, ran
+    /// the pass at 1.2-1.7× the time (`results/bert-h200.md`). BERT-base at batch 1 on 132
+    /// SMs: QKV 36 tiles × 3 (4 stages), O 12 × 8 (2), FFN1 48 × 2 (6), FFN2 12 × 8 (6).
     pub fn split_k_config(m: usize, n: usize, k: usize, sms: usize) -> std::result::Result<LaunchConfig, GemmError> {
         config(m, n, k, 1)?;
         let (tiles_n, tiles_m) = (n.div_ceil(SPLIT_BN), m.div_ceil(BM));
