@@ -377,9 +377,52 @@ const SPLIT_STAGES: usize = 6;
 const MIN_SPLIT_STAGES: usize = 2;
 /// Bytes of one stage of Bᵀ of the split-K kernels.
 const SPLIT_B_STAGE_BYTES: u32 = (SPLIT_BN * BK * 2) as u32;
-/// Row stride, in f32, of a split-K block's partial tile: 8 words of padding, so that a warp's
-/// accumulator stores (8 rows × 4 column pairs) hit each bank at most twice.
+/// Row stride, in 4-byte words, of a split-K block's partial tile: 8 words of padding, so that
+/// a warp's f32 accumulator stores (8 rows × 4 column pairs) hit each bank at most twice.
 const PARTIAL_STRIDE: usize = SPLIT_BN + 8;
+
+/// The element of a split-K block's partial tile as it crosses the cluster: `f32`, or `f16`
+/// for half the DSMEM bytes of [`split_k_sum_rows`] (bounded by them: `results/bert-h200.md`),
+/// each block's partial sum rounded once (a reduced-precision split-K reduction, which PyTorch
+/// allows cuBLAS by default for f16 GEMMs); the sum over the blocks stays f32. Rows of
+/// [`PARTIAL_STRIDE`] words either way.
+pub trait Partial: Copy {
+    /// A lane's four consecutive columns of a row: one DSMEM load.
+    type Quad: arch::SharedWord + Copy + Default;
+    /// Stores accumulators `pair` of columns `col` (even) and `col + 1` of row `row`.
+    fn store_pair(words: SharedSlice<u32>, row: usize, col: usize, pair: [f32; 2]);
+    /// Quads a row of the tile: [`PARTIAL_STRIDE`] words.
+    const ROW_QUADS: usize;
+    /// The four values of a quad.
+    fn unpack(quad: Self::Quad) -> [f32; 4];
+}
+
+impl Partial for f32 {
+    type Quad = [u32; 4];
+    const ROW_QUADS: usize = PARTIAL_STRIDE / 4;
+    #[inline(always)]
+    fn store_pair(words: SharedSlice<u32>, row: usize, col: usize, pair: [f32; 2]) {
+        words.store(row * PARTIAL_STRIDE + col, pair[0].to_bits());
+        words.store(row * PARTIAL_STRIDE + col + 1, pair[1].to_bits());
+    }
+    #[inline(always)]
+    fn unpack(quad: [u32; 4]) -> [f32; 4] {
+        quad.map(f32::from_bits)
+    }
+}
+
+impl Partial for f16 {
+    type Quad = u64;
+    const ROW_QUADS: usize = PARTIAL_STRIDE / 2;
+    #[inline(always)]
+    fn store_pair(words: SharedSlice<u32>, row: usize, col: usize, pair: [f32; 2]) {
+        words.store(row * PARTIAL_STRIDE + col / 2, arch::cvt_rn_f16x2_f32(pair[1], pair[0]));
+    }
+    #[inline(always)]
+    fn unpack(quad: u64) -> [f32; 4] {
+        core::array::from_fn(|i| f16::from_bits((quad >> (16 * i)) as u16).to_f32())
+    }
+}
 
 /// Stages a split-K block of `steps` k-steps lays out: one a k-step, between
 /// [`MIN_SPLIT_STAGES`] and [`SPLIT_STAGES`] (beyond, the pipeline goes round).
@@ -418,7 +461,9 @@ pub fn gemm_split_k<T: WgmmaInput + HalfFloat, E: Epilogue>(a_map: &[u64], b_map
     if out.len() < m * n {
         arch::trap()
     }
-    let partial = split_k_partial::<T>(a_map, b_map, k as usize);
+    let words = split_k_partial::<T, f32>(a_map, b_map, k as usize);
+    // SAFETY: the same words, which `split_k_partial::<_, f32>` wrote as f32.
+    let partial = unsafe { SharedSlice::<f32>::from_raw_parts(words.addr(), words.len()) };
     let (bm, bn) = split_k_origin();
     cluster::reduce_scatter(partial, Sum, |e, value| {
         let (row, col) = (bm + e / PARTIAL_STRIDE, bn + e % PARTIAL_STRIDE);
@@ -434,11 +479,11 @@ fn split_k_origin() -> (usize, usize) {
     (block::index().y as usize * BM, block::index_x() as usize * SPLIT_BN)
 }
 
-/// The main loop of [`gemm_split_k`]: the block's k-steps of its tile, left as an f32 partial
-/// tile (`BM` rows of [`PARTIAL_STRIDE`]) in the drained stages, which it returns after a
-/// block barrier.
+/// The main loop of [`gemm_split_k`]: the block's k-steps of its tile, left as a partial tile
+/// of `P` (`BM` rows of [`PARTIAL_STRIDE`] words) in the drained stages, which it returns after
+/// a block barrier.
 #[inline(always)]
-fn split_k_partial<T: WgmmaInput + HalfFloat>(a_map: &[u64], b_map: &[u64], k: usize) -> SharedSlice<f32> {
+fn split_k_partial<T: WgmmaInput + HalfFloat, P: Partial>(a_map: &[u64], b_map: &[u64], k: usize) -> SharedSlice<u32> {
     const { assert!(THREADS as u32 == (1 + CONSUMERS) * 128 && BM * PARTIAL_STRIDE * 4 <= MIN_SPLIT_STAGES * (BM + SPLIT_BN) * BK * 2) };
     let (splits, split) = (cluster::size() as usize, cluster::block_rank() as usize);
     let all_steps = k.div_ceil(BK);
@@ -507,15 +552,15 @@ fn split_k_partial<T: WgmmaInput + HalfFloat>(a_map: &[u64], b_map: &[u64], k: u
     // Every load has landed and every wgmma has read its operands: the partial tile may take
     // the stages' place.
     block::sync();
-    // SAFETY: the first BM × PARTIAL_STRIDE f32 of the stages (fewer bytes, checked above),
+    // SAFETY: the first BM × PARTIAL_STRIDE words of the stages (fewer bytes, checked above),
     // 1024-aligned; nothing reads the stages any more.
-    let partial = unsafe { SharedSlice::<f32>::from_raw_parts(a_tiles, BM * PARTIAL_STRIDE) };
+    let partial = unsafe { SharedSlice::<u32>::from_raw_parts(a_tiles, BM * PARTIAL_STRIDE) };
     if wg.index() > 0 {
         let t = wg.thread_rank();
         // Unrolled, so that `acc` is only indexed by constants and stays in registers.
-        unroll!(i in [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31] {
+        unroll!(i in [0 2 4 6 8 10 12 14 16 18 20 22 24 26 28 30] {
             let (r, c) = AccM64N256::position(t, i);
-            partial.store((rows + r) * PARTIAL_STRIDE + c, acc.values[i]);
+            P::store_pair(partial, rows + r, c, [acc.values[i], acc.values[i + 1]]);
         });
     }
     partial
@@ -588,6 +633,9 @@ fn merge_row_stats(v: [f32; 4], n: usize) -> (f32, f32) {
 /// cluster's partial sums are read over DSMEM: what the lane's columns need is loaded once
 /// (`columns`), what a row needs a row ahead (`load`).
 pub trait RowEpilogue: Copy {
+    /// The partial tiles' element ([`Partial`]): `f16` unless the epilogue cancels a large
+    /// share of the sum, which a rounded partial would leave as error.
+    type Partial: Partial;
     /// What columns `col .. col + 4` need, as loaded.
     type Columns: Copy;
     /// What row `row` needs at those columns, as loaded.
@@ -606,6 +654,7 @@ pub trait RowEpilogue: Copy {
 pub struct BiasResidual<'a>(pub &'a [f16], pub &'a [f16]);
 
 impl RowEpilogue for BiasResidual<'_> {
+    type Partial = f16;
     type Columns = [f16; 4];
     type Loaded = [f16; 4];
     #[inline(always)]
@@ -632,6 +681,7 @@ pub struct BiasNormalizedResidual<'a> {
 }
 
 impl RowEpilogue for BiasNormalizedResidual<'_> {
+    type Partial = f16;
     /// bias, γ and β.
     type Columns = [[f16; 4]; 3];
     /// The residual's values and the lane's share of its row's statistics.
@@ -667,6 +717,9 @@ pub struct FoldedNorm<'a, const GELU: bool> {
 }
 
 impl<const GELU: bool> RowEpilogue for FoldedNorm<'_, GELU> {
+    /// f32: the product is of A as stored, whose mean's share `mean · c` the epilogue
+    /// cancels; rounded to f16, each partial would carry an error of its order.
+    type Partial = f32;
     /// c and d, a 16-byte vector each.
     type Columns = [[f32; 4]; 2];
     /// The lane's share of A's row's statistics.
@@ -694,8 +747,9 @@ impl<const GELU: bool> RowEpilogue for FoldedNorm<'_, GELU> {
 /// written to `out`, and where `stats` is given, per row, the mean and Σ(v − mean)² of its 64
 /// f16 values ([`RowNorm`]'s input, N/64 pairs a row): the kernels whose output a LayerNorm
 /// follows leave it to the readers, so that no block waits for another cluster. Block `r` of
-/// the cluster takes rows `r·⌈128/size⌉ ..`, a half-warp a row and a lane 4 columns. Traps
-/// on a cluster of more than [`MAX_SPLITS`] blocks.
+/// the cluster takes rows `r·⌈128/size⌉ ..`, a half-warp a row and a lane 4 columns, the
+/// partial tiles of the epilogue's [`Partial`] element. Traps on a cluster of more than
+/// [`MAX_SPLITS`] blocks.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_split_k_rows<E: RowEpilogue>(a_map: &[u64], b_map: &[u64], out: &Out<f16>, stats: Option<&Out<f32>>, m: u32, n: u32, k: u32, epilogue: E) {
@@ -703,22 +757,21 @@ pub fn gemm_split_k_rows<E: RowEpilogue>(a_map: &[u64], b_map: &[u64], out: &Out
     if out.len() < m * n || !n.is_multiple_of(SPLIT_BN) || stats.is_some_and(|stats| stats.len() < 2 * m * (n / SPLIT_BN)) {
         arch::trap()
     }
-    let partial = split_k_partial::<f16>(a_map, b_map, k as usize);
+    let partial = split_k_partial::<f16, E::Partial>(a_map, b_map, k as usize);
     split_k_sum_rows(partial, out, stats, split_k_origin(), m, n, epilogue);
 }
 
 /// The tail of [`gemm_split_k_rows`].
 #[inline(always)]
-fn split_k_sum_rows<E: RowEpilogue>(partial: SharedSlice<f32>, out: &Out<f16>, stats: Option<&Out<f32>>, (bm, bn): (usize, usize), m: usize, n: usize, epilogue: E) {
+fn split_k_sum_rows<E: RowEpilogue>(partial: SharedSlice<u32>, out: &Out<f16>, stats: Option<&Out<f32>>, (bm, bn): (usize, usize), m: usize, n: usize, epilogue: E) {
     const HALF_WARPS: usize = THREADS / 16;
-    const ROW_VECTORS: usize = PARTIAL_STRIDE / 4;
     let (blocks, rank) = (cluster::size() as usize, cluster::block_rank() as usize);
     let per_block = BM.div_ceil(blocks);
     let (start, end) = ((rank * per_block).min(BM), ((rank + 1) * per_block).min(BM));
     let t = thread::rank_in_block() as usize;
     let (half, lane) = (t / 16, t % 16);
-    // SAFETY: the partial tile's BM × PARTIAL_STRIDE f32 as 16-byte vectors (1024-aligned).
-    let vectors = unsafe { SharedSlice::<[u32; 4]>::from_raw_parts(partial.addr(), BM * ROW_VECTORS) };
+    // SAFETY: the partial tile's BM × PARTIAL_STRIDE words as quads (1024-aligned).
+    let quads = unsafe { SharedSlice::<<E::Partial as Partial>::Quad>::from_raw_parts(partial.addr(), BM * E::Partial::ROW_QUADS) };
     let col = bn + 4 * lane;
     // This block's partial tile is in place. The release waits for the thread's memory
     // accesses in flight (`MEMBAR.ALL.GPU`), so the epilogue's global loads are issued after
@@ -734,11 +787,11 @@ fn split_k_sum_rows<E: RowEpilogue>(partial: SharedSlice<f32>, out: &Out<f16>, s
         arch::trap()
     }
     // Every block's vector of the lane's row, all in flight at once.
-    let peers = |local: usize| -> [[u32; 4]; MAX_SPLITS] {
-        let v = local.min(BM - 1) * ROW_VECTORS + lane;
-        core::array::from_fn(|p| if p < blocks { vectors.in_block(p as u32).load(v) } else { [0; 4] })
+    let peers = |local: usize| -> [<E::Partial as Partial>::Quad; MAX_SPLITS] {
+        let v = local.min(BM - 1) * E::Partial::ROW_QUADS + lane;
+        core::array::from_fn(|p| if p < blocks { quads.in_block(p as u32).load(v) } else { Default::default() })
     };
-    let mut words = [[0; 4]; MAX_SPLITS];
+    let mut words = [Default::default(); MAX_SPLITS];
     if start < end {
         words = peers(start + half);
     } else {
@@ -756,7 +809,10 @@ fn split_k_sum_rows<E: RowEpilogue>(partial: SharedSlice<f32>, out: &Out<f16>, s
         let after = ahead(base + 2 * HALF_WARPS);
         // Σ in rank order, as `cluster::combine_vector`; then the next row's DSMEM reads fly
         // during this row's epilogue, where the block has one.
-        let acc = (0..MAX_SPLITS).fold([0.0f32; 4], |sum, p| if p < blocks { core::array::from_fn(|i| sum[i] + f32::from_bits(words[p][i])) } else { sum });
+        let acc = (0..MAX_SPLITS).fold([0.0f32; 4], |sum, p| {
+            let quad = E::Partial::unpack(words[p]);
+            if p < blocks { core::array::from_fn(|i| sum[i] + quad[i]) } else { sum }
+        });
         if base + HALF_WARPS < end {
             words = peers(local + HALF_WARPS);
         } else {
