@@ -676,6 +676,13 @@ mod host {
     /// the H200.
     const EMULATOR_SMS: usize = 8;
 
+    /// The most blocks a split-K projection of the batch-1 pass splits K over: 6, measured
+    /// against 5, 7 and 8 on the H200 (`results/bert-h200.md`, session 16). It binds O and
+    /// FFN2 (12 column tiles), whose f16 partials 6 blocks exchange in less time than 8 save
+    /// in k-steps (the pass 365.4 µs against 371.7 at 8; 5, uneven k-steps, 388); QKV and
+    /// FFN1 split as the SMs allow (3 and 2).
+    pub const BATCH_1_SPLITS: usize = 6;
+
     /// A projection's GEMM and its launch configuration.
     #[derive(Clone, Copy)]
     enum Gemm {
@@ -705,7 +712,7 @@ mod host {
             if 2 * m.div_ceil(wgmma_gemm::BM) * n.div_ceil(wgmma_gemm::BN) >= sms {
                 Ok(Self::Wgmma(wgmma_gemm::config(m, n, k, sms)?))
             } else if mode == Mode::Fused && m <= wgmma_gemm::BM && 2 * n.div_ceil(wgmma_gemm::SPLIT_BN) <= sms {
-                Ok(Self::Split(wgmma_gemm::split_k_config(m, n, k, sms)?))
+                Ok(Self::Split(wgmma_gemm::split_k_config(m, n, k, sms, BATCH_1_SPLITS)?))
             } else {
                 Ok(Self::Mma(gemm::config(m, n, k)?))
             }

@@ -1098,23 +1098,24 @@ mod host {
 
     /// The launch configuration of the split-K kernels ([`gemm_split_k`]) for an M × N × K
     /// GEMM on `sms` SMs, or why they cannot compute it: per 128 × 64 tile of C, the most
-    /// blocks (a cluster along z, up to [`MAX_SPLITS`], at most one per k-step) that keep the
-    /// grid within one block per SM, with the stages the longest block's k-steps fill
-    /// ([`split_smem_bytes`]). At most two blocks on an SM by shared memory; the kernels
-    /// BERT's batch-1 pass takes after its first (89-120 registers a thread) fit one by
-    /// registers (`tests/ptx.rs` checks it), which leaves room beside each for a block of the
-    /// kernel launched after it (its attention), but none for the next projection's: two
-    /// projection blocks side by side, as when 4 stages (99 KB) and 80 registers let them, ran
-    /// the pass at 1.2-1.7× the time (`results/bert-h200.md`). BERT-base at batch 1 on 132
-    /// SMs: QKV 36 tiles × 3 (4 stages), O 12 × 8 (2), FFN1 48 × 2 (6), FFN2 12 × 8 (6).
-    pub fn split_k_config(m: usize, n: usize, k: usize, sms: usize) -> std::result::Result<LaunchConfig, GemmError> {
+    /// blocks (a cluster along z, up to `max_splits`, itself at most [`MAX_SPLITS`], at most one
+    /// per k-step) that keep the grid within one block per SM, with the stages the longest
+    /// block's k-steps fill ([`split_smem_bytes`]). At most two blocks on an SM by shared
+    /// memory; the kernels BERT's batch-1 pass takes after its first (106-107 registers a
+    /// thread) fit one by registers (`tests/ptx.rs` checks it), which leaves room beside each
+    /// for a block of the kernel launched after it (its attention), but none for the next
+    /// projection's: two projection blocks side by side, as when 4 stages (99 KB) and 80
+    /// registers let them, ran the pass at 1.2-1.7× the time (`results/bert-h200.md`).
+    /// BERT-base at batch 1 on 132 SMs, at most 6 splits (`bert::BATCH_1_SPLITS`): QKV 36
+    /// tiles × 3 (4 stages), O 12 × 6 (2), FFN1 48 × 2 (6), FFN2 12 × 6 (6, 8 k-steps).
+    pub fn split_k_config(m: usize, n: usize, k: usize, sms: usize, max_splits: usize) -> std::result::Result<LaunchConfig, GemmError> {
         config(m, n, k, 1)?;
         let (tiles_n, tiles_m) = (n.div_ceil(SPLIT_BN), m.div_ceil(BM));
         if tiles_m > 65535 {
             return Err(GemmError::Shape(format!("M = {m}, N = {n}, K = {k}: at most 65535 row tiles of {BM}")));
         }
         let steps = k.div_ceil(BK);
-        let splits = (1..=MAX_SPLITS).rev().find(|&s| s <= steps && tiles_n * tiles_m * s <= sms).unwrap_or(1) as u32;
+        let splits = (1..=max_splits.min(MAX_SPLITS)).rev().find(|&s| s <= steps && tiles_n * tiles_m * s <= sms).unwrap_or(1) as u32;
         Ok(LaunchConfig {
             grid: Dim3::new(tiles_n as u32, tiles_m as u32, splits),
             block: (THREADS as u32).into(),
@@ -1341,7 +1342,7 @@ mod host {
             GemmError::Launch(err) => err,
             GemmError::Shape(what) => unreachable!("the example's shapes are supported: {what}"),
         };
-        let config = split_k_config(m, n, k, sms).map_err(unsupported)?;
+        let config = split_k_config(m, n, k, sms, MAX_SPLITS).map_err(unsupported)?;
         let (a_map, b_map) = (a_map(gpu, &x.a, (m, k))?, split_bt_map(gpu, &bt, (n, k))?);
         let (s, a, b, (mu, nu, ku)) = (gpu.stream(), a_map.words(), b_map.words(), (m as u32, n as u32, k as u32));
         match epilogue {
@@ -1394,7 +1395,7 @@ mod host {
             GemmError::Launch(err) => err,
             GemmError::Shape(what) => unreachable!("the example's shapes are supported: {what}"),
         };
-        let (first, second) = (split_k_config(m, h, k0, sms).map_err(unsupported)?, split_k_config(m, n, h, sms).map_err(unsupported)?);
+        let (first, second) = (split_k_config(m, h, k0, sms, MAX_SPLITS).map_err(unsupported)?, split_k_config(m, n, h, sms, MAX_SPLITS).map_err(unsupported)?);
         let (a_d, b0_d, r_d) = (gpu.upload(&a)?, gpu.upload(&b0)?, gpu.upload(&r)?);
         let (w0t, w1t, c_d, d_d) = (gpu.upload(&transpose(&w0, k0, h))?, gpu.upload(&transpose(&w1_folded, h, n))?, gpu.upload(&c)?, gpu.upload(&d)?);
         let (mut summed, mut out) = (gpu.upload(&vec![f16::NAN; m * h])?, gpu.upload(&vec![f16::NAN; m * n])?);
