@@ -389,10 +389,10 @@ const PARTIAL_STRIDE: usize = SPLIT_BN + 8;
 pub trait Partial: Copy {
     /// A lane's four consecutive columns of a row: one DSMEM load.
     type Quad: arch::SharedWord + Copy + Default;
-    /// Stores accumulators `pair` of columns `col` (even) and `col + 1` of row `row`.
-    fn store_pair(words: SharedSlice<u32>, row: usize, col: usize, pair: [f32; 2]);
     /// Quads a row of the tile: [`PARTIAL_STRIDE`] words.
     const ROW_QUADS: usize;
+    /// Stores accumulators `pair` of columns `col` (even) and `col + 1` of row `row`.
+    fn store_pair(words: SharedSlice<u32>, row: usize, col: usize, pair: [f32; 2]);
     /// The four values of a quad.
     fn unpack(quad: Self::Quad) -> [f32; 4];
 }
