@@ -384,8 +384,9 @@ const PARTIAL_STRIDE: usize = SPLIT_BN + 8;
 /// The element of a split-K block's partial tile as it crosses the cluster: `f32`, or `f16`
 /// for half the DSMEM bytes of [`split_k_sum_rows`] (bounded by them: `results/bert-h200.md`),
 /// each block's partial sum rounded once (a reduced-precision split-K reduction, which PyTorch
-/// allows cuBLAS by default for f16 GEMMs); the sum over the blocks stays f32. Rows of
-/// [`PARTIAL_STRIDE`] words either way.
+/// allows cuBLAS by default for f16 GEMMs); the sum over the blocks stays f32. A partial past
+/// f16's range (65 504) becomes ±∞ even where the whole sum would not: for products whose
+/// output, f16 too, is of the partials' order. Rows of [`PARTIAL_STRIDE`] words either way.
 pub trait Partial: Copy {
     /// A lane's four consecutive columns of a row: one DSMEM load.
     type Quad: arch::SharedWord + Copy + Default;
