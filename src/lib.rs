@@ -26,7 +26,7 @@
 //! ```
 //!
 //! Device code sees the whole device library ([`thread`], [`warp`], [`block`], [`grid`],
-//! [`shared`], [`global`], [`math`], [`arch`]); host code additionally sees [`host`].
+//! [`mod@shared`], [`global`], [`math`], [`arch`]); host code additionally sees [`host`].
 #![cfg_attr(target_arch = "nvptx64", no_std)]
 
 pub use clusterfuse_device::*;

@@ -84,7 +84,7 @@ pub fn wait() {
     arch::barrier_cluster_wait_acquire();
 }
 
-/// The cluster scope token that every [`#[cluster_primitive]`](crate::cluster_primitive) takes
+/// The cluster scope token that every `#[cluster_primitive]` (the `clusterfuse` crate's) takes
 /// first, so that collective calls read as such: `argmax(&scope, data)`.
 ///
 /// Holding one is a promise, not a proof: every thread of every block of the cluster makes the

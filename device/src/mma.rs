@@ -29,7 +29,7 @@ mod sealed {
     impl Sealed for crate::bf16 {}
 }
 
-/// An input type of `mma.sync.m16n8k16` with f32 accumulators: [`f16`] or [`bf16`].
+/// An input type of `mma.sync.m16n8k16` with f32 accumulators: [`struct@f16`] or [`bf16`].
 pub trait MmaInput: sealed::Sealed + SharedWord + HalfFloat {
     /// `mma.sync.aligned.m16n8k16.row.col.f32.{T}.{T}.f32` on raw registers.
     fn mma_m16n8k16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4];

@@ -1,6 +1,6 @@
 //! Shared memory: typed, bounds-checked views whose accesses compile to `ld.shared`/`st.shared`.
 //!
-//! Static arrays come from the [`shared!`](crate::shared!) macro (one per call site, per block,
+//! Static arrays come from the `clusterfuse::shared!` macro (one per call site, per block,
 //! like a CUDA `__shared__` variable); dynamic shared memory, sized at launch, is carved with
 //! [`dynamic`]. Views are `Copy` handles to memory every thread of the block can reach, so
 //! ordering between threads is the kernel's job: put a [`block::sync`](crate::block::sync)

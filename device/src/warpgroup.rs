@@ -115,7 +115,7 @@ mod sealed {
     impl Sealed for crate::bf16 {}
 }
 
-/// An input type of `wgmma` with f32 accumulators: [`f16`] or [`bf16`].
+/// An input type of `wgmma` with f32 accumulators: [`struct@f16`] or [`bf16`].
 pub trait WgmmaInput: sealed::Sealed + SharedWord {
     /// `wgmma.mma_async.sync.aligned.m64n256k16.f32.{T}.{T}` on raw descriptors.
     ///

@@ -68,7 +68,7 @@ pub fn cluster_sum_values(x: &[f32], out: Out<f32>) {
     }
 }
 
-/// As [`cluster_gather`], through bulk copies (`m` a multiple of 4), twice in a row so that
+/// As [`fn@cluster_gather`], through bulk copies (`m` a multiple of 4), twice in a row so that
 /// the mbarrier's second phase and the reuse of `tile` are exercised.
 #[kernel(launch_bounds(max_threads = 256))]
 pub fn cluster_gather_bulk(x: &[f32], out: Out<f32>, m: u32) {

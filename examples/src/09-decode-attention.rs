@@ -7,7 +7,7 @@
 //! attention output depends on that head alone, while the output projection sums over all
 //! heads.
 //!
-//! [`decode_attention_f16`] (and its bf16 and batch-8 twins): one cluster of `C` blocks per
+//! [`fn@decode_attention_f16`] (and its bf16 and batch-8 twins): one cluster of `C` blocks per
 //! head (grid `heads × C`, `C` chosen at launch). Each block
 //! 1. issues its first loads of `W_qkv` before anything else;
 //! 2. stages `x ⊙ norm_w` for its `1/C` of the columns in shared memory and sums `x²` over
@@ -29,7 +29,7 @@
 //!    order and over the cluster in rank order (`cluster::reduce` with `Max`, then `Sum`);
 //! 6. rank 0 writes the head's attention output (f32) to `attn`.
 //!
-//! [`decode_o_proj_f16`] (and twins): `out = x + W_o · attn`, spread over the whole GPU — a
+//! [`fn@decode_o_proj_f16`] (and twins): `out = x + W_o · attn`, spread over the whole GPU — a
 //! warp per 2 rows (4 at batch 8), 4 16-byte vectors of each per lane per item (2 at batch
 //! 8), the next item's loads issued before the current one is used ([`dot_rows`], shared
 //! with spread 1/3); each block issues its first item, waits for the attention kernel, then
@@ -64,9 +64,9 @@
 //!
 //! **Spread** (three launches, batch 1, f16 or bf16; `spread(..)`): the fused 1/2 kernel
 //! streams the 100 MB of `W_qkv` from one block per SM (32 clusters of 4: 8 warps an SM), so
-//! [`decode_qkv_rope_f16`] moves the projection onto the whole GPU, as the output projection
+//! [`fn@decode_qkv_rope_f16`] moves the projection onto the whole GPU, as the output projection
 //! is, and leaves the clusters only the attention:
-//! 1. [`decode_qkv_rope_f16`] (and bf16): a warp per pair of whole rows `i`, `i + 64` of one
+//! 1. [`fn@decode_qkv_rope_f16`] (and bf16): a warp per pair of whole rows `i`, `i + 64` of one
 //!    head's q, k or v at a time (no split-K: a row is 8 KB; the pair is RoPE's), 3 pairs a
 //!    warp, 8 warps a block, grid `3·hidden / 48` (256 blocks: one wave of two per SM). Each
 //!    warp issues its first item of `W_qkv` (2 rows × 4 16-byte vectors per lane) before
@@ -76,21 +76,21 @@
 //!    items a warp); after each pair, lane 0
 //!    scales by `1/rms`, applies RoPE and writes q (f32) to a buffer, k and v (rounded) to
 //!    the caches.
-//! 2. [`decode_attend_appended_f16`] (and bf16): a cluster per head, launched
+//! 2. [`fn@decode_attend_appended_f16`] (and bf16): a cluster per head, launched
 //!    programmatically: each block issues its first loads of the cached tokens `0 .. pos`
 //!    (spread 1/3 writes only token `pos`), calls `grid::launch_dependents` so that the
 //!    output projection may start streaming `W_o`, waits for spread 1/3
 //!    (`grid::wait_for_prerequisites`), reads q and the new k, v, then runs fused 1/2's steps
 //!    5-6 (flash-decoding, block and cluster merge in rank order).
-//! 3. [`decode_o_proj_f16`] as in the fused variant.
+//! 3. [`fn@decode_o_proj_f16`] as in the fused variant.
 //!
 //! `ptxas -v` at hidden 4096: spread 1/3 uses 127 registers (`min_blocks = 2`; at 3, 80
 //! registers and spills) and 24 KB of dynamic shared memory, so two blocks (16 warps, up to
 //! 16 16-byte loads per thread: 128 KB) are in flight on an SM; spread 2/3 uses 125 registers and 9 KB of static shared memory.
 //!
 //! **Separate** (five launches, f16, batch 1, f32 intermediates in global memory, as a
-//! framework would): [`decode_rms_norm`], [`decode_qkv`], [`decode_rope_append`],
-//! [`decode_attend`] (the same flash-decoding and cluster merge) and [`decode_o_proj_f16`].
+//! framework would): [`fn@decode_rms_norm`], [`fn@decode_qkv`], [`fn@decode_rope_append`],
+//! [`fn@decode_attend`] (the same flash-decoding and cluster merge) and [`fn@decode_o_proj_f16`].
 
 use clusterfuse::arch;
 use clusterfuse::packed::{dot8, widen8, words, Packed};
@@ -98,7 +98,7 @@ use clusterfuse::prelude::*;
 
 /// Dimensions per head.
 pub const HEAD_DIM: usize = 128;
-/// Threads per block of every kernel but [`decode_rope_append`].
+/// Threads per block of every kernel but [`fn@decode_rope_append`].
 pub const BLOCK: u32 = 256;
 /// ε of the RMSNorm.
 pub const EPS: f32 = 1e-5;

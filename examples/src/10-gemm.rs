@@ -664,7 +664,7 @@ mod host {
     /// See [`F16_TOLERANCE`].
     pub const BF16_TOLERANCE: f64 = 5e-3;
 
-    /// Checks [`mma_tile`]: both ways against the f64 product, to f32 accumulation accuracy.
+    /// Checks [`fn@mma_tile`]: both ways against the f64 product, to f32 accumulation accuracy.
     pub fn run_tile(gpu: &Gpu) -> Result<Report> {
         let (a, b) = with_rng(|rng| {
             let mut values = || (0..256).map(|_| bf16::from_f32(rng.random_range(-1.0..1.0))).collect::<Vec<bf16>>();

@@ -227,14 +227,14 @@ pub fn attention(qkv: &[f16], out: Out<f16>, seq: u32, heads: u32, scale: f32) {
     blk.store_context(&o, [1.0 / sum[0], 1.0 / sum[1]], row0, &out);
 }
 
-/// Queries per block of [`attention_split`].
+/// Queries per block of [`fn@attention_split`].
 pub const SPLIT_QUERIES: usize = 16;
 /// f32 words per lane of a warp's partial state in [`attention_split`]: its 32 context
 /// accumulators, its two rows' max and sum, and one of padding (an odd stride: a warp's
 /// 32 lanes hit 32 distinct banks).
 const PARTIAL_WORDS: usize = 4 * COLUMN_TILES + 5;
 
-/// Fused attention for few blocks' worth of work (small batches): [`attention`] with a block
+/// Fused attention for few blocks' worth of work (small batches): [`fn@attention`] with a block
 /// per 16 queries of a (batch element, head) — 4× the blocks — whose four warps split the keys
 /// (16 at a time, warp `w` chunks `w, w + 4, ..`), each keeping its own running max, sum and
 /// context, merged through shared memory at the end (FlashAttention's split-KV within a

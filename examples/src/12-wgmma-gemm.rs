@@ -18,7 +18,7 @@
 //! and branch-free; tiles at C's edges mask every store to M × N.
 //!
 //! Shapes: any M and N; K a multiple of 8 (TMA needs rows of A and Bᵀ in multiples of 16
-//! bytes). The host rejects others before launching, with [`GemmError::Shape`].
+//! bytes). The host rejects others before launching, with [`GemmError::Shape`](crate::gemm::GemmError::Shape).
 
 use crate::gemm::{gelu, Bias, BiasGelu, Epilogue, Plain, Residual, Scale};
 use clusterfuse::arch;
@@ -576,7 +576,7 @@ pub const NORM_MAX_N: usize = 32 * SPLIT_BN;
 /// writes with it: `stats[2 (row · N/64 + j)]` and the word after hold the mean and
 /// Σ(v − mean)² of row `row`'s 64 values in tile `j`. The tiles' statistics merge in order
 /// (Chan et al.), so every reader gets the same mean and 1/σ of a row, and those that
-/// materialise the LayerNorm ([`BiasNormalizedResidual`], [`layer_norm_rows`]) the same f16
+/// materialise the LayerNorm ([`BiasNormalizedResidual`], [`fn@layer_norm_rows`]) the same f16
 /// values ([`RowNorm::apply`]).
 #[derive(Clone, Copy)]
 pub struct RowNorm<'a> {
@@ -918,7 +918,7 @@ pub fn wgmma_split_f16_folded_ln_bias(a_map: &[u64], b_map: &[u64], a_stats: &[f
     gemm_split_k_rows(a_map, b_map, &out, None, m, n, k, epilogue);
 }
 
-/// `out = gelu(LayerNorm(a) · wᵀ + bias)`, f16, as [`wgmma_split_f16_folded_ln_bias`].
+/// `out = gelu(LayerNorm(a) · wᵀ + bias)`, f16, as [`fn@wgmma_split_f16_folded_ln_bias`].
 #[kernel(launch_bounds(max_threads = 384, min_blocks = 1))]
 #[allow(clippy::too_many_arguments)]
 pub fn wgmma_split_f16_folded_ln_bias_gelu(a_map: &[u64], b_map: &[u64], a_stats: &[f32], c: &[f32], d: &[f32], out: Out<f16>, m: u32, n: u32, k: u32) {
@@ -935,7 +935,7 @@ pub fn wgmma_split_f16_residual_stats(a_map: &[u64], b_map: &[u64], bias: &[f16]
     gemm_split_k_rows(a_map, b_map, &out, Some(&stats), m, n, k, BiasResidual(bias, residual));
 }
 
-/// As [`wgmma_split_f16_residual_stats`], the residual `LayerNorm(residual) · γ + β` from
+/// As [`fn@wgmma_split_f16_residual_stats`], the residual `LayerNorm(residual) · γ + β` from
 /// `residual_stats`: a post-LN layer's output projection or second FFN projection.
 #[kernel(launch_bounds(max_threads = 384, min_blocks = 1))]
 #[allow(clippy::too_many_arguments)]
@@ -1031,7 +1031,7 @@ fn unswizzle_box(tile: SharedSlice<bf16>, out: &Out<bf16>, t: usize) {
     }
 }
 
-/// As [`tma_box`], the box loaded by the cluster's first block into the second's shared
+/// As [`fn@tma_box`], the box loaded by the cluster's first block into the second's shared
 /// memory (a `.shared::cluster` destination and mbarrier, from `mapa`), which the second
 /// reads back into `out`: the emulator's test of TMA loads into a peer (on the H200 it
 /// matched the emulator bitwise and memcheck found nothing; racecheck's tool fails on it,
@@ -1114,6 +1114,9 @@ mod host {
         let (tiles_n, tiles_m) = (n.div_ceil(SPLIT_BN), m.div_ceil(BM));
         if tiles_m > 65535 {
             return Err(GemmError::Shape(format!("M = {m}, N = {n}, K = {k}: at most 65535 row tiles of {BM}")));
+        }
+        if max_splits == 0 {
+            return Err(GemmError::Shape(format!("M = {m}, N = {n}, K = {k}: max_splits is 0; a tile takes at least one block")));
         }
         let steps = k.div_ceil(BK);
         let splits = (1..=max_splits.min(MAX_SPLITS)).rev().find(|&s| s <= steps && tiles_n * tiles_m * s <= sms).unwrap_or(1) as u32;
@@ -1379,8 +1382,8 @@ mod host {
 
     /// Checks the deferred LayerNorm of the split-K kernels end to end against its f64
     /// reference: `s = a · w₀ + b₀ + r` with its rows' statistics
-    /// ([`wgmma_split_f16_residual_stats`]), then `out = LayerNorm(s) · w₁ + b₁` with the
-    /// LayerNorm folded into the product ([`wgmma_split_f16_folded_ln_bias`]). On a GPU
+    /// ([`fn@wgmma_split_f16_residual_stats`]), then `out = LayerNorm(s) · w₁ + b₁` with the
+    /// LayerNorm folded into the product ([`fn@wgmma_split_f16_folded_ln_bias`]). On a GPU
     /// BERT-base's O and FFN1 shapes at batch 1 (128 rows, hidden 768, FFN 3072: 12 tiles × 8
     /// blocks, then 48 × 2); on the emulator 100 rows (one partial row tile), hidden 640, 128
     /// outputs, the second product on one block a tile (10 k-steps: the pipeline wraps).
@@ -1427,10 +1430,10 @@ mod host {
     /// (2^-11 of each weight) on top of the split-K product's.
     pub const LAYER_NORM_TOLERANCE: f64 = 2e-3;
 
-    /// Dynamic shared memory of [`tma_box`]: the tile, its barrier, and room to align them.
+    /// Dynamic shared memory of [`fn@tma_box`]: the tile, its barrier, and room to align them.
     pub const TMA_BOX_SMEM: u32 = 3072;
 
-    /// Checks [`tma_box`] on a 20 × 72 tensor, the box at (40, 16): 4 of its rows and 32 of its
+    /// Checks [`fn@tma_box`] on a 20 × 72 tensor, the box at (40, 16): 4 of its rows and 32 of its
     /// columns inside, the rest zero-filled.
     pub fn run_tma_box(gpu: &Gpu) -> Result<Report> {
         let (rows, cols, c0, c1) = (20, 72, 40, 16);

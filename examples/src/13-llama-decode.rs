@@ -3,20 +3,20 @@
 //! head) at batch 1: bf16 weights and KV cache, f32 activations and arithmetic, built from six
 //! fused kernels chained by programmatic dependent launch and replayed from one CUDA graph.
 //!
-//! A step is 82 launches: [`llama_embed`] (the new token's embedding row, widened to f32,
+//! A step is 82 launches: [`fn@llama_embed`] (the new token's embedding row, widened to f32,
 //! becomes the residual stream `h`), then per layer
-//! 1. [`llama_qkv`]: RMSNorm + the QKV projection + RoPE (rotate-half, θ = 500 000) + the
+//! 1. [`fn@llama_qkv`]: RMSNorm + the QKV projection + RoPE (rotate-half, θ = 500 000) + the
 //!    new k, v appended to the layer's cache at `position`;
-//! 2. [`llama_attention`]: grouped-query flash-decoding, a cluster of `C` blocks per KV head
+//! 2. [`fn@llama_attention`]: grouped-query flash-decoding, a cluster of `C` blocks per KV head
 //!    splitting the cached tokens, each block serving the head's 4 query heads; a warp's 4
 //!    lane groups merge by shuffles, the block's warps through shared memory, and rank 0
 //!    merges the blocks' states through DSMEM in rank order (all loads issued before any is
 //!    used), between two cluster barriers;
-//! 3. [`llama_residual`]: `h += W_o · attn`;
-//! 4. [`llama_gate_up`]: RMSNorm + gate and up projections, `act = silu(gate) · up`;
-//! 5. [`llama_residual`]: `h += W_down · act` (K = 8192, split over the block's warps);
+//! 3. [`fn@llama_residual`]: `h += W_o · attn`;
+//! 4. [`fn@llama_gate_up`]: RMSNorm + gate and up projections, `act = silu(gate) · up`;
+//! 5. [`fn@llama_residual`]: `h += W_down · act` (K = 8192, split over the block's warps);
 //!
-//! then [`llama_lm_head`]: the final RMSNorm and `logits = E · h` over the whole vocabulary.
+//! then [`fn@llama_lm_head`]: the final RMSNorm and `logits = E · h` over the whole vocabulary.
 //!
 //! **The projections** (every weight byte of the step) share one plan, built to keep many
 //! bytes in flight: a warp owns a *pair* of rows and a chunk of up to 2048 columns of both,

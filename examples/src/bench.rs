@@ -155,7 +155,7 @@ pub fn bench_dsmem_read(sink: Out<u32>, cycles: Out<u64>, vectors: u32, passes: 
     cluster::sync();
 }
 
-/// How [`bench_gather`] moves every block's tile to every block of its cluster.
+/// How [`fn@bench_gather`] moves every block's tile to every block of its cluster.
 pub mod gather_mode {
     /// Each thread stores its vectors into every peer's `all` (`cluster::gather`, 16-byte
     /// remote stores).

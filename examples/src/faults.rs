@@ -84,7 +84,7 @@ pub fn bulk_exchange(out: Out<f32>, waited: u32) {
     cluster::sync();
 }
 
-/// Stages of [`bulk_stream`]'s rings.
+/// Stages of [`fn@bulk_stream`]'s rings.
 pub const STREAM_STAGES: usize = 2;
 
 /// `out = 2·x`, each warp streaming its `x.len() / warps` values through a ring of

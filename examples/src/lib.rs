@@ -1,6 +1,8 @@
 //! clusterfuse's graded examples. Each file is one lesson: a kernel, the CPU reference it is
 //! checked against (in f64), and (on the host) a `run` that checks it on the GPU with fresh
 //! random inputs and poisoned outputs. `cargo run --release -p clusterfuse-examples` runs them all.
+// The lessons are read as source, their helpers with them: their docs link private items.
+#![allow(rustdoc::private_intra_doc_links)]
 
 clusterfuse::embed_ptx!();
 

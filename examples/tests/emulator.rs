@@ -214,7 +214,7 @@ fn wgmma_gemm_rejects_unsupported_shapes_before_launching() {
     use clusterfuse::bf16;
     use clusterfuse::host::Swizzle;
     use clusterfuse_examples::gemm::{EpilogueKind, GemmError, HostOperands, Operands};
-    use clusterfuse_examples::wgmma_gemm::{config, Kernels, Maps};
+    use clusterfuse_examples::wgmma_gemm::{config, split_k_config, Kernels, Maps};
     for (m, n, k, what) in [(33, 40, 50, "multiple of 8"), (0, 8, 8, "at least 1")] {
         match config(m, n, k, 132) {
             Err(err @ GemmError::Shape(_)) => assert!(err.to_string().contains(what), "{m} × {n} × {k}: {err}"),
@@ -224,6 +224,13 @@ fn wgmma_gemm_rejects_unsupported_shapes_before_launching() {
     // Any M and N: TMA zero-fills the edges, the stores are masked. At most a block per SM.
     assert_eq!(config(33, 41, 48, 132).unwrap().grid.x, 1);
     assert_eq!(config(4096, 4096, 48, 132).unwrap().grid.x, 132);
+    // Split-K: at most `max_splits` blocks a tile, and at least one.
+    assert_eq!(split_k_config(128, 768, 3072, 132, 6).unwrap().grid.z, 6);
+    assert_eq!(split_k_config(128, 768, 3072, 132, 1).unwrap().grid.z, 1);
+    match split_k_config(128, 768, 3072, 132, 0) {
+        Err(err @ GemmError::Shape(_)) => assert!(err.to_string().contains("max_splits is 0"), "{err}"),
+        other => panic!("max_splits = 0 accepted: {other:?}"),
+    }
 
     let gpu = Gpu::emulator();
     let x = Operands::upload(&gpu, &HostOperands::<bf16>::random(16, 16, 16)).unwrap();
