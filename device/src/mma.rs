@@ -138,12 +138,13 @@ impl<T: MmaInput> FragA<T> {
     }
 
     /// [`FragA::load`] from this lane's row address, unchecked: for inner loops that checked
-    /// their tiles once.
+    /// their tiles once, and for tiles in other layouts (a swizzled one).
     ///
     /// # Safety
-    /// 1. `addr` is the shared address of element [`FragA::lane_offset`] from the fragment's
-    ///    first element, in a tile of this block's shared memory holding all 16 × 16
-    ///    elements, 16-byte-aligned rows, not written concurrently.
+    /// 1. `addr` is the shared address of this lane's 16 bytes of the fragment, row
+    ///    `lane % 16`, columns `8 (lane / 16) ..+ 8` (element [`FragA::lane_offset`] from the
+    ///    first in a row-major tile), 16-byte aligned, in this block's shared memory, not
+    ///    written concurrently.
     /// 2. Every lane of the warp calls it together.
     #[inline(always)]
     pub unsafe fn load_at(addr: u32) -> Self {
@@ -166,7 +167,19 @@ impl<T: MmaInput> FragB<T> {
         let lane = warp::lane() as usize;
         let addr = row_address(tile, stride, k, n, (16, 8), lane % 16, 0);
         // SAFETY: checked above, as for `FragA::load`.
-        Self::from_regs(unsafe { arch::ldmatrix_sync_aligned_m8n8_x2_trans_shared_b16(addr) })
+        unsafe { Self::load_k_major_at(addr) }
+    }
+
+    /// [`FragB::load_k_major`] from this lane's row address, unchecked.
+    ///
+    /// # Safety
+    /// 1. `addr` is the shared address of this lane's 16 bytes of the fragment, row (k)
+    ///    `lane % 16`, columns (n) `0 .. 8`, 16-byte aligned, in this block's shared memory,
+    ///    not written concurrently.
+    /// 2. Every lane of the warp calls it together.
+    #[inline(always)]
+    pub unsafe fn load_k_major_at(addr: u32) -> Self {
+        Self::from_regs(arch::ldmatrix_sync_aligned_m8n8_x2_trans_shared_b16(addr))
     }
 
     /// The same fragment from a row-major n × k tile (B transposed, as `nn.Linear` stores its
@@ -176,7 +189,19 @@ impl<T: MmaInput> FragB<T> {
         let lane = warp::lane() as usize;
         let addr = row_address(tile, stride, n, k, (8, 16), lane % 8, lane / 8 % 2 * 8);
         // SAFETY: checked above, as for `FragA::load`.
-        Self::from_regs(unsafe { arch::ldmatrix_sync_aligned_m8n8_x2_shared_b16(addr) })
+        unsafe { Self::load_n_major_at(addr) }
+    }
+
+    /// [`FragB::load_n_major`] from this lane's row address, unchecked.
+    ///
+    /// # Safety
+    /// 1. `addr` is the shared address of this lane's 16 bytes of the fragment, row (n)
+    ///    `lane % 8`, columns (k) `8 (lane / 8 % 2) ..+ 8` (lanes 16-31 repeat lanes 0-15),
+    ///    16-byte aligned, in this block's shared memory, not written concurrently.
+    /// 2. Every lane of the warp calls it together.
+    #[inline(always)]
+    pub unsafe fn load_n_major_at(addr: u32) -> Self {
+        Self::from_regs(arch::ldmatrix_sync_aligned_m8n8_x2_shared_b16(addr))
     }
 
     /// Two neighbouring fragments of a row-major k × n tile, columns `n .. n + 8` and

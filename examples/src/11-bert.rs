@@ -32,6 +32,7 @@ use crate::fused_norms::{layernorm_gelu, store_row};
 use clusterfuse::arch;
 use clusterfuse::mma::{mma_m16n8k16, FragA, FragB, FragC};
 use clusterfuse::prelude::*;
+use clusterfuse::tma::{Pipeline, PipelineState, TensorMap};
 
 /// Elements per head.
 pub const HEAD_DIM: usize = 64;
@@ -41,9 +42,13 @@ pub const MAX_SEQ: usize = 128;
 pub const ATTENTION_WARPS: u32 = 4;
 /// Queries per block of the attention kernels.
 pub const QUERIES_PER_BLOCK: usize = 16 * ATTENTION_WARPS as usize;
-/// Row stride of the staged Q, K and V tiles, in halves: a row of 64 plus 16 bytes, so the
-/// eight rows an `ldmatrix` reads fall in distinct banks.
+/// Row stride of the Q, K and V tiles staged by `cp.async` ([`Padded`]), in halves: a row of
+/// 64 plus 16 bytes, so the eight rows an `ldmatrix` reads fall in distinct banks.
 const TILE_STRIDE: usize = HEAD_DIM + 8;
+/// Bytes of a row of a tile staged by TMA ([`Swizzled`]): one head's 64 halves.
+const ROW_BYTES: usize = 2 * HEAD_DIM;
+/// Tokens per box of the QKV output's tensor map (`qkv_map`): 16 rows of a tile, 2 KB.
+pub const BOX_TOKENS: usize = 16;
 /// The 16-dimension slices of a head, and its 8-dimension column tiles.
 const SLICES: usize = HEAD_DIM / 16;
 const COLUMN_TILES: usize = HEAD_DIM / 8;
@@ -52,8 +57,41 @@ const COLUMN_TILES: usize = HEAD_DIM / 8;
 // takes queries `64 x ..+ 64` of head `h` of batch element `b`, grid (⌈seq / 64⌉, heads,
 // batch), 128 threads; `seq` a multiple of 16 up to `MAX_SEQ` (they trap otherwise). A block
 // stages what it reads of the QKV projection's output (`tokens × 3·hidden`: Q, K, V side by
-// side, head `h` at columns `64 h ..+ 64` of each) in shared memory, 16 bytes at a time, and
-// each warp then works on 16 queries and 16 keys at a time.
+// side, head `h` at columns `64 h ..+ 64` of each) in shared memory — 16 bytes a thread at a
+// time by `cp.async`, or, in `attention_split` (BERT's batch 1), by TMA: a box of 16 tokens
+// an instruction, all issued by one thread and landing on one mbarrier, which took the pass
+// 10 µs less (`results/bert-h200.md`) — and each warp then works on 16 queries and 16 keys at
+// a time.
+
+/// Where a staged tile's rows lie: the shared address of columns `col ..+ 8` (`col` a multiple
+/// of 8) of row `row`, one lane's row of an `ldmatrix`.
+trait Layout: Copy {
+    fn chunk(self, row: usize, col: usize) -> u32;
+}
+
+/// A tile staged by `cp.async` ([`AttentionBlock::stage`]): rows of [`TILE_STRIDE`] halves.
+#[derive(Clone, Copy)]
+struct Padded(SharedSlice<f16>);
+
+impl Layout for Padded {
+    #[inline(always)]
+    fn chunk(self, row: usize, col: usize) -> u32 {
+        self.0.addr() + (2 * (row * TILE_STRIDE + col)) as u32
+    }
+}
+
+/// A tile staged by TMA ([`AttentionBlock::stage_boxes`]), 1024-aligned: rows of 128 bytes,
+/// under the 128-byte swizzle 16-byte chunk `c` of row `r` at chunk `c ^ (r % 8)`, so that the
+/// 8 rows an `ldmatrix` reads at one column fall in distinct banks.
+#[derive(Clone, Copy)]
+struct Swizzled(SharedSlice<f16>);
+
+impl Layout for Swizzled {
+    #[inline(always)]
+    fn chunk(self, row: usize, col: usize) -> u32 {
+        self.0.addr() + (row * ROW_BYTES + ((col / 8) ^ (row % 8)) * 16) as u32
+    }
+}
 
 /// Where this block of an attention kernel works.
 struct AttentionBlock {
@@ -94,6 +132,25 @@ impl AttentionBlock {
         }
     }
 
+    /// Thread 0 (the only caller) starts loading rows `0 .. count` (a multiple of 16) of
+    /// `part` (0: Q, 1: K, 2: V) of this head, from token `from` of the batch element on,
+    /// into `tile` by TMA from `qkv` (the QKV output's tensor map in boxes of [`BOX_TOKENS`]
+    /// × 64, 128-byte swizzle: `qkv_map`), a box an instruction, completing on `full`, whose
+    /// phase must expect their bytes (`count · 128`). Traps unless `tile` holds the rows,
+    /// 1024-aligned.
+    #[inline(always)]
+    fn stage_boxes(&self, qkv: TensorMap, tile: Swizzled, part: usize, from: usize, count: usize, full: u32) {
+        if tile.0.len() < count * HEAD_DIM || !tile.0.addr().is_multiple_of(1024) || !count.is_multiple_of(BOX_TOKENS) {
+            arch::trap()
+        }
+        let (col, token) = (part * self.hidden + self.head * HEAD_DIM, self.b * self.seq + from);
+        for row in (0..count).step_by(BOX_TOKENS) {
+            // SAFETY: the box's 16 rows lie in the tile, 1024-aligned (checked); nothing reads
+            // them before `full`'s phase completes, which expects their bytes (the caller's).
+            unsafe { qkv.load_2d(tile.0.addr() + (row * ROW_BYTES) as u32, col as i32, (token + row) as i32, full) };
+        }
+    }
+
     /// This warp's first row among the block's queries, or `None` past them.
     #[inline(always)]
     fn warp_rows(&self) -> Option<usize> {
@@ -121,19 +178,26 @@ impl AttentionBlock {
     }
 }
 
-/// The warp's queries (rows `row0 ..+ 16` of the staged `queries`) as A fragments.
+/// The warp's queries (rows `row0 ..+ 16` of the staged `queries`) as A fragments. Every
+/// attention kernel stages `MAX_SEQ` rows of keys and values and all its queries, and reads
+/// only those (`AttentionBlock::new` keeps `seq` to `MAX_SEQ`).
 #[inline(always)]
-fn query_fragments(queries: SharedSlice<f16>, row0: usize) -> [FragA<f16>; SLICES] {
-    core::array::from_fn(|s| FragA::load(queries, TILE_STRIDE, row0, 16 * s))
+fn query_fragments(queries: impl Layout, row0: usize) -> [FragA<f16>; SLICES] {
+    let lane = warp::lane() as usize;
+    // SAFETY: this lane's row of the fragment, in the staged (landed) tile.
+    core::array::from_fn(|s| unsafe { FragA::load_at(queries.chunk(row0 + lane % 16, 16 * s + lane / 16 * 8)) })
 }
 
 /// `q·kᵀ` of the warp's 16 queries with staged keys `kc ..+ 8` and `kc + 8 ..+ 8`.
 #[inline(always)]
-fn score_chunk(q: &[FragA<f16>; SLICES], keys: SharedSlice<f16>, kc: usize) -> [FragC; 2] {
+fn score_chunk(q: &[FragA<f16>; SLICES], keys: impl Layout, kc: usize) -> [FragC; 2] {
+    let lane = warp::lane() as usize;
     let mut s = [FragC::ZERO; 2];
     for (half, acc) in s.iter_mut().enumerate() {
         for (slice, &qa) in q.iter().enumerate() {
-            *acc = mma_m16n8k16(qa, FragB::load_n_major(keys, TILE_STRIDE, kc + 8 * half, 16 * slice), *acc);
+            // SAFETY: this lane's row of the fragment, keys `kc ..+ 16` (kc < seq) of the tile.
+            let k = unsafe { FragB::load_n_major_at(keys.chunk(kc + 8 * half + lane % 8, 16 * slice + lane / 8 % 2 * 8)) };
+            *acc = mma_m16n8k16(qa, k, *acc);
         }
     }
     s
@@ -141,9 +205,12 @@ fn score_chunk(q: &[FragA<f16>; SLICES], keys: SharedSlice<f16>, kc: usize) -> [
 
 /// `o += p · v` for the probabilities `p` of keys `kc ..+ 16` and the staged values.
 #[inline(always)]
-fn accumulate_context(o: &mut [FragC; COLUMN_TILES], p: FragA<f16>, values: SharedSlice<f16>, kc: usize) {
+fn accumulate_context(o: &mut [FragC; COLUMN_TILES], p: FragA<f16>, values: impl Layout, kc: usize) {
+    let lane = warp::lane() as usize;
     for (j, acc) in o.iter_mut().enumerate() {
-        *acc = mma_m16n8k16(p, FragB::load_k_major(values, TILE_STRIDE, kc, 8 * j), *acc);
+        // SAFETY: this lane's row of the fragment, values `kc ..+ 16` (kc < seq) of the tile.
+        let v = unsafe { FragB::load_k_major_at(values.chunk(kc + lane % 16, 8 * j)) };
+        *acc = mma_m16n8k16(p, v, *acc);
     }
 }
 
@@ -158,9 +225,9 @@ pub fn attention_scores(qkv: &[f16], scores: Out<f32>, seq: u32, heads: u32, sca
     shared::wait_async_copies();
     block::sync();
     let Some(row0) = blk.warp_rows() else { return };
-    let q = query_fragments(queries, row0);
+    let q = query_fragments(Padded(queries), row0);
     for kc in (0..blk.seq).step_by(16) {
-        for (half, tile) in score_chunk(&q, keys, kc).iter().enumerate() {
+        for (half, tile) in score_chunk(&q, Padded(keys), kc).iter().enumerate() {
             for (i, &value) in tile.values.iter().enumerate() {
                 let (r, c) = FragC::position(i);
                 scores.set(blk.score_row(row0 + r) * blk.seq + kc + 8 * half + c, scale * value);
@@ -187,7 +254,7 @@ pub fn attention_context(probs: &[f32], qkv: &[f16], out: Out<f16>, seq: u32, he
                 probs[blk.score_row(row0 + r) * blk.seq + kc + 8 * half + c]
             }),
         });
-        accumulate_context(&mut o, FragA::from_accumulators(p[0], p[1]), values, kc);
+        accumulate_context(&mut o, FragA::from_accumulators(p[0], p[1]), Padded(values), kc);
     }
     blk.store_context(&o, [1.0, 1.0], row0, &out);
 }
@@ -209,16 +276,16 @@ pub fn attention(qkv: &[f16], out: Out<f16>, seq: u32, heads: u32, scale: f32) {
     shared::wait_async_copies();
     block::sync();
     let Some(row0) = blk.warp_rows() else { return };
-    let q = query_fragments(queries, row0);
+    let q = query_fragments(Padded(queries), row0);
     let scale = scale * core::f32::consts::LOG2_E; // scores in exp2 units
     // This lane's rows g and g + 8 (FragC values 0-1 and 2-3): running max and partial sum.
     let (mut max, mut sum) = ([f32::NEG_INFINITY; 2], [0.0f32; 2]);
     let mut o = [FragC::ZERO; COLUMN_TILES];
     for kc in (0..blk.seq).step_by(16) {
-        let mut s = score_chunk(&q, keys, kc);
+        let mut s = score_chunk(&q, Padded(keys), kc);
         online_softmax_row(&mut s, &mut o, &mut max[0], &mut sum[0], 0, scale);
         online_softmax_row(&mut s, &mut o, &mut max[1], &mut sum[1], 2, scale);
-        accumulate_context(&mut o, FragA::from_accumulators(s[0], s[1]), values, kc);
+        accumulate_context(&mut o, FragA::from_accumulators(s[0], s[1]), Padded(values), kc);
     }
     for total in &mut sum {
         *total += warp::shuffle_xor(*total, 1);
@@ -241,20 +308,29 @@ const PARTIAL_WORDS: usize = 4 * COLUMN_TILES + 5;
 /// block): each warp then rescales and stores 16 of the 64 columns. Grid (seq / 16, heads,
 /// batch), 128 threads.
 #[kernel(launch_bounds(max_threads = 128))]
-pub fn attention_split(qkv: &[f16], out: Out<f16>, seq: u32, heads: u32, scale: f32) {
+pub fn attention_split(qkv: &[u64], out: Out<f16>, seq: u32, heads: u32, scale: f32) {
     const WARPS: usize = ATTENTION_WARPS as usize;
-    let (keys, values) = (shared!([f16; MAX_SEQ * TILE_STRIDE]), shared!([f16; MAX_SEQ * TILE_STRIDE]));
-    let queries = shared!([f16; SPLIT_QUERIES * TILE_STRIDE]);
+    // Q, K and V, 1024-aligned (the swizzle's period) in a region with room to align.
+    let staged = shared!([f16; (SPLIT_QUERIES + 2 * MAX_SEQ) * HEAD_DIM + 512]);
+    let skip = (staged.addr().next_multiple_of(1024) - staged.addr()) as usize / 2;
+    let tile = |row: usize, rows: usize| Swizzled(staged.slice(skip + row * HEAD_DIM, rows * HEAD_DIM));
+    let (queries, keys, values) = (tile(0, SPLIT_QUERIES), tile(SPLIT_QUERIES, MAX_SEQ), tile(SPLIT_QUERIES + MAX_SEQ, MAX_SEQ));
     let partials = shared!([f32; ATTENTION_WARPS as usize * 32 * PARTIAL_WORDS]);
     let blk = AttentionBlock::new(seq, heads, SPLIT_QUERIES);
+    // One stage of a pipeline: its full barrier, which the three tiles' boxes land on.
+    let pipeline = Pipeline::<2>::new(shared!([u64; 4]), 1);
+    block::sync();
+    let start = PipelineState::<2>::START;
     // Launched programmatically after the QKV projection (see `Batch::forward`).
     grid::wait_for_prerequisites();
     grid::launch_dependents();
-    blk.stage(qkv, queries, 0, blk.first, SPLIT_QUERIES);
-    blk.stage(qkv, keys, 1, 0, blk.seq);
-    blk.stage(qkv, values, 2, 0, blk.seq);
-    shared::wait_async_copies();
-    block::sync();
+    if thread::rank_in_block() == 0 {
+        let (map, full) = (TensorMap::new(qkv), pipeline.producer_acquire(start, ((SPLIT_QUERIES + 2 * blk.seq) * ROW_BYTES) as u32));
+        blk.stage_boxes(map, queries, 0, blk.first, SPLIT_QUERIES, full);
+        blk.stage_boxes(map, keys, 1, 0, blk.seq, full);
+        blk.stage_boxes(map, values, 2, 0, blk.seq, full);
+    }
+    pipeline.consumer_wait(start);
     let (w, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
     let q = query_fragments(queries, 0);
     let scale = scale * core::f32::consts::LOG2_E; // scores in exp2 units
@@ -346,7 +422,7 @@ mod host {
     use crate::wgmma_gemm::{self, wgmma_f16, wgmma_f16_bias, wgmma_f16_bias_gelu, wgmma_f16_residual};
     use crate::wgmma_gemm::{layer_norm_rows, wgmma_split_f16, wgmma_split_f16_bias, wgmma_split_f16_bias_gelu, wgmma_split_f16_residual};
     use crate::wgmma_gemm::{wgmma_split_f16_folded_ln_bias, wgmma_split_f16_folded_ln_bias_gelu, wgmma_split_f16_ln_residual_stats, wgmma_split_f16_residual_stats};
-    use clusterfuse::host::{Buffer, Gpu, Result, Stream, TensorMap};
+    use clusterfuse::host::{Buffer, Gpu, Result, Stream, Swizzle, TensorMap};
     use clusterfuse::Dim3;
     use rand::Rng;
 
@@ -431,7 +507,15 @@ mod host {
         }
     }
 
-    /// A matrix on a device and its tensor map in the wgmma GEMM's boxes, owned together.
+    /// The tensor map of the QKV projection's `tokens × 3 hidden` output in
+    /// [`fn@attention_split`]'s boxes: [`BOX_TOKENS`] tokens × one head's 64 columns, 128-byte
+    /// swizzle.
+    pub fn qkv_map<'a>(gpu: &Gpu, qkv: &'a Buffer<f16>, shape: (usize, usize)) -> Result<TensorMap<'a>> {
+        gpu.tensor_map_2d(qkv, shape, (BOX_TOKENS as u32, HEAD_DIM as u32), Swizzle::B128)
+    }
+
+    /// A matrix on a device and its tensor map in the wgmma GEMM's (or the attention's) boxes,
+    /// owned together.
     /// Nothing in this module reassigns `buffer` once the map is made (kernels only write
     /// into it), so the address the map holds is that of a live allocation while it exists.
     struct Mapped {
@@ -439,7 +523,7 @@ mod host {
         map: TensorMap<'static>,
     }
 
-    /// [`wgmma_gemm::a_map`] or [`wgmma_gemm::bt_map`].
+    /// [`wgmma_gemm::a_map`], [`wgmma_gemm::bt_map`] or [`qkv_map`].
     type MapFn = for<'a> fn(&Gpu, &'a Buffer<f16>, (usize, usize)) -> Result<TensorMap<'a>>;
 
     impl Mapped {
@@ -784,7 +868,7 @@ mod host {
         biased: Buffer<f16>,
         summed: Buffer<f16>,
         qkv_raw: Buffer<f16>,
-        qkv: Buffer<f16>,
+        qkv: Mapped,
         up_raw: Buffer<f16>,
         up_biased: Buffer<f16>,
         up: Mapped,
@@ -861,7 +945,7 @@ mod host {
                 biased: poisoned(tokens * h)?,
                 summed: poisoned(tokens * h)?,
                 qkv_raw: poisoned(tokens * 3 * h)?,
-                qkv: poisoned(tokens * 3 * h)?,
+                qkv: Mapped::new(gpu, poisoned(tokens * 3 * h)?, (tokens, 3 * h), qkv_map)?,
                 up_raw: poisoned(tokens * f)?,
                 up_biased: poisoned(tokens * f)?,
                 up: mapped(poisoned(tokens * f), f)?,
@@ -905,10 +989,10 @@ mod host {
                 match mode {
                     Mode::Unfused => {
                         k.project(s, &g.qkv, Epilogue::None, &self.x, &l.wqkv, &mut self.qkv_raw, (t, 3 * h, h))?;
-                        k.add_bias.launch(s, &self.rows_qkv, &self.qkv_raw, &l.bqkv, &mut self.qkv)?;
-                        k.scores.launch(s, &self.attention, &self.qkv, &mut self.scores, seq, heads, scale)?;
+                        k.add_bias.launch(s, &self.rows_qkv, &self.qkv_raw, &l.bqkv, &mut self.qkv.buffer)?;
+                        k.scores.launch(s, &self.attention, &self.qkv.buffer, &mut self.scores, seq, heads, scale)?;
                         k.softmax.launch(s, &self.softmax, &self.scores, &mut self.probs, seq)?;
-                        k.context.launch(s, &self.attention, &self.probs, &self.qkv, &mut self.ctx.buffer, seq, heads)?;
+                        k.context.launch(s, &self.attention, &self.probs, &self.qkv.buffer, &mut self.ctx.buffer, seq, heads)?;
                         k.project(s, &g.o, Epilogue::None, &self.ctx, &l.wo, &mut self.proj, (t, h, h))?;
                         k.add_bias.launch(s, &self.rows, &self.proj, &l.bo, &mut self.biased)?;
                         k.add_residual.launch(s, &self.rows, &self.biased, &self.x.buffer, &mut self.summed)?;
@@ -927,10 +1011,10 @@ mod host {
                         // (`grid::wait_for_prerequisites`) before touching activations.
                         let (attention, rows) = (programmatic(self.attention), programmatic(self.rows));
                         let (qkv, o, up, down) = (g.qkv.programmatic(), g.o.programmatic(), g.up.programmatic(), g.down.programmatic());
-                        k.project(s, &qkv, Epilogue::Bias(&l.bqkv), &self.x, &l.wqkv, &mut self.qkv, (t, 3 * h, h))?;
+                        k.project(s, &qkv, Epilogue::Bias(&l.bqkv), &self.x, &l.wqkv, &mut self.qkv.buffer, (t, 3 * h, h))?;
                         match self.attention_split {
-                            Some(split) => k.attention_split.launch(s, &programmatic(split), &self.qkv, &mut self.ctx.buffer, seq, heads, scale)?,
-                            None => k.attention.launch(s, &attention, &self.qkv, &mut self.ctx.buffer, seq, heads, scale)?,
+                            Some(split) => k.attention_split.launch(s, &programmatic(split), self.qkv.map.words(), &mut self.ctx.buffer, seq, heads, scale)?,
+                            None => k.attention.launch(s, &attention, &self.qkv.buffer, &mut self.ctx.buffer, seq, heads, scale)?,
                         }
                         k.project(s, &o, Epilogue::Residual(&self.x.buffer), &self.ctx, &l.wo, &mut self.summed, (t, h, h))?;
                         k.bias_layer_norm.launch(s, &rows, &self.summed, &l.bo, &l.gamma1, &l.beta1, &mut self.h1.buffer, h)?;
@@ -966,10 +1050,10 @@ mod host {
                 // The layer's input: x, or the previous layer's output, LayerNorm-ed on the fly.
                 let previous = i.checked_sub(1).map(|p| &model.layers[p]);
                 match &l.qkv_folded {
-                    None => k.split_bias.launch(s, &qkv, self.x.map.words(), l.wqkv.split.words(), &l.bqkv, &mut self.qkv, t, 3 * h, h)?,
-                    Some(w) => k.split_folded.launch(s, &qkv, after_ffn.map.words(), w.w.map.words(), ffn_stats, &w.c, &w.d, &mut self.qkv, t, 3 * h, h)?,
+                    None => k.split_bias.launch(s, &qkv, self.x.map.words(), l.wqkv.split.words(), &l.bqkv, &mut self.qkv.buffer, t, 3 * h, h)?,
+                    Some(w) => k.split_folded.launch(s, &qkv, after_ffn.map.words(), w.w.map.words(), ffn_stats, &w.c, &w.d, &mut self.qkv.buffer, t, 3 * h, h)?,
                 }
-                k.attention_split.launch(s, &attention, &self.qkv, &mut self.ctx.buffer, seq, heads, scale)?;
+                k.attention_split.launch(s, &attention, self.qkv.map.words(), &mut self.ctx.buffer, seq, heads, scale)?;
                 let (a, wo) = (self.ctx.map.words(), l.wo.split.words());
                 match previous {
                     None => k.split_residual_stats.launch(s, &o, a, wo, &l.bo, &self.x.buffer, &mut after_o.buffer, o_stats, t, h, h)?,
