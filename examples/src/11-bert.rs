@@ -63,20 +63,34 @@ const COLUMN_TILES: usize = HEAD_DIM / 8;
 // 10 µs less (`results/bert-h200.md`) — and each warp then works on 16 queries and 16 keys at
 // a time.
 
-/// Where a staged tile's rows lie: the shared address of columns `col ..+ 8` (`col` a multiple
-/// of 8) of row `row`, one lane's row of an `ldmatrix`.
+/// A staged tile of Q, K or V, as the `mma` fragments read it: each by one `ldmatrix`, the
+/// whole warp together.
 trait Layout: Copy {
-    fn chunk(self, row: usize, col: usize) -> u32;
+    /// Rows `row ..+ 16`, columns `col ..+ 16`, as an A fragment.
+    fn a(self, row: usize, col: usize) -> FragA<f16>;
+    /// Rows (n) `n ..+ 8`, columns (k) `k ..+ 16`, as a B fragment (keys: `q·kᵀ`).
+    fn b_n_major(self, n: usize, k: usize) -> FragB<f16>;
+    /// Rows (k) `k ..+ 16`, columns (n) `n ..+ 8`, as a B fragment (values: `p·v`).
+    fn b_k_major(self, k: usize, n: usize) -> FragB<f16>;
 }
 
-/// A tile staged by `cp.async` ([`AttentionBlock::stage`]): rows of [`TILE_STRIDE`] halves.
+/// A tile staged by `cp.async` ([`AttentionBlock::stage`]): rows of [`TILE_STRIDE`] halves,
+/// read by the checked loaders (they trap outside the tile).
 #[derive(Clone, Copy)]
 struct Padded(SharedSlice<f16>);
 
 impl Layout for Padded {
     #[inline(always)]
-    fn chunk(self, row: usize, col: usize) -> u32 {
-        self.0.addr() + (2 * (row * TILE_STRIDE + col)) as u32
+    fn a(self, row: usize, col: usize) -> FragA<f16> {
+        FragA::load(self.0, TILE_STRIDE, row, col)
+    }
+    #[inline(always)]
+    fn b_n_major(self, n: usize, k: usize) -> FragB<f16> {
+        FragB::load_n_major(self.0, TILE_STRIDE, n, k)
+    }
+    #[inline(always)]
+    fn b_k_major(self, k: usize, n: usize) -> FragB<f16> {
+        FragB::load_k_major(self.0, TILE_STRIDE, k, n)
     }
 }
 
@@ -86,10 +100,35 @@ impl Layout for Padded {
 #[derive(Clone, Copy)]
 struct Swizzled(SharedSlice<f16>);
 
-impl Layout for Swizzled {
+impl Swizzled {
+    /// The shared address of columns `col ..+ 8` (`col` a multiple of 8) of row `row`.
     #[inline(always)]
     fn chunk(self, row: usize, col: usize) -> u32 {
         self.0.addr() + (row * ROW_BYTES + ((col / 8) ^ (row % 8)) * 16) as u32
+    }
+}
+
+// Unchecked: `attention_split`, the only kernel with swizzled tiles, stages `MAX_SEQ` rows of
+// keys and values and all its queries, and reads only those (`AttentionBlock::new` keeps `seq`
+// to `MAX_SEQ`, the loops stay below it), after they have landed.
+impl Layout for Swizzled {
+    #[inline(always)]
+    fn a(self, row: usize, col: usize) -> FragA<f16> {
+        let lane = warp::lane() as usize;
+        // SAFETY: this lane's 16 bytes of the fragment, in the landed tile (above).
+        unsafe { FragA::load_at(self.chunk(row + lane % 16, col + lane / 16 * 8)) }
+    }
+    #[inline(always)]
+    fn b_n_major(self, n: usize, k: usize) -> FragB<f16> {
+        let lane = warp::lane() as usize;
+        // SAFETY: as for `a`.
+        unsafe { FragB::load_n_major_at(self.chunk(n + lane % 8, k + lane / 8 % 2 * 8)) }
+    }
+    #[inline(always)]
+    fn b_k_major(self, k: usize, n: usize) -> FragB<f16> {
+        let lane = warp::lane() as usize;
+        // SAFETY: as for `a`.
+        unsafe { FragB::load_k_major_at(self.chunk(k + lane % 16, n)) }
     }
 }
 
@@ -178,26 +217,19 @@ impl AttentionBlock {
     }
 }
 
-/// The warp's queries (rows `row0 ..+ 16` of the staged `queries`) as A fragments. Every
-/// attention kernel stages `MAX_SEQ` rows of keys and values and all its queries, and reads
-/// only those (`AttentionBlock::new` keeps `seq` to `MAX_SEQ`).
+/// The warp's queries (rows `row0 ..+ 16` of the staged `queries`) as A fragments.
 #[inline(always)]
 fn query_fragments(queries: impl Layout, row0: usize) -> [FragA<f16>; SLICES] {
-    let lane = warp::lane() as usize;
-    // SAFETY: this lane's row of the fragment, in the staged (landed) tile.
-    core::array::from_fn(|s| unsafe { FragA::load_at(queries.chunk(row0 + lane % 16, 16 * s + lane / 16 * 8)) })
+    core::array::from_fn(|s| queries.a(row0, 16 * s))
 }
 
 /// `q·kᵀ` of the warp's 16 queries with staged keys `kc ..+ 8` and `kc + 8 ..+ 8`.
 #[inline(always)]
 fn score_chunk(q: &[FragA<f16>; SLICES], keys: impl Layout, kc: usize) -> [FragC; 2] {
-    let lane = warp::lane() as usize;
     let mut s = [FragC::ZERO; 2];
     for (half, acc) in s.iter_mut().enumerate() {
         for (slice, &qa) in q.iter().enumerate() {
-            // SAFETY: this lane's row of the fragment, keys `kc ..+ 16` (kc < seq) of the tile.
-            let k = unsafe { FragB::load_n_major_at(keys.chunk(kc + 8 * half + lane % 8, 16 * slice + lane / 8 % 2 * 8)) };
-            *acc = mma_m16n8k16(qa, k, *acc);
+            *acc = mma_m16n8k16(qa, keys.b_n_major(kc + 8 * half, 16 * slice), *acc);
         }
     }
     s
@@ -206,11 +238,8 @@ fn score_chunk(q: &[FragA<f16>; SLICES], keys: impl Layout, kc: usize) -> [FragC
 /// `o += p · v` for the probabilities `p` of keys `kc ..+ 16` and the staged values.
 #[inline(always)]
 fn accumulate_context(o: &mut [FragC; COLUMN_TILES], p: FragA<f16>, values: impl Layout, kc: usize) {
-    let lane = warp::lane() as usize;
     for (j, acc) in o.iter_mut().enumerate() {
-        // SAFETY: this lane's row of the fragment, values `kc ..+ 16` (kc < seq) of the tile.
-        let v = unsafe { FragB::load_k_major_at(values.chunk(kc + lane % 16, 8 * j)) };
-        *acc = mma_m16n8k16(p, v, *acc);
+        *acc = mma_m16n8k16(p, values.b_k_major(kc, 8 * j), *acc);
     }
 }
 
