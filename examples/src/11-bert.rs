@@ -8,8 +8,8 @@
 //! epilogues, one attention kernel (FlashAttention-2 style on the tensor cores: scores,
 //! online softmax and context of 16 queries per warp in registers), and bias + LayerNorm in
 //! one kernel, each launched programmatically after the previous one (a GEMM's first weight
-//! loads overlap the previous kernel's tail). At batch 1 the fused mode has 5 per layer and
-//! none of them a LayerNorm: all four projections take example 12's split-K kernels, O and
+//! loads overlap the previous kernel's tail). Where no projection takes the `wgmma` GEMM
+//! (BERT-base at batch 1-4 on the H200) the fused mode has 5 per layer and none of them a LayerNorm: all four projections take example 12's split-K kernels, O and
 //! FFN2 write each LayerNorm's input with its rows' statistics, and the kernels that read the
 //! LayerNorm's output take it on the fly — QKV and FFN1 folded into their product, O and FFN2
 //! of their residual — so that no kernel waits for another cluster's columns of a row
@@ -17,9 +17,10 @@
 //! 4× the blocks).
 //!
 //! Each projection runs on example 12's `wgmma` GEMM (weights as `out × in`, through tensor
-//! maps) once its 128 × 256 tiles cover the GPU; below that (batch 1 of BERT-base), the fused
-//! mode runs example 12's split-K `wgmma` GEMM (128 × 64 tiles, K split over a cluster), the
-//! unfused one example 10's split-K `mma.sync` GEMM (weights as `in × out`): see `Gemm::pick`.
+//! maps) once its 128 × 256 tiles cover the GPU, below that on example 10's split-K `mma.sync`
+//! GEMM (weights as `in × out`) — but where the fused mode defers its LayerNorms, all four
+//! run example 12's split-K `wgmma` GEMM (128 × 64 tiles, K split over a cluster): see
+//! `Projections::pick`.
 //!
 //! Every attention kernel runs on the tensor cores, a block per 64 queries of a (batch
 //! element, head), reading Q, K and V from the QKV projection's output and writing the
@@ -449,7 +450,7 @@ mod host {
     use crate::gemm::{self, gemm_f16, gemm_f16_bias, gemm_f16_bias_gelu, gemm_f16_residual, GemmError};
     use crate::softmax::softmax;
     use crate::wgmma_gemm::{self, wgmma_f16, wgmma_f16_bias, wgmma_f16_bias_gelu, wgmma_f16_residual};
-    use crate::wgmma_gemm::{layer_norm_rows, wgmma_split_f16, wgmma_split_f16_bias, wgmma_split_f16_bias_gelu, wgmma_split_f16_residual};
+    use crate::wgmma_gemm::{layer_norm_rows, wgmma_split_f16_bias};
     use crate::wgmma_gemm::{wgmma_split_f16_folded_ln_bias, wgmma_split_f16_folded_ln_bias_gelu, wgmma_split_f16_ln_residual_stats, wgmma_split_f16_residual_stats};
     use clusterfuse::host::{Buffer, Gpu, Result, Stream, Swizzle, TensorMap};
     use clusterfuse::Dim3;
@@ -695,10 +696,7 @@ mod host {
         wgmma_bias: wgmma_f16_bias::Kernel,
         wgmma_bias_gelu: wgmma_f16_bias_gelu::Kernel,
         wgmma_residual: wgmma_f16_residual::Kernel,
-        split: wgmma_split_f16::Kernel,
         split_bias: wgmma_split_f16_bias::Kernel,
-        split_bias_gelu: wgmma_split_f16_bias_gelu::Kernel,
-        split_residual: wgmma_split_f16_residual::Kernel,
         split_folded: wgmma_split_f16_folded_ln_bias::Kernel,
         split_folded_gelu: wgmma_split_f16_folded_ln_bias_gelu::Kernel,
         split_residual_stats: wgmma_split_f16_residual_stats::Kernel,
@@ -727,10 +725,7 @@ mod host {
                 wgmma_bias: wgmma_f16_bias::load(gpu)?,
                 wgmma_bias_gelu: wgmma_f16_bias_gelu::load(gpu)?,
                 wgmma_residual: wgmma_f16_residual::load(gpu)?,
-                split: wgmma_split_f16::load(gpu)?,
                 split_bias: wgmma_split_f16_bias::load(gpu)?,
-                split_bias_gelu: wgmma_split_f16_bias_gelu::load(gpu)?,
-                split_residual: wgmma_split_f16_residual::load(gpu)?,
                 split_folded: wgmma_split_f16_folded_ln_bias::load(gpu)?,
                 split_folded_gelu: wgmma_split_f16_folded_ln_bias_gelu::load(gpu)?,
                 split_residual_stats: wgmma_split_f16_residual_stats::load(gpu)?,
@@ -752,7 +747,7 @@ mod host {
         /// `out = epilogue(a · w)`, M × N × K, on the GEMM `gemm` picked.
         #[allow(clippy::too_many_arguments)]
         fn project(&self, s: &Stream, gemm: &Gemm, epilogue: Epilogue, a: &Mapped, w: &Weight, out: &mut Buffer<f16>, (m, n, k): (u32, u32, u32)) -> Result<()> {
-            let (x, wt, split) = (&a.buffer, &w.wt.map, &w.split);
+            let (x, wt) = (&a.buffer, &w.wt.map);
             match (gemm, epilogue) {
                 (Gemm::Mma(c), Epilogue::None) => self.gemm.launch(s, c, x, &w.w, out, m, n, k),
                 (Gemm::Mma(c), Epilogue::Bias(b)) => self.gemm_bias.launch(s, c, x, &w.w, b, out, m, n, k),
@@ -762,10 +757,7 @@ mod host {
                 (Gemm::Wgmma(c), Epilogue::Bias(b)) => self.wgmma_bias.launch(s, c, a.map.words(), wt.words(), b, out, m, n, k),
                 (Gemm::Wgmma(c), Epilogue::BiasGelu(b)) => self.wgmma_bias_gelu.launch(s, c, a.map.words(), wt.words(), b, out, m, n, k),
                 (Gemm::Wgmma(c), Epilogue::Residual(r)) => self.wgmma_residual.launch(s, c, a.map.words(), wt.words(), r, out, m, n, k),
-                (Gemm::Split(c), Epilogue::None) => self.split.launch(s, c, a.map.words(), split.words(), out, m, n, k),
-                (Gemm::Split(c), Epilogue::Bias(b)) => self.split_bias.launch(s, c, a.map.words(), split.words(), b, out, m, n, k),
-                (Gemm::Split(c), Epilogue::BiasGelu(b)) => self.split_bias_gelu.launch(s, c, a.map.words(), split.words(), b, out, m, n, k),
-                (Gemm::Split(c), Epilogue::Residual(r)) => self.split_residual.launch(s, c, a.map.words(), split.words(), r, out, m, n, k),
+                (Gemm::Split(_), _) => unreachable!("the split-K projections run in forward_deferred alone"),
             }
         }
     }
@@ -779,22 +771,20 @@ mod host {
         Residual(&'a Buffer<f16>),
     }
 
-    /// The emulator stands for a GPU of 8 SMs in [`Gemm::pick`], so that [`TINY`] at batch 2
-    /// (M = 160) runs its QKV and FFN1 projections on the wgmma GEMM and the others on
-    /// example 10's, except that at batch 1 the fused mode's O and FFN2 split K over 2 blocks
-    /// of the split-K wgmma GEMM; and the fused mode's attention runs [`attention_split`] at
-    /// batch 1 (8 blocks of 64 queries), [`attention`] at batch 2. Planned for 32 SMs
-    /// ([`Batch::for_sms`]), [`TINY`] at batch 1 takes the split-K GEMM for all four
-    /// projections, so the deferred LayerNorms ([`DeferredNorms`]), as BERT-base at batch 1 on
-    /// the H200.
+    /// The emulator stands for a GPU of 8 SMs in [`Projections::pick`], so that [`TINY`] at
+    /// batch 2 (M = 160) runs its QKV and FFN1 projections on the wgmma GEMM and the others on
+    /// example 10's, in both modes, while at batch 1 the fused mode takes the split-K kernels
+    /// for all four projections and defers its LayerNorms ([`DeferredNorms`]), as BERT-base
+    /// at batch 1-4 on the H200 ([`Batch::for_sms`] plans for other counts).
     const EMULATOR_SMS: usize = 8;
 
-    /// The most blocks a split-K projection of the batch-1 pass splits K over: 6, measured
-    /// against 5, 7 and 8 on the H200 (`results/bert-h200.md`, session 16). It binds O and
-    /// FFN2 (12 column tiles), whose f16 partials 6 blocks exchange in less time than 8 save
-    /// in k-steps (the pass 365.4 µs against 371.7 at 8; 5, uneven k-steps, 388); QKV and
-    /// FFN1 split as the SMs allow (3 and 2).
-    pub const BATCH_1_SPLITS: usize = 6;
+    /// The most blocks a split-K projection splits K over: 6, measured against 5, 7 and 8 on
+    /// the H200 at batch 1 (`results/bert-h200.md`, session 16). It binds O and FFN2 (12
+    /// column tiles), whose f16 partials 6 blocks exchange in less time than 8 save in
+    /// k-steps (the pass 365.4 µs against 371.7 at 8; 5, uneven k-steps, 388); QKV and FFN1
+    /// split as the SMs allow (3 and 2; from batch 2 QKV and FFN1 do not split, O and FFN2
+    /// split over 5 blocks at batch 2 and 2 at batch 4).
+    pub const SPLIT_K_SPLITS: usize = 6;
 
     /// A projection's GEMM and its launch configuration.
     #[derive(Clone, Copy)]
@@ -808,24 +798,21 @@ mod host {
     }
 
     impl Gemm {
-        /// The faster GEMM for M × N × K on `sms` SMs. Example 12's runs ~2× the work of
-        /// example 10's per SM (`results/gemm-h200.md`: 2.0-2.4× at BERT's shapes), but one
-        /// block per 128 × 256 tile and never splits K; example 10's splits K across up to 8
-        /// blocks while its tiles leave SMs idle. So: wgmma once its tiles, each worth two SMs
-        /// of example 10's, cover the SMs (2 · tiles ≥ SMs); below that the split-K grid puts
-        /// more of the GPU to work. BERT-base on 132 SMs: QKV and FFN1 from batch 8, O and
-        /// FFN2 from batch 32. Where the rows are one 128-row tile and example 12's split-K kernels
-        /// can still split K (128 × 64 tiles, at least two blocks each within a block per SM)
-        /// the fused mode takes them instead: BERT-base at batch 1, each projection on 96-108
-        /// SMs where example 10's ran 24-96 blocks of 128 × 128 (the H200, session 5: the pass
-        /// 647.3 µs against 752.1 µs). With more row tiles they lost: taking them for O and
-        /// FFN2 at batch 2 and 4 ran the pass in 873.0 and 1304.9 µs against 847.7 and 1135.3.
-        /// The unfused mode, the framework's baseline, keeps example 10's.
-        fn pick(mode: Mode, m: usize, n: usize, k: usize, sms: usize) -> std::result::Result<Self, GemmError> {
-            if 2 * m.div_ceil(wgmma_gemm::BM) * n.div_ceil(wgmma_gemm::BN) >= sms {
+        /// Whether example 12's `wgmma` GEMM takes M × N on `sms` SMs: once its 128 × 256
+        /// tiles, each worth two SMs of example 10's, cover the SMs (2 · tiles ≥ SMs).
+        /// Example 12's runs ~2× the work of example 10's per SM (`results/gemm-h200.md`:
+        /// 2.0-2.4× at BERT's shapes), but one block per tile and never splits K; example
+        /// 10's splits K across up to 8 blocks while its tiles leave SMs idle. BERT-base on
+        /// 132 SMs: QKV and FFN1 from batch 8, O and FFN2 from batch 32.
+        fn wgmma_covers(m: usize, n: usize, sms: usize) -> bool {
+            2 * m.div_ceil(wgmma_gemm::BM) * n.div_ceil(wgmma_gemm::BN) >= sms
+        }
+
+        /// The faster GEMM for M × N × K on `sms` SMs, alone: example 12's `wgmma` GEMM where
+        /// it covers the SMs ([`Gemm::wgmma_covers`]), else example 10's split-K GEMM.
+        fn pick(m: usize, n: usize, k: usize, sms: usize) -> std::result::Result<Self, GemmError> {
+            if Self::wgmma_covers(m, n, sms) {
                 Ok(Self::Wgmma(wgmma_gemm::config(m, n, k, sms)?))
-            } else if mode == Mode::Fused && m <= wgmma_gemm::BM && 2 * n.div_ceil(wgmma_gemm::SPLIT_BN) <= sms {
-                Ok(Self::Split(wgmma_gemm::split_k_config(m, n, k, sms, BATCH_1_SPLITS)?))
             } else {
                 Ok(Self::Mma(gemm::config(m, n, k)?))
             }
@@ -851,11 +838,33 @@ mod host {
     }
 
     impl Projections {
-        /// [`Gemm::pick`]'s choices for `tokens` rows of `dims` in `mode`.
+        /// The GEMMs for `tokens` rows of `dims` in `mode`: [`Gemm::pick`]'s, except that the
+        /// fused mode, where no projection takes the `wgmma` GEMM, takes example 12's split-K
+        /// kernels for all four (128 × 64 tiles, K split over a cluster of up to
+        /// [`SPLIT_K_SPLITS`] blocks where the SMs allow), so that its LayerNorms are
+        /// deferred ([`DeferredNorms`]): BERT-base on 132 SMs at batch 1-4, each projection
+        /// on 72-192 blocks. Against example 10's GEMMs and separate LayerNorms (7 kernels a
+        /// layer), the H200 ran the batch-2 and batch-4 passes in 640-646 and 838-842 µs
+        /// against 833.5-833.9 and 1115.5-1115.8; taken at batch 8, 16 and 32 too, where QKV
+        /// and FFN1 would take the `wgmma` GEMM, they lost (1308-1311, 2410-2413 and 4340-4344
+        /// µs against 1178, 1935-1938 and 2197-2206; `results/bert-h200.md`, session 18).
         fn pick(mode: Mode, dims: &Dims, tokens: usize, sms: usize) -> std::result::Result<Self, GemmError> {
             let (h, f) = (dims.hidden, dims.ffn);
-            let gemm = |n: usize, k: usize| Gemm::pick(mode, tokens, n, k, sms);
-            Ok(Self { qkv: gemm(3 * h, h)?, o: gemm(h, h)?, up: gemm(f, h)?, down: gemm(h, f)? })
+            let shapes = [(3 * h, h), (h, h), (f, h), (h, f)];
+            let split = mode == Mode::Fused && h <= wgmma_gemm::NORM_MAX_N && !shapes.iter().any(|&(n, _)| Gemm::wgmma_covers(tokens, n, sms));
+            let [qkv, o, up, down] = shapes.map(|(n, k)| {
+                if split {
+                    Ok(Gemm::Split(wgmma_gemm::split_k_config(tokens, n, k, sms, SPLIT_K_SPLITS)?))
+                } else {
+                    Gemm::pick(tokens, n, k, sms)
+                }
+            });
+            Ok(Self { qkv: qkv?, o: o?, up: up?, down: down? })
+        }
+
+        /// Whether all four projections take the split-K kernels.
+        fn split(&self) -> bool {
+            [self.qkv, self.o, self.up, self.down].iter().all(|g| matches!(g, Gemm::Split(_)))
         }
     }
 
@@ -910,13 +919,12 @@ mod host {
         rows_up: LaunchConfig,
         attention: LaunchConfig,
         /// The fused mode's LayerNorms deferred to the kernels that read their outputs, where
-        /// all four projections take the split-K kernels (BERT-base: batch 1), else `None`.
+        /// all four projections take the split-K kernels (BERT-base: batch 1-4), else `None`.
         deferred: Option<DeferredNorms>,
-        /// The fused mode's attention: [`attention_split`]'s grid where the tokens are one
-        /// 128-row tile, as for the split-K projections (BERT-base: batch 1), else `None`.
-        /// Taken up to one block of [`attention`] per SM (batch 1-4), with the split-K
-        /// projections at batch 2 and 4, the pass lost there (the H200, session 5: see
-        /// `Gemm::pick`).
+        /// The deferred fused mode's attention: [`attention_split`]'s grid, where the LayerNorms
+        /// are deferred (4× the blocks of [`attention`]: at batch 2 and 4 the H200 ran the
+        /// pass in 642-646 and 841-842 µs with it, 666-668 and 859 with [`attention`] (call 3),
+        /// `results/bert-h200.md`), else `None`.
         attention_split: Option<LaunchConfig>,
         softmax: LaunchConfig,
     }
@@ -953,8 +961,8 @@ mod host {
             let mapped = |buffer: Result<Buffer<f16>>, cols: usize| Mapped::new(gpu, buffer?, (tokens, cols), wgmma_gemm::a_map::<f16>);
             let rows = (tokens * dims.heads) as u32;
             let fused = Projections::pick(Mode::Fused, dims, tokens, sms)?;
-            let split = [fused.qkv, fused.o, fused.up, fused.down].iter().all(|g| matches!(g, Gemm::Split(_)));
-            let deferred = if split && h <= wgmma_gemm::NORM_MAX_N {
+            let split = fused.split();
+            let deferred = if split {
                 let summed = || mapped(poisoned(tokens * h), h);
                 let stats = || gpu.upload(&vec![f32::NAN; 2 * tokens * (h / wgmma_gemm::SPLIT_BN)]);
                 Some(DeferredNorms {
@@ -990,15 +998,16 @@ mod host {
                     block: (32 * ATTENTION_WARPS).into(),
                     ..LaunchConfig::default()
                 },
-                attention_split: (tokens <= wgmma_gemm::BM).then(|| LaunchConfig {
-                    grid: Dim3::new(dims.seq.div_ceil(SPLIT_QUERIES) as u32, dims.heads as u32, batch as u32),
-                    block: (32 * ATTENTION_WARPS).into(),
-                    // 96 blocks at batch 1, launched programmatically while the QKV kernel
-                    // holds 108 SMs: uncapped, the early ones pile onto the SMs it leaves free,
-                    // three a SM (its shared memory allows), and the batch-1 pass takes 443
-                    // µs against 421 (`results/bert-h200.md`).
-                    max_blocks_per_sm: Some(1),
-                    ..LaunchConfig::default()
+                attention_split: split.then(|| {
+                    let grid = Dim3::new(dims.seq.div_ceil(SPLIT_QUERIES) as u32, dims.heads as u32, batch as u32);
+                    // One block an SM where the grid fits the SMs: batch 1's 96 blocks,
+                    // launched programmatically while the QKV kernel holds 108 SMs, would
+                    // otherwise pile onto the SMs it leaves free, three a SM (its shared memory
+                    // allows), and the batch-1 pass took 443 µs against 421; past one wave,
+                    // uncapped (batch 2 and 4: 642-646 and 841-842 µs against 659 and 888
+                    // capped; `results/bert-h200.md`).
+                    let blocks = (grid.x * grid.y * grid.z) as usize;
+                    LaunchConfig { grid, block: (32 * ATTENTION_WARPS).into(), max_blocks_per_sm: (blocks <= sms).then_some(1), ..LaunchConfig::default() }
                 }),
                 // Example 04's softmax: a warp per row, 8 rows a block.
                 softmax: LaunchConfig { grid: rows.div_ceil(8).into(), block: 256.into(), ..LaunchConfig::default() },
@@ -1041,10 +1050,7 @@ mod host {
                         let (attention, rows) = (programmatic(self.attention), programmatic(self.rows));
                         let (qkv, o, up, down) = (g.qkv.programmatic(), g.o.programmatic(), g.up.programmatic(), g.down.programmatic());
                         k.project(s, &qkv, Epilogue::Bias(&l.bqkv), &self.x, &l.wqkv, &mut self.qkv.buffer, (t, 3 * h, h))?;
-                        match self.attention_split {
-                            Some(split) => k.attention_split.launch(s, &programmatic(split), self.qkv.map.words(), &mut self.ctx.buffer, seq, heads, scale)?,
-                            None => k.attention.launch(s, &attention, &self.qkv.buffer, &mut self.ctx.buffer, seq, heads, scale)?,
-                        }
+                        k.attention.launch(s, &attention, &self.qkv.buffer, &mut self.ctx.buffer, seq, heads, scale)?;
                         k.project(s, &o, Epilogue::Residual(&self.x.buffer), &self.ctx, &l.wo, &mut self.summed, (t, h, h))?;
                         k.bias_layer_norm.launch(s, &rows, &self.summed, &l.bo, &l.gamma1, &l.beta1, &mut self.h1.buffer, h)?;
                         k.project(s, &up, Epilogue::BiasGelu(&l.b1), &self.h1, &l.w1, &mut self.up.buffer, (t, f, h))?;
@@ -1066,7 +1072,7 @@ mod host {
             let (t, h, f, seq, heads) = (self.tokens as u32, d.hidden as u32, d.ffn as u32, d.seq as u32, d.heads as u32);
             let scale = 1.0 / (HEAD_DIM as f32).sqrt();
             let (Some(norms), Some(attention)) = (self.deferred.as_mut(), self.attention_split) else {
-                unreachable!("the deferred LayerNorms come with the split-K projections, which take one row tile")
+                unreachable!("the deferred LayerNorms come with the split-K projections and attention_split")
             };
             let config = |gemm: Gemm| match gemm.programmatic() {
                 Gemm::Split(c) => c,
