@@ -18,8 +18,10 @@
 //!
 //! Each projection runs on example 12's `wgmma` GEMM (weights as `out × in`, through tensor
 //! maps) once its 128 × 256 tiles cover the GPU, below that on example 10's split-K `mma.sync`
-//! GEMM (weights as `in × out`) — but where the fused mode defers its LayerNorms, all four
-//! run example 12's split-K `wgmma` GEMM (128 × 64 tiles, K split over a cluster): see
+//! GEMM (weights as `in × out`) — but in the fused mode, O and FFN2 below that take example
+//! 12's split-K `wgmma` GEMM (128 × 64 tiles, K split over a cluster where the SMs allow),
+//! writing the LayerNorm's input with its rows' statistics for `layer_norm_rows` (BERT-base
+//! at batch 8 and 16), and where it defers its LayerNorms all four do: see
 //! `Projections::pick`.
 //!
 //! Every attention kernel runs on the tensor cores, a block per 64 queries of a (batch
@@ -757,9 +759,50 @@ mod host {
                 (Gemm::Wgmma(c), Epilogue::Bias(b)) => self.wgmma_bias.launch(s, c, a.map.words(), wt.words(), b, out, m, n, k),
                 (Gemm::Wgmma(c), Epilogue::BiasGelu(b)) => self.wgmma_bias_gelu.launch(s, c, a.map.words(), wt.words(), b, out, m, n, k),
                 (Gemm::Wgmma(c), Epilogue::Residual(r)) => self.wgmma_residual.launch(s, c, a.map.words(), wt.words(), r, out, m, n, k),
-                (Gemm::Split(_), _) => unreachable!("the split-K projections run in forward_deferred alone"),
+                (Gemm::Split(_), _) => unreachable!("the split-K projections run before a LayerNorm (project_norm) or in forward_deferred"),
             }
         }
+
+        /// `out = LayerNorm(a · w + bias + residual)·γ + β` on the GEMM `gemm` picked, through
+        /// `summed`: a split-K `gemm` writes the sum with its rows' statistics into `stats` and
+        /// `layer_norm_rows` (`norm_rows`) normalises it; the others add the residual and
+        /// `bias_layer_norm` (`rows`) adds the bias and normalises. Both launched as configured.
+        #[allow(clippy::too_many_arguments)]
+        fn project_norm(
+            &self,
+            s: &Stream,
+            gemm: &Gemm,
+            a: &Mapped,
+            w: &Weight,
+            norm: AddNorm,
+            stats: Option<&mut Buffer<f32>>,
+            (rows, norm_rows): (&LaunchConfig, &LaunchConfig),
+            summed: &mut Buffer<f16>,
+            out: &mut Buffer<f16>,
+            (m, n, k): (u32, u32, u32),
+        ) -> Result<()> {
+            let AddNorm { bias, residual, gamma, beta } = norm;
+            match (gemm, stats) {
+                (Gemm::Split(c), Some(stats)) => {
+                    self.split_residual_stats.launch(s, c, a.map.words(), w.split.words(), bias, residual, summed, stats, m, n, k)?;
+                    self.layer_norm_rows.launch(s, norm_rows, summed, stats, gamma, beta, out)
+                }
+                (Gemm::Split(_), None) => unreachable!("a split-K projection before a LayerNorm comes with its rows' statistics"),
+                (gemm, _) => {
+                    self.project(s, gemm, Epilogue::Residual(residual), a, w, summed, (m, n, k))?;
+                    self.bias_layer_norm.launch(s, rows, summed, bias, gamma, beta, out, n)
+                }
+            }
+        }
+    }
+
+    /// The LayerNorm after a projection: `LayerNorm(a · w + bias + residual)·γ + β`.
+    #[derive(Clone, Copy)]
+    struct AddNorm<'a> {
+        bias: &'a Buffer<f16>,
+        residual: &'a Buffer<f16>,
+        gamma: &'a Buffer<f16>,
+        beta: &'a Buffer<f16>,
     }
 
     /// What a projection adds to `a · w`.
@@ -773,9 +816,11 @@ mod host {
 
     /// The emulator stands for a GPU of 8 SMs in [`Projections::pick`], so that [`TINY`] at
     /// batch 2 (M = 160) runs its QKV and FFN1 projections on the wgmma GEMM and the others on
-    /// example 10's, in both modes, while at batch 1 the fused mode takes the split-K kernels
-    /// for all four projections and defers its LayerNorms ([`DeferredNorms`]), as BERT-base
-    /// at batch 1-4 on the H200 ([`Batch::for_sms`] plans for other counts).
+    /// example 10's in the unfused mode and on example 12's split-K kernels in the fused mode,
+    /// as BERT-base at batch 8 and 16 on the H200, while at batch 1 the fused mode takes the
+    /// split-K kernels for all four projections and defers its LayerNorms
+    /// ([`DeferredNorms`]), as BERT-base at batch 1-4 ([`Batch::for_sms`] plans for other
+    /// counts).
     const EMULATOR_SMS: usize = 8;
 
     /// The most blocks a split-K projection splits K over: 6, measured against 5, 7 and 8 on
@@ -848,12 +893,19 @@ mod host {
         /// against 833.5-833.9 and 1115.5-1115.8; taken at batch 8, 16 and 32 too, where QKV
         /// and FFN1 would take the `wgmma` GEMM, they lost (1308-1311, 2410-2413 and 4340-4344
         /// µs against 1178, 1935-1938 and 2197-2206; `results/bert-h200.md`, session 18).
+        /// There the fused mode takes the split-K kernels for O and FFN2 alone, wherever the
+        /// `wgmma` GEMM does not cover the SMs for them (BERT-base at batch 8 and 16: 96 and 192
+        /// blocks of a 128 × 64 tile each, K unsplit), instead of example 10's: the passes took
+        /// 1037-1046 and 1744-1754 µs against 1181-1183 and 1946 (session 19, call 1); at batch
+        /// 32, where the `wgmma` GEMM covers them, 2731 against its 2202-2207.
         fn pick(mode: Mode, dims: &Dims, tokens: usize, sms: usize) -> std::result::Result<Self, GemmError> {
             let (h, f) = (dims.hidden, dims.ffn);
-            let shapes = [(3 * h, h), (h, h), (f, h), (h, f)];
-            let split = mode == Mode::Fused && h <= wgmma_gemm::NORM_MAX_N && !shapes.iter().any(|&(n, _)| Gemm::wgmma_covers(tokens, n, sms));
-            let [qkv, o, up, down] = shapes.map(|(n, k)| {
-                if split {
+            // N, K and whether a LayerNorm reads the output.
+            let shapes = [(3 * h, h, false), (h, h, true), (f, h, false), (h, f, true)];
+            let stats = mode == Mode::Fused && h <= wgmma_gemm::NORM_MAX_N;
+            let split = stats && !shapes.iter().any(|&(n, _, _)| Gemm::wgmma_covers(tokens, n, sms));
+            let [qkv, o, up, down] = shapes.map(|(n, k, normed)| {
+                if split || (stats && normed && !Gemm::wgmma_covers(tokens, n, sms)) {
                     Ok(Gemm::Split(wgmma_gemm::split_k_config(tokens, n, k, sms, SPLIT_K_SPLITS)?))
                 } else {
                     Gemm::pick(tokens, n, k, sms)
@@ -865,6 +917,11 @@ mod host {
         /// Whether all four projections take the split-K kernels.
         fn split(&self) -> bool {
             [self.qkv, self.o, self.up, self.down].iter().all(|g| matches!(g, Gemm::Split(_)))
+        }
+
+        /// Whether O and FFN2 take the split-K kernels (both or neither: the same N).
+        fn split_before_norms(&self) -> bool {
+            matches!(self.o, Gemm::Split(_))
         }
     }
 
@@ -921,6 +978,12 @@ mod host {
         /// The fused mode's LayerNorms deferred to the kernels that read their outputs, where
         /// all four projections take the split-K kernels (BERT-base: batch 1-4), else `None`.
         deferred: Option<DeferredNorms>,
+        /// The rows' statistics that the fused mode's split-K O and FFN2 kernels write with
+        /// their LayerNorms' inputs (after O `[0]`, after FFN2 `[1]`; `hidden / 64` pairs a
+        /// row), where it takes them (BERT-base: batch 1-16), else `None`.
+        stats: Option<[Buffer<f32>; 2]>,
+        /// `layer_norm_rows`: 8 rows a block.
+        norm_rows: LaunchConfig,
         /// The deferred fused mode's attention: [`attention_split`]'s grid, where the LayerNorms
         /// are deferred (4× the blocks of [`attention`]: at batch 2 and 4 the H200 ran the
         /// pass in 642-646 and 841-842 µs with it, 666-668 and 859 with [`attention`] (call 3),
@@ -939,10 +1002,6 @@ mod host {
     struct DeferredNorms {
         /// The inputs of the LayerNorms after O (`[0]`) and after FFN2 (`[1]`), `tokens × hidden`.
         summed: [Mapped; 2],
-        /// Their rows' statistics, `hidden / 64` pairs a row.
-        stats: [Buffer<f32>; 2],
-        /// `layer_norm_rows`: 8 rows a block.
-        rows: LaunchConfig,
     }
 
     impl Batch {
@@ -964,12 +1023,13 @@ mod host {
             let split = fused.split();
             let deferred = if split {
                 let summed = || mapped(poisoned(tokens * h), h);
+                Some(DeferredNorms { summed: [summed()?, summed()?] })
+            } else {
+                None
+            };
+            let stats = if fused.split_before_norms() {
                 let stats = || gpu.upload(&vec![f32::NAN; 2 * tokens * (h / wgmma_gemm::SPLIT_BN)]);
-                Some(DeferredNorms {
-                    summed: [summed()?, summed()?],
-                    stats: [stats()?, stats()?],
-                    rows: LaunchConfig { grid: (tokens.div_ceil(8) as u32).into(), block: 256.into(), ..LaunchConfig::default() },
-                })
+                Some([stats()?, stats()?])
             } else {
                 None
             };
@@ -990,6 +1050,8 @@ mod host {
                 probs: gpu.upload(&vec![f32::NAN; rows as usize * dims.seq])?,
                 gemms: [Projections::pick(Mode::Unfused, dims, tokens, sms)?, fused],
                 deferred,
+                stats,
+                norm_rows: LaunchConfig { grid: (tokens.div_ceil(8) as u32).into(), block: 256.into(), ..LaunchConfig::default() },
                 rows: row_config(h as u32, tokens as u32),
                 rows_qkv: row_config(3 * h as u32, tokens as u32),
                 rows_up: row_config(f as u32, tokens as u32),
@@ -1047,15 +1109,19 @@ mod host {
                         // Every kernel launched programmatically: it starts while the previous
                         // one finishes, a GEMM's first weight loads in flight, and waits for it
                         // (`grid::wait_for_prerequisites`) before touching activations.
-                        let (attention, rows) = (programmatic(self.attention), programmatic(self.rows));
+                        let (attention, rows) = (programmatic(self.attention), (&programmatic(self.rows), &programmatic(self.norm_rows)));
                         let (qkv, o, up, down) = (g.qkv.programmatic(), g.o.programmatic(), g.up.programmatic(), g.down.programmatic());
+                        let [o_stats, ffn_stats] = match &mut self.stats {
+                            Some([o, ffn]) => [Some(o), Some(ffn)],
+                            None => [None, None],
+                        };
                         k.project(s, &qkv, Epilogue::Bias(&l.bqkv), &self.x, &l.wqkv, &mut self.qkv.buffer, (t, 3 * h, h))?;
                         k.attention.launch(s, &attention, &self.qkv.buffer, &mut self.ctx.buffer, seq, heads, scale)?;
-                        k.project(s, &o, Epilogue::Residual(&self.x.buffer), &self.ctx, &l.wo, &mut self.summed, (t, h, h))?;
-                        k.bias_layer_norm.launch(s, &rows, &self.summed, &l.bo, &l.gamma1, &l.beta1, &mut self.h1.buffer, h)?;
+                        let norm = AddNorm { bias: &l.bo, residual: &self.x.buffer, gamma: &l.gamma1, beta: &l.beta1 };
+                        k.project_norm(s, &o, &self.ctx, &l.wo, norm, o_stats, rows, &mut self.summed, &mut self.h1.buffer, (t, h, h))?;
                         k.project(s, &up, Epilogue::BiasGelu(&l.b1), &self.h1, &l.w1, &mut self.up.buffer, (t, f, h))?;
-                        k.project(s, &down, Epilogue::Residual(&self.h1.buffer), &self.up, &l.w2, &mut self.summed, (t, h, f))?;
-                        k.bias_layer_norm.launch(s, &rows, &self.summed, &l.b2, &l.gamma2, &l.beta2, &mut self.x.buffer, h)?;
+                        let norm = AddNorm { bias: &l.b2, residual: &self.h1.buffer, gamma: &l.gamma2, beta: &l.beta2 };
+                        k.project_norm(s, &down, &self.up, &l.w2, norm, ffn_stats, rows, &mut self.summed, &mut self.x.buffer, (t, h, f))?;
                     }
                 }
             }
@@ -1071,7 +1137,7 @@ mod host {
             let d = &model.dims;
             let (t, h, f, seq, heads) = (self.tokens as u32, d.hidden as u32, d.ffn as u32, d.seq as u32, d.heads as u32);
             let scale = 1.0 / (HEAD_DIM as f32).sqrt();
-            let (Some(norms), Some(attention)) = (self.deferred.as_mut(), self.attention_split) else {
+            let (Some(norms), Some(stats), Some(attention)) = (self.deferred.as_mut(), self.stats.as_mut(), self.attention_split) else {
                 unreachable!("the deferred LayerNorms come with the split-K projections and attention_split")
             };
             let config = |gemm: Gemm| match gemm.programmatic() {
@@ -1080,7 +1146,7 @@ mod host {
             };
             let g = self.gemms[Mode::Fused as usize];
             let (qkv, o, up, down, attention) = (config(g.qkv), config(g.o), config(g.up), config(g.down), programmatic(attention));
-            let ([after_o, after_ffn], [o_stats, ffn_stats]) = (&mut norms.summed, &mut norms.stats);
+            let ([after_o, after_ffn], [o_stats, ffn_stats]) = (&mut norms.summed, stats);
             for (i, l) in model.layers.iter().enumerate() {
                 // The layer's input: x, or the previous layer's output, LayerNorm-ed on the fly.
                 let previous = i.checked_sub(1).map(|p| &model.layers[p]);
@@ -1103,7 +1169,7 @@ mod host {
                 k.split_ln_residual_stats.launch(s, &down, a, w2, &l.b2, &after_o.buffer, o_stats, &l.gamma1, &l.beta1, &mut after_ffn.buffer, ffn_stats, t, h, f)?;
             }
             if let Some(last) = model.layers.last() {
-                k.layer_norm_rows.launch(s, &programmatic(norms.rows), &after_ffn.buffer, ffn_stats, &last.gamma2, &last.beta2, &mut self.x.buffer)?;
+                k.layer_norm_rows.launch(s, &programmatic(self.norm_rows), &after_ffn.buffer, ffn_stats, &last.gamma2, &last.beta2, &mut self.x.buffer)?;
             }
             Ok(())
         }

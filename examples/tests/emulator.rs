@@ -282,7 +282,7 @@ fn bert_rejects_sizes_its_kernels_cannot_run() {
 /// (5 kernels a layer and one a pass) and its attention splitting its keys over warps — at
 /// batch 1 (M = 80) on 8 and 32 SMs, at batch 2 (M = 160, two row tiles) on 32; at batch 2 on
 /// 8 SMs (the emulator's default) both modes run QKV and FFN1 on the `wgmma` GEMM, O and FFN2
-/// on example 10's.
+/// on example 10's (unfused) or example 12's split-K kernels (fused, 7 kernels a layer).
 #[test]
 fn bert_launches_as_many_kernels_as_its_mode_says() {
     use clusterfuse_examples::bert::{Batch, Kernels, Mode, Model, TINY};
@@ -293,7 +293,7 @@ fn bert_launches_as_many_kernels_as_its_mode_says() {
     for (batch, sms, unfused, fused, fused_kernels) in [
         (1, 8, ["gemm"; 4], split, 5 * layers + 1),
         (1, 32, ["gemm"; 4], split, 5 * layers + 1),
-        (2, 8, ["wgmma", "gemm", "wgmma", "gemm"], ["wgmma", "gemm", "wgmma", "gemm"], 7 * layers),
+        (2, 8, ["wgmma", "gemm", "wgmma", "gemm"], ["wgmma", "split", "wgmma", "split"], 7 * layers),
         (2, 32, ["gemm"; 4], split, 5 * layers + 1),
     ] {
         let x = vec![clusterfuse::f16::from_f32(0.5); batch * TINY.seq * TINY.hidden];
@@ -314,15 +314,16 @@ fn bert_launches_as_many_kernels_as_its_mode_says() {
     }
 }
 
-/// The fused mode with its LayerNorms deferred to the kernels that read their outputs and
-/// its projections on example 12's split-K kernels (as BERT-base at batch 1-4 on the H200),
-/// against the f64 reference: batch 1 planned for 8 and 32 SMs (K split over 1-2 and 2-4
-/// blocks), and batch 2 for 32 (two row tiles, the second partial). The example runner
-/// checks batch 2 on 8 SMs.
+/// The fused mode on example 12's split-K kernels against the f64 reference: with its
+/// LayerNorms deferred to the kernels that read their outputs and all four projections split-K
+/// (as BERT-base at batch 1-4 on the H200) at batch 1 planned for 8 and 32 SMs (K split over
+/// 1-2 and 2-4 blocks) and batch 2 for 32 (two row tiles, the second partial); with O and FFN2
+/// alone split-K, each followed by `layer_norm_rows` (as BERT-base at batch 8 and 16), at
+/// batch 2 and 3 for 8 (two and three row tiles).
 #[test]
-fn bert_with_deferred_norms_matches_its_reference() {
+fn bert_on_split_k_projections_matches_its_reference() {
     use clusterfuse_examples::bert::{check_for_sms, TINY};
-    for (batch, sms) in [(1, 8), (1, 32), (2, 32)] {
+    for (batch, sms) in [(1, 8), (1, 32), (2, 32), (2, 8), (3, 8)] {
         let report = check_for_sms(&Gpu::emulator(), TINY, batch, sms).unwrap();
         assert!(report.passed(), "batch {batch}, {sms} SMs: rel error {:.2e}, tolerance {:.0e}, {} unwritten", report.rel_error, report.tolerance, report.unwritten);
     }
