@@ -452,7 +452,7 @@ mod host {
     use crate::gemm::{self, gemm_f16, gemm_f16_bias, gemm_f16_bias_gelu, gemm_f16_residual, GemmError};
     use crate::softmax::softmax;
     use crate::wgmma_gemm::{self, wgmma_f16, wgmma_f16_bias, wgmma_f16_bias_gelu, wgmma_f16_residual};
-    use crate::wgmma_gemm::{layer_norm_rows, wgmma_split_f16_bias};
+    use crate::wgmma_gemm::{layer_norm_rows, wgmma_split_f16_bias, SmLayout};
     use crate::wgmma_gemm::{wgmma_split_f16_folded_ln_bias, wgmma_split_f16_folded_ln_bias_gelu, wgmma_split_f16_ln_residual_stats, wgmma_split_f16_residual_stats};
     use clusterfuse::host::{Buffer, Gpu, Result, Stream, Swizzle, TensorMap};
     use clusterfuse::Dim3;
@@ -819,16 +819,18 @@ mod host {
     /// example 10's in the unfused mode and on example 12's split-K kernels in the fused mode,
     /// as BERT-base at batch 8 and 16 on the H200, while at batch 1 the fused mode takes the
     /// split-K kernels for all four projections and defers its LayerNorms
-    /// ([`DeferredNorms`]), as BERT-base at batch 1-4 ([`Batch::for_sms`] plans for other
-    /// counts).
+    /// ([`DeferredNorms`]), as BERT-base at batch 1-4 ([`Batch::for_layout`] plans for other
+    /// layouts).
     const EMULATOR_SMS: usize = 8;
 
     /// The most blocks a split-K projection splits K over: 6, measured against 5, 7 and 8 on
     /// the H200 at batch 1 (`results/bert-h200.md`, session 16). It binds O and FFN2 (12
     /// column tiles), whose f16 partials 6 blocks exchange in less time than 8 save in
-    /// k-steps (the pass 365.4 µs against 371.7 at 8; 5, uneven k-steps, 388); QKV and FFN1
-    /// split as the SMs allow (3 and 2; from batch 2 QKV and FFN1 do not split, O and FFN2
-    /// split over 5 blocks at batch 2 and 2 at batch 4).
+    /// k-steps (the pass 365.4 µs against 371.7 at 8; 5, uneven k-steps, 388). Below it
+    /// `wgmma_gemm::split_k_config` picks each projection's splits by the waves of clusters
+    /// the GPU holds: on the H200 QKV 3 and FFN1 2 at batch 1, unsplit from batch 2; O and
+    /// FFN2 4 at batch 2 (5 took two waves: 22 clusters of 5 fit), 2 at batch 4, 1 at batch
+    /// 8 and O 1, FFN2 2 at batch 16.
     pub const SPLIT_K_SPLITS: usize = 6;
 
     /// A projection's GEMM and its launch configuration.
@@ -895,18 +897,18 @@ mod host {
         /// µs against 1178, 1935-1938 and 2197-2206; `results/bert-h200.md`, session 18).
         /// There the fused mode takes the split-K kernels for O and FFN2 alone, wherever the
         /// `wgmma` GEMM does not cover the SMs for them (BERT-base at batch 8 and 16: 96 and 192
-        /// blocks of a 128 × 64 tile each, K unsplit), instead of example 10's: the passes took
-        /// 1037-1046 and 1744-1754 µs against 1181-1183 and 1946 (session 19, call 1); at batch
-        /// 32, where the `wgmma` GEMM covers them, 2731 against its 2202-2207.
-        fn pick(mode: Mode, dims: &Dims, tokens: usize, sms: usize) -> std::result::Result<Self, GemmError> {
-            let (h, f) = (dims.hidden, dims.ffn);
+        /// tiles of 128 × 64), instead of example 10's: the passes took 1037-1046 and 1744-1754
+        /// µs against 1181-1183 and 1946 (session 19, call 1, K unsplit); at batch 32, where
+        /// the `wgmma` GEMM covers them, 2731 against its 2202-2207.
+        fn pick(mode: Mode, dims: &Dims, tokens: usize, layout: &SmLayout) -> std::result::Result<Self, GemmError> {
+            let (h, f, sms) = (dims.hidden, dims.ffn, layout.sms());
             // N, K and whether a LayerNorm reads the output.
             let shapes = [(3 * h, h, false), (h, h, true), (f, h, false), (h, f, true)];
             let stats = mode == Mode::Fused && h <= wgmma_gemm::NORM_MAX_N;
             let split = stats && !shapes.iter().any(|&(n, _, _)| Gemm::wgmma_covers(tokens, n, sms));
             let [qkv, o, up, down] = shapes.map(|(n, k, normed)| {
                 if split || (stats && normed && !Gemm::wgmma_covers(tokens, n, sms)) {
-                    Ok(Gemm::Split(wgmma_gemm::split_k_config(tokens, n, k, sms, SPLIT_K_SPLITS)?))
+                    Ok(Gemm::Split(wgmma_gemm::split_k_config(tokens, n, k, layout, SPLIT_K_SPLITS)?))
                 } else {
                     Gemm::pick(tokens, n, k, sms)
                 }
@@ -925,9 +927,10 @@ mod host {
         }
     }
 
-    /// The SMs [`Gemm::pick`] plans for: the GPU's, or on the emulator [`EMULATOR_SMS`].
-    fn sms(gpu: &Gpu) -> Result<usize> {
-        Ok(wgmma_gemm::sm_count(gpu)?.unwrap_or(EMULATOR_SMS))
+    /// The SMs [`Projections::pick`] plans for: the GPU's, or on the emulator
+    /// [`EMULATOR_SMS`].
+    fn layout(gpu: &Gpu) -> Result<SmLayout> {
+        Ok(SmLayout::of(gpu)?.unwrap_or(SmLayout::uniform(EMULATOR_SMS)))
     }
 
     /// `config` with programmatic dependent launch.
@@ -1008,18 +1011,18 @@ mod host {
         /// Buffers for `batch` sequences of `dims`, with the input `x` (`tokens × hidden`),
         /// picking the GEMMs for this GPU's SMs (the emulator's: [`EMULATOR_SMS`]).
         pub fn new(gpu: &Gpu, dims: &Dims, batch: usize, x: &[f16]) -> std::result::Result<Self, GemmError> {
-            Self::for_sms(gpu, dims, batch, x, sms(gpu)?)
+            Self::for_layout(gpu, dims, batch, x, &layout(gpu)?)
         }
 
-        /// As [`Batch::new`], picking the GEMMs for a GPU of `sms` SMs.
-        pub fn for_sms(gpu: &Gpu, dims: &Dims, batch: usize, x: &[f16], sms: usize) -> std::result::Result<Self, GemmError> {
+        /// As [`Batch::new`], picking the GEMMs for a GPU of `layout`.
+        pub fn for_layout(gpu: &Gpu, dims: &Dims, batch: usize, x: &[f16], layout: &SmLayout) -> std::result::Result<Self, GemmError> {
             dims.check().map_err(GemmError::Shape)?;
             let (tokens, h, f) = (batch * dims.seq, dims.hidden, dims.ffn);
             assert_eq!(x.len(), tokens * h, "the input is tokens × hidden");
             let poisoned = |len: usize| gpu.upload(&vec![f16::NAN; len]);
             let mapped = |buffer: Result<Buffer<f16>>, cols: usize| Mapped::new(gpu, buffer?, (tokens, cols), wgmma_gemm::a_map::<f16>);
             let rows = (tokens * dims.heads) as u32;
-            let fused = Projections::pick(Mode::Fused, dims, tokens, sms)?;
+            let fused = Projections::pick(Mode::Fused, dims, tokens, layout)?;
             let split = fused.split();
             let deferred = if split {
                 let summed = || mapped(poisoned(tokens * h), h);
@@ -1048,7 +1051,7 @@ mod host {
                 up: mapped(poisoned(tokens * f), f)?,
                 scores: gpu.upload(&vec![f32::NAN; rows as usize * dims.seq])?,
                 probs: gpu.upload(&vec![f32::NAN; rows as usize * dims.seq])?,
-                gemms: [Projections::pick(Mode::Unfused, dims, tokens, sms)?, fused],
+                gemms: [Projections::pick(Mode::Unfused, dims, tokens, layout)?, fused],
                 deferred,
                 stats,
                 norm_rows: LaunchConfig { grid: (tokens.div_ceil(8) as u32).into(), block: 256.into(), ..LaunchConfig::default() },
@@ -1069,7 +1072,7 @@ mod host {
                     // uncapped (batch 2 and 4: 642-646 and 841-842 µs against 659 and 888
                     // capped; `results/bert-h200.md`).
                     let blocks = (grid.x * grid.y * grid.z) as usize;
-                    LaunchConfig { grid, block: (32 * ATTENTION_WARPS).into(), max_blocks_per_sm: (blocks <= sms).then_some(1), ..LaunchConfig::default() }
+                    LaunchConfig { grid, block: (32 * ATTENTION_WARPS).into(), max_blocks_per_sm: (blocks <= layout.sms()).then_some(1), ..LaunchConfig::default() }
                 }),
                 // Example 04's softmax: a warp per row, 8 rows a block.
                 softmax: LaunchConfig { grid: rows.div_ceil(8).into(), block: 256.into(), ..LaunchConfig::default() },
@@ -1275,17 +1278,17 @@ mod host {
     /// Runs both modes on the same random input and weights and compares each output with
     /// its f64 reference: `dims` at `batch`.
     pub fn check(gpu: &Gpu, dims: Dims, batch: usize) -> std::result::Result<Report, GemmError> {
-        check_for_sms(gpu, dims, batch, sms(gpu)?)
+        check_for_layout(gpu, dims, batch, &layout(gpu)?)
     }
 
-    /// [`check`] with the GEMMs picked for a GPU of `sms` SMs ([`Batch::for_sms`]).
-    pub fn check_for_sms(gpu: &Gpu, dims: Dims, batch: usize, sms: usize) -> std::result::Result<Report, GemmError> {
+    /// [`check`] with the GEMMs picked for a GPU of `layout` ([`Batch::for_layout`]).
+    pub fn check_for_layout(gpu: &Gpu, dims: Dims, batch: usize, layout: &SmLayout) -> std::result::Result<Report, GemmError> {
         let model = Model::random(gpu, dims)?;
         let kernels = Kernels::load(gpu)?;
         let x: Vec<f16> = crate::check::random(batch * dims.seq * dims.hidden).into_iter().map(f16::from_f32).collect();
         let (mut outs, mut refs) = (Vec::new(), Vec::new());
         for mode in Mode::ALL {
-            let mut b = Batch::for_sms(gpu, &dims, batch, &x, sms)?;
+            let mut b = Batch::for_layout(gpu, &dims, batch, &x, layout)?;
             b.forward(gpu.stream(), &kernels, &model, mode)?;
             outs.extend(gpu.download(b.x())?.iter().map(|v| v.to_f32()));
             refs.extend(reference(&dims, &model.host, &x, mode.gelu()));

@@ -1098,18 +1098,20 @@ mod host {
     }
 
     /// The launch configuration of the split-K kernels ([`gemm_split_k`]) for an M × N × K
-    /// GEMM on `sms` SMs, or why they cannot compute it: per 128 × 64 tile of C, the most
+    /// GEMM on a GPU of `layout`, or why they cannot compute it: per 128 × 64 tile of C, the
     /// blocks (a cluster along z, up to `max_splits`, itself at most [`MAX_SPLITS`], at most one
-    /// per k-step) that keep the grid within one block per SM, with the stages the longest
-    /// block's k-steps fill ([`split_smem_bytes`]). At most two blocks on an SM by shared
+    /// per k-step) that [`split_k_time`] puts fastest, the fewest on a tie, with the stages the
+    /// longest block's k-steps fill ([`split_smem_bytes`]). At most two blocks on an SM by shared
     /// memory; the kernels BERT's batch-1 pass takes after its first (106-107 registers a
     /// thread) fit one by registers (`tests/ptx.rs` checks it), which leaves room beside each
     /// for a block of the kernel launched after it (its attention), but none for the next
     /// projection's: two projection blocks side by side, as when 4 stages (99 KB) and 80
     /// registers let them, ran the pass at 1.2-1.7× the time (`results/bert-h200.md`).
-    /// BERT-base at batch 1 on 132 SMs, at most 6 splits (`bert::BATCH_1_SPLITS`): QKV 36
-    /// tiles × 3 (4 stages), O 12 × 6 (2), FFN1 48 × 2 (6), FFN2 12 × 6 (6, 8 k-steps).
-    pub fn split_k_config(m: usize, n: usize, k: usize, sms: usize, max_splits: usize) -> std::result::Result<LaunchConfig, GemmError> {
+    /// BERT-base at batch 1 on 132 SMs, at most 6 splits (`bert::SPLIT_K_SPLITS`): QKV 36
+    /// tiles × 3 (4 stages), O 12 × 6 (2), FFN1 48 × 2 (6), FFN2 12 × 6 (6, 8 k-steps); at
+    /// batch 2 O and FFN2 24 × 4 (24 clusters of 5 would take two waves); at batch 16 FFN2
+    /// 192 × 2, two blocks a tile in three waves rather than one in two.
+    pub fn split_k_config(m: usize, n: usize, k: usize, layout: &SmLayout, max_splits: usize) -> std::result::Result<LaunchConfig, GemmError> {
         config(m, n, k, 1)?;
         let (tiles_n, tiles_m) = (n.div_ceil(SPLIT_BN), m.div_ceil(BM));
         if tiles_m > 65535 {
@@ -1119,7 +1121,7 @@ mod host {
             return Err(GemmError::Shape(format!("M = {m}, N = {n}, K = {k}: max_splits is 0; a tile takes at least one block")));
         }
         let steps = k.div_ceil(BK);
-        let splits = (1..=max_splits.min(MAX_SPLITS)).rev().find(|&s| s <= steps && tiles_n * tiles_m * s <= sms).unwrap_or(1) as u32;
+        let splits = (1..=max_splits.min(MAX_SPLITS).min(steps)).min_by_key(|&s| split_k_time(tiles_n * tiles_m, steps, s, layout.clusters(s))).unwrap_or(1) as u32;
         Ok(LaunchConfig {
             grid: Dim3::new(tiles_n as u32, tiles_m as u32, splits),
             block: (THREADS as u32).into(),
@@ -1128,6 +1130,81 @@ mod host {
             max_blocks_per_sm: Some(2),
             ..LaunchConfig::default()
         })
+    }
+
+    /// A split-K block's fixed cost, in k-steps: waiting for the previous kernel, the first
+    /// stage's loads, the cluster's DSMEM reduction and the epilogue. Fitted to the H200 in
+    /// BERT-base's passes (`results/bert-h200.md`, session 20): with the H200's cluster slots
+    /// it keeps the split counts measured best at batch 1 (QKV 3, O 6, FFN1 2, FFN2 6;
+    /// session 18) and those of batch 4 and 8, and gains at batch 2 (O and FFN2 4: the pass
+    /// 514-515 µs against 639-640 at 5, whose clusters took two waves) and 16 (FFN2 split over
+    /// two in three waves: 1700-1709 µs against 1744-1748 unsplit in two).
+    const SPLIT_BLOCK_STEPS: usize = 6;
+
+    /// The time of `tiles` tiles of `steps` k-steps, each split over a cluster of `splits`
+    /// blocks, `clusters` of which fit the GPU at once, in k-steps: the waves of clusters
+    /// times a block's fixed cost ([`SPLIT_BLOCK_STEPS`]) and its longest share of the
+    /// k-steps; `usize::MAX` where no such cluster fits.
+    fn split_k_time(tiles: usize, steps: usize, splits: usize, clusters: usize) -> usize {
+        match clusters {
+            0 => usize::MAX,
+            _ => tiles.div_ceil(clusters) * (SPLIT_BLOCK_STEPS + steps.div_ceil(splits)),
+        }
+    }
+
+    /// A GPU's SMs as the split-K kernels see them: how many clusters of each size, a block
+    /// an SM, fit at once. A cluster's blocks share a GPC, so where the GPCs' SMs are not a
+    /// multiple of the size some stay idle: the H200's 132 SMs hold 22 clusters of 5, not 26
+    /// (`bert-bench` prints the counts).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct SmLayout {
+        /// Clusters of 1..=[`MAX_SPLITS`] blocks.
+        clusters: [usize; MAX_SPLITS],
+    }
+
+    impl SmLayout {
+        /// A GPU that holds `clusters[s - 1]` clusters of `s` blocks at once.
+        pub fn new(clusters: [usize; MAX_SPLITS]) -> Self {
+            Self { clusters }
+        }
+
+        /// `sms` SMs that clusters of any size tile, as the emulator plans for.
+        pub fn uniform(sms: usize) -> Self {
+            Self { clusters: core::array::from_fn(|i| sms / (i + 1)) }
+        }
+
+        /// The GPU's, from `cuOccupancyMaxActiveClusters` of a split-K kernel with all its
+        /// stages (a block an SM by shared memory); `None` on the emulator.
+        pub fn of(gpu: &Gpu) -> Result<Option<Self>> {
+            if gpu.context().is_none() {
+                return Ok(None);
+            }
+            let kernel = wgmma_split_f16_bias::load(gpu)?;
+            let raw = kernel.raw();
+            let mut clusters = [0; MAX_SPLITS];
+            for (i, slots) in clusters.iter_mut().enumerate() {
+                let size = i as u32 + 1;
+                let config = LaunchConfig {
+                    grid: Dim3::new(1, 1, size),
+                    block: (THREADS as u32).into(),
+                    cluster: Some(Dim3::new(1, 1, size)),
+                    dynamic_smem_bytes: split_smem_bytes(SPLIT_STAGES),
+                    ..LaunchConfig::default()
+                };
+                *slots = raw.max_active_clusters(gpu.stream(), &raw.plan(&config)?)? as usize;
+            }
+            Ok(Some(Self { clusters }))
+        }
+
+        /// Clusters of `size` blocks that fit at once (`size` in 1..=[`MAX_SPLITS`]).
+        pub fn clusters(&self, size: usize) -> usize {
+            self.clusters[size - 1]
+        }
+
+        /// The SMs (clusters of one block).
+        pub fn sms(&self) -> usize {
+            self.clusters[0]
+        }
     }
 
     /// The tensor map of an N × K Bᵀ in the split-K kernels' boxes (64 × 64, 128-byte swizzle).
@@ -1337,7 +1414,7 @@ mod host {
     /// K = 1048 (17 k-steps, the last 24 deep) over 3 blocks.
     pub fn run_split_k(gpu: &Gpu, epilogue: EpilogueKind) -> Result<Report> {
         let (m, n, k) = shape(gpu, (128, 768, 3072), (100, 72, 1048));
-        let sms = shape(gpu, sm_count(gpu)?.unwrap_or(EMULATOR_SPLIT_SMS), EMULATOR_SPLIT_SMS);
+        let layout = SmLayout::of(gpu)?.unwrap_or(SmLayout::uniform(EMULATOR_SPLIT_SMS));
         let host = HostOperands::<f16>::random(m, n, k);
         let x = Operands::upload(gpu, &host)?;
         let bt = gpu.upload(&transpose(&host.b, k, n))?;
@@ -1346,7 +1423,7 @@ mod host {
             GemmError::Launch(err) => err,
             GemmError::Shape(what) => unreachable!("the example's shapes are supported: {what}"),
         };
-        let config = split_k_config(m, n, k, sms, MAX_SPLITS).map_err(unsupported)?;
+        let config = split_k_config(m, n, k, &layout, MAX_SPLITS).map_err(unsupported)?;
         let (a_map, b_map) = (a_map(gpu, &x.a, (m, k))?, split_bt_map(gpu, &bt, (n, k))?);
         let (s, a, b, (mu, nu, ku)) = (gpu.stream(), a_map.words(), b_map.words(), (m as u32, n as u32, k as u32));
         match epilogue {
@@ -1384,12 +1461,12 @@ mod host {
     /// reference: `s = a · w₀ + b₀ + r` with its rows' statistics
     /// ([`fn@wgmma_split_f16_residual_stats`]), then `out = LayerNorm(s) · w₁ + b₁` with the
     /// LayerNorm folded into the product ([`fn@wgmma_split_f16_folded_ln_bias`]). On a GPU
-    /// BERT-base's O and FFN1 shapes at batch 1 (128 rows, hidden 768, FFN 3072: 12 tiles × 8
+    /// BERT-base's O and FFN1 shapes at batch 1 (128 rows, hidden 768, FFN 3072: 12 tiles × 6
     /// blocks, then 48 × 2); on the emulator 100 rows (one partial row tile), hidden 640, 128
     /// outputs, the second product on one block a tile (10 k-steps: the pipeline wraps).
     pub fn run_split_k_layer_norm(gpu: &Gpu) -> Result<Report> {
         let (m, h, k0, n) = shape(gpu, (128, 768, 768, 3072), (100, 640, 192, 128));
-        let sms = shape(gpu, sm_count(gpu)?.unwrap_or(2), 2);
+        let layout = SmLayout::of(gpu)?.unwrap_or(SmLayout::uniform(2));
         let f16s = |len: usize, scale: f32| -> Vec<f16> { crate::check::random(len).into_iter().map(|v| f16::from_f32(scale * v)).collect() };
         // Weights as example 10 takes them (K × N).
         let (a, w0, b0, r) = (f16s(m * k0, 1.0), f16s(k0 * h, 1.0 / (k0 as f32).sqrt()), f16s(h, 1.0), f16s(m * h, 1.0));
@@ -1399,7 +1476,7 @@ mod host {
             GemmError::Launch(err) => err,
             GemmError::Shape(what) => unreachable!("the example's shapes are supported: {what}"),
         };
-        let (first, second) = (split_k_config(m, h, k0, sms, MAX_SPLITS).map_err(unsupported)?, split_k_config(m, n, h, sms, MAX_SPLITS).map_err(unsupported)?);
+        let (first, second) = (split_k_config(m, h, k0, &layout, MAX_SPLITS).map_err(unsupported)?, split_k_config(m, n, h, &layout, MAX_SPLITS).map_err(unsupported)?);
         let (a_d, b0_d, r_d) = (gpu.upload(&a)?, gpu.upload(&b0)?, gpu.upload(&r)?);
         let (w0t, w1t, c_d, d_d) = (gpu.upload(&transpose(&w0, k0, h))?, gpu.upload(&transpose(&w1_folded, h, n))?, gpu.upload(&c)?, gpu.upload(&d)?);
         let (mut summed, mut out) = (gpu.upload(&vec![f16::NAN; m * h])?, gpu.upload(&vec![f16::NAN; m * n])?);

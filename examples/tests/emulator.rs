@@ -214,7 +214,7 @@ fn wgmma_gemm_rejects_unsupported_shapes_before_launching() {
     use clusterfuse::bf16;
     use clusterfuse::host::Swizzle;
     use clusterfuse_examples::gemm::{EpilogueKind, GemmError, HostOperands, Operands};
-    use clusterfuse_examples::wgmma_gemm::{config, split_k_config, Kernels, Maps};
+    use clusterfuse_examples::wgmma_gemm::{config, split_k_config, Kernels, Maps, SmLayout};
     for (m, n, k, what) in [(33, 40, 50, "multiple of 8"), (0, 8, 8, "at least 1")] {
         match config(m, n, k, 132) {
             Err(err @ GemmError::Shape(_)) => assert!(err.to_string().contains(what), "{m} × {n} × {k}: {err}"),
@@ -225,9 +225,18 @@ fn wgmma_gemm_rejects_unsupported_shapes_before_launching() {
     assert_eq!(config(33, 41, 48, 132).unwrap().grid.x, 1);
     assert_eq!(config(4096, 4096, 48, 132).unwrap().grid.x, 132);
     // Split-K: at most `max_splits` blocks a tile, and at least one.
-    assert_eq!(split_k_config(128, 768, 3072, 132, 6).unwrap().grid.z, 6);
-    assert_eq!(split_k_config(128, 768, 3072, 132, 1).unwrap().grid.z, 1);
-    match split_k_config(128, 768, 3072, 132, 0) {
+    let h100 = SmLayout::uniform(132);
+    assert_eq!(split_k_config(128, 768, 3072, &h100, 6).unwrap().grid.z, 6);
+    assert_eq!(split_k_config(128, 768, 3072, &h100, 1).unwrap().grid.z, 1);
+    // The waves of clusters decide: on the H200's counts (`bert-bench`), 24 tiles take 4
+    // blocks each, not 5 (22 clusters of 5 fit: two waves), where 132 even SMs would take 5;
+    // 192 tiles of 48 k-steps take 2 in three waves rather than 1 in two.
+    let h200 = SmLayout::new([132, 66, 39, 30, 22, 17, 15, 15]);
+    assert_eq!(split_k_config(256, 768, 3072, &h200, 6).unwrap().grid.z, 4);
+    assert_eq!(split_k_config(256, 768, 3072, &h100, 6).unwrap().grid.z, 5);
+    assert_eq!(split_k_config(2048, 768, 3072, &h200, 6).unwrap().grid.z, 2);
+    assert_eq!(split_k_config(128, 2304, 768, &h200, 6).unwrap().grid.z, 3);
+    match split_k_config(128, 768, 3072, &h100, 0) {
         Err(err @ GemmError::Shape(_)) => assert!(err.to_string().contains("max_splits is 0"), "{err}"),
         other => panic!("max_splits = 0 accepted: {other:?}"),
     }
@@ -286,6 +295,7 @@ fn bert_rejects_sizes_its_kernels_cannot_run() {
 #[test]
 fn bert_launches_as_many_kernels_as_its_mode_says() {
     use clusterfuse_examples::bert::{Batch, Kernels, Mode, Model, TINY};
+    use clusterfuse_examples::wgmma_gemm::SmLayout;
     let gpu = Gpu::emulator();
     let (kernels, model) = (Kernels::load(&gpu).unwrap(), Model::random(&gpu, TINY).unwrap());
     let layers = TINY.layers;
@@ -298,7 +308,7 @@ fn bert_launches_as_many_kernels_as_its_mode_says() {
     ] {
         let x = vec![clusterfuse::f16::from_f32(0.5); batch * TINY.seq * TINY.hidden];
         for (mode, projections) in Mode::ALL.into_iter().zip([unfused, fused]) {
-            let mut b = Batch::for_sms(&gpu, &TINY, batch, &x, sms).unwrap();
+            let mut b = Batch::for_layout(&gpu, &TINY, batch, &x, &SmLayout::uniform(sms)).unwrap();
             let ((), trace) = gpu.record(mode.name(), Some(batch as u32), || b.forward(gpu.stream(), &kernels, &model, mode)).unwrap();
             let launches = clusterfuse::host::trace::Summary::of(&trace).kernels;
             let expected = if mode == Mode::Fused { fused_kernels } else { 16 * layers };
@@ -322,9 +332,10 @@ fn bert_launches_as_many_kernels_as_its_mode_says() {
 /// batch 2 and 3 for 8 (two and three row tiles).
 #[test]
 fn bert_on_split_k_projections_matches_its_reference() {
-    use clusterfuse_examples::bert::{check_for_sms, TINY};
+    use clusterfuse_examples::bert::{check_for_layout, TINY};
+    use clusterfuse_examples::wgmma_gemm::SmLayout;
     for (batch, sms) in [(1, 8), (1, 32), (2, 32), (2, 8), (3, 8)] {
-        let report = check_for_sms(&Gpu::emulator(), TINY, batch, sms).unwrap();
+        let report = check_for_layout(&Gpu::emulator(), TINY, batch, &SmLayout::uniform(sms)).unwrap();
         assert!(report.passed(), "batch {batch}, {sms} SMs: rel error {:.2e}, tolerance {:.0e}, {} unwritten", report.rel_error, report.tolerance, report.unwritten);
     }
 }

@@ -2,7 +2,7 @@
 //! ffn 3072, sequence 128, fp16, random weights) at batch 1-64, unfused (16 kernels a layer, as
 //! a framework launches them), fused (7; 5 at batch 1-4) and both replayed from a CUDA graph.
 //!
-//! First the checks, failing loudly: one layer at batch 1, 2 and 8 in both modes against the
+//! First the checks, failing loudly: one layer at batch 1, 2, 8 and 16 in both modes against the
 //! f64 reference, and the 12-layer outputs of both modes at batch 1 against each other. Then per
 //! batch and mode: one forward pass (ended by a synchronisation) recorded to warm up and one
 //! for the trace (`bert-<mode>-bNN.jsonl`, with its launch count checked), the latency of a
@@ -21,14 +21,15 @@ use clusterfuse::host::trace::{self, AdviceOptions, Summary, Trace};
 use clusterfuse::host::Gpu;
 use clusterfuse_examples::bert::{self, Batch, Dims, Kernels, Mode, Model, BERT_BASE};
 use clusterfuse_examples::check::{gpu_or_skip, median_latency_us, random, Report};
+use clusterfuse_examples::wgmma_gemm::{SmLayout, MAX_SPLITS};
 use std::error::Error;
 use std::path::{Path, PathBuf};
 
 const BATCHES: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
 /// The batches whose one layer is checked against the f64 reference: one and two row tiles
-/// of the fused mode's split-K projections with its LayerNorms deferred, and batch 8, where
-/// O and FFN2 alone take them.
-const CHECK_BATCHES: [usize; 3] = [1, 2, 8];
+/// of the fused mode's split-K projections with its LayerNorms deferred, and batch 8 and 16,
+/// where O and FFN2 alone take them (FFN2 split over two blocks at 16).
+const CHECK_BATCHES: [usize; 4] = [1, 2, 8, 16];
 const WARMUP: usize = 3;
 const REPS: usize = 20;
 /// Relative difference allowed between the modes' 12-layer outputs: each is within
@@ -58,6 +59,9 @@ fn main() -> Result<()> {
         d.ffn,
         d.seq
     );
+    if let Some(layout) = SmLayout::of(&gpu)? {
+        println!("split-K clusters of 1-{MAX_SPLITS} blocks resident at once: {:?}", (1..=MAX_SPLITS).map(|s| layout.clusters(s)).collect::<Vec<_>>());
+    }
     for batch in CHECK_BATCHES {
         eprintln!("checking one layer at batch {batch} against the f64 reference ...");
         let one_layer = bert::check(&gpu, Dims { layers: 1, ..d }, batch)?;
