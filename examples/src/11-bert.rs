@@ -927,10 +927,10 @@ mod host {
         }
     }
 
-    /// The SMs [`Projections::pick`] plans for: the GPU's, or on the emulator
-    /// [`EMULATOR_SMS`].
+    /// The SMs [`Projections::pick`] plans for: the GPU's, or on the emulator (and a GPU
+    /// running its shapes, so that `--agree` compares the same computation) [`EMULATOR_SMS`].
     fn layout(gpu: &Gpu) -> Result<SmLayout> {
-        Ok(SmLayout::of(gpu)?.unwrap_or(SmLayout::uniform(EMULATOR_SMS)))
+        Ok(shape(gpu, SmLayout::of(gpu)?, None).unwrap_or(SmLayout::uniform(EMULATOR_SMS)))
     }
 
     /// `config` with programmatic dependent launch.
