@@ -927,12 +927,6 @@ mod host {
         }
     }
 
-    /// The SMs [`Projections::pick`] plans for: the GPU's, or on the emulator (and a GPU
-    /// running its shapes, so that `--agree` compares the same computation) [`EMULATOR_SMS`].
-    fn layout(gpu: &Gpu) -> Result<SmLayout> {
-        Ok(shape(gpu, SmLayout::of(gpu)?, None).unwrap_or(SmLayout::uniform(EMULATOR_SMS)))
-    }
-
     /// `config` with programmatic dependent launch.
     fn programmatic(config: LaunchConfig) -> LaunchConfig {
         LaunchConfig { programmatic: true, ..config }
@@ -1009,9 +1003,9 @@ mod host {
 
     impl Batch {
         /// Buffers for `batch` sequences of `dims`, with the input `x` (`tokens × hidden`),
-        /// picking the GEMMs for this GPU's SMs (the emulator's: [`EMULATOR_SMS`]).
+        /// picking the GEMMs for this GPU ([`SmLayout::planned`]; the emulator: [`EMULATOR_SMS`]).
         pub fn new(gpu: &Gpu, dims: &Dims, batch: usize, x: &[f16]) -> std::result::Result<Self, GemmError> {
-            Self::for_layout(gpu, dims, batch, x, &layout(gpu)?)
+            Self::for_layout(gpu, dims, batch, x, &SmLayout::planned(gpu, EMULATOR_SMS)?)
         }
 
         /// As [`Batch::new`], picking the GEMMs for a GPU of `layout`.
@@ -1278,7 +1272,7 @@ mod host {
     /// Runs both modes on the same random input and weights and compares each output with
     /// its f64 reference: `dims` at `batch`.
     pub fn check(gpu: &Gpu, dims: Dims, batch: usize) -> std::result::Result<Report, GemmError> {
-        check_for_layout(gpu, dims, batch, &layout(gpu)?)
+        check_for_layout(gpu, dims, batch, &SmLayout::planned(gpu, EMULATOR_SMS)?)
     }
 
     /// [`check`] with the GEMMs picked for a GPU of `layout` ([`Batch::for_layout`]).

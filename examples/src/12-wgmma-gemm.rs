@@ -1196,6 +1196,13 @@ mod host {
             Ok(Some(Self { clusters }))
         }
 
+        /// The layout to plan `gpu`'s split-K launches for: the GPU's ([`SmLayout::of`]), or
+        /// `emulator_sms` uniform SMs on the emulator and on a GPU running the emulator's
+        /// shapes (`--small`, `--agree`), so that both pick the same splits.
+        pub fn planned(gpu: &Gpu, emulator_sms: usize) -> Result<Self> {
+            Ok(shape(gpu, Self::of(gpu)?, None).unwrap_or(Self::uniform(emulator_sms)))
+        }
+
         /// Clusters of `size` blocks that fit at once (`size` in 1..=[`MAX_SPLITS`]).
         pub fn clusters(&self, size: usize) -> usize {
             self.clusters[size - 1]
@@ -1414,7 +1421,7 @@ mod host {
     /// K = 1048 (17 k-steps, the last 24 deep) over 3 blocks.
     pub fn run_split_k(gpu: &Gpu, epilogue: EpilogueKind) -> Result<Report> {
         let (m, n, k) = shape(gpu, (128, 768, 3072), (100, 72, 1048));
-        let layout = shape(gpu, SmLayout::of(gpu)?, None).unwrap_or(SmLayout::uniform(EMULATOR_SPLIT_SMS));
+        let layout = SmLayout::planned(gpu, EMULATOR_SPLIT_SMS)?;
         let host = HostOperands::<f16>::random(m, n, k);
         let x = Operands::upload(gpu, &host)?;
         let bt = gpu.upload(&transpose(&host.b, k, n))?;
@@ -1466,7 +1473,7 @@ mod host {
     /// outputs, the second product on one block a tile (10 k-steps: the pipeline wraps).
     pub fn run_split_k_layer_norm(gpu: &Gpu) -> Result<Report> {
         let (m, h, k0, n) = shape(gpu, (128, 768, 768, 3072), (100, 640, 192, 128));
-        let layout = shape(gpu, SmLayout::of(gpu)?, None).unwrap_or(SmLayout::uniform(2));
+        let layout = SmLayout::planned(gpu, 2)?;
         let f16s = |len: usize, scale: f32| -> Vec<f16> { crate::check::random(len).into_iter().map(|v| f16::from_f32(scale * v)).collect() };
         // Weights as example 10 takes them (K × N).
         let (a, w0, b0, r) = (f16s(m * k0, 1.0), f16s(k0 * h, 1.0 / (k0 as f32).sqrt()), f16s(h, 1.0), f16s(m * h, 1.0));

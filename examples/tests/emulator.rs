@@ -225,18 +225,18 @@ fn wgmma_gemm_rejects_unsupported_shapes_before_launching() {
     assert_eq!(config(33, 41, 48, 132).unwrap().grid.x, 1);
     assert_eq!(config(4096, 4096, 48, 132).unwrap().grid.x, 132);
     // Split-K: at most `max_splits` blocks a tile, and at least one.
-    let h100 = SmLayout::uniform(132);
-    assert_eq!(split_k_config(128, 768, 3072, &h100, 6).unwrap().grid.z, 6);
-    assert_eq!(split_k_config(128, 768, 3072, &h100, 1).unwrap().grid.z, 1);
+    let even = SmLayout::uniform(132);
+    assert_eq!(split_k_config(128, 768, 3072, &even, 6).unwrap().grid.z, 6);
+    assert_eq!(split_k_config(128, 768, 3072, &even, 1).unwrap().grid.z, 1);
     // The waves of clusters decide: on the H200's counts (`bert-bench`), 24 tiles take 4
     // blocks each, not 5 (22 clusters of 5 fit: two waves), where 132 even SMs would take 5;
     // 192 tiles of 48 k-steps take 2 in three waves rather than 1 in two.
     let h200 = SmLayout::new([132, 66, 39, 30, 22, 17, 15, 15]);
     assert_eq!(split_k_config(256, 768, 3072, &h200, 6).unwrap().grid.z, 4);
-    assert_eq!(split_k_config(256, 768, 3072, &h100, 6).unwrap().grid.z, 5);
+    assert_eq!(split_k_config(256, 768, 3072, &even, 6).unwrap().grid.z, 5);
     assert_eq!(split_k_config(2048, 768, 3072, &h200, 6).unwrap().grid.z, 2);
     assert_eq!(split_k_config(128, 2304, 768, &h200, 6).unwrap().grid.z, 3);
-    match split_k_config(128, 768, 3072, &h100, 0) {
+    match split_k_config(128, 768, 3072, &even, 0) {
         Err(err @ GemmError::Shape(_)) => assert!(err.to_string().contains("max_splits is 0"), "{err}"),
         other => panic!("max_splits = 0 accepted: {other:?}"),
     }
