@@ -11,8 +11,9 @@ With `--trace DIR`, one eager pass per batch size is also written to DIR as a cl
 launch trace (`torch-bNN.jsonl`: each kernel with its launch call's CPU times and its GPU
 times, from the profiler's correlated runtime and kernel events), for the same TKLQT and
 proximity analysis as clusterfuse's own: `clusterfuse-trace sweep DIR/torch-b*.jsonl`.
+With `--batches 1,2`, only those batch sizes (as `bert-bench DIR 1 2` takes them).
 
-    python3 scripts/bert-torch.py [--trace DIR]
+    python3 scripts/bert-torch.py [--trace DIR] [--batches B,...]
 """
 import json
 import os
@@ -67,8 +68,6 @@ def encoder(x, layers):
     return x
 
 
-
-
 def write_trace(fn, path, batch):
     """Profiles one call of `fn` and writes it as a clusterfuse trace (see the module docs):
     times in ns from the first launch call, a sync event at the end."""
@@ -106,6 +105,7 @@ def write_trace(fn, path, batch):
 
 def main():
     trace_dir = sys.argv[sys.argv.index("--trace") + 1] if "--trace" in sys.argv else None
+    batches = tuple(int(b) for b in sys.argv[sys.argv.index("--batches") + 1].split(",")) if "--batches" in sys.argv else BATCHES
     if trace_dir:
         os.makedirs(trace_dir, exist_ok=True)
     if not torch.cuda.is_available():
@@ -118,7 +118,7 @@ def main():
     print("| batch | tokens | mode | kernels | µs |")
     print("|---|---|---|---|---|")
     with torch.inference_mode():
-        for batch in BATCHES:
+        for batch in batches:
             x = (torch.rand(batch, SEQ, HIDDEN, device=dev) * 2 - 1).half()
             eager = lambda: encoder(x, layers)
             count = kernels(eager)
