@@ -1068,7 +1068,7 @@ pub use host::*;
 #[cfg(not(target_arch = "nvptx64"))]
 mod host {
     use super::*;
-    use crate::check::{shape, Report};
+    use crate::check::{emulator_shapes, shape, Report};
     use crate::gemm::{EpilogueKind, GemmError, HostOperands, Operands};
     use clusterfuse::host::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
     use clusterfuse::host::cudarc::driver::DeviceRepr;
@@ -1200,7 +1200,8 @@ mod host {
         /// `emulator_sms` uniform SMs on the emulator and on a GPU running the emulator's
         /// shapes (`--small`, `--agree`), so that both pick the same splits.
         pub fn planned(gpu: &Gpu, emulator_sms: usize) -> Result<Self> {
-            Ok(shape(gpu, Self::of(gpu)?, None).unwrap_or(Self::uniform(emulator_sms)))
+            let measured = if emulator_shapes(gpu) { None } else { Self::of(gpu)? };
+            Ok(measured.unwrap_or_else(|| Self::uniform(emulator_sms)))
         }
 
         /// Clusters of `size` blocks that fit at once (`size` in 1..=[`MAX_SPLITS`]).

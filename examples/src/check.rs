@@ -81,11 +81,17 @@ pub fn poisoned(gpu: &Gpu, len: usize) -> Result<clusterfuse::host::Buffer<f32>>
 /// `on_gpu`, or the smaller `on_emulator` when `gpu` is the CPU emulator, which runs every
 /// thread on the host and checks every shared access.
 pub fn shape<T>(gpu: &Gpu, on_gpu: T, on_emulator: T) -> T {
-    if gpu.is_emulator() || SMALL.get() {
+    if emulator_shapes(gpu) {
         on_emulator
     } else {
         on_gpu
     }
+}
+
+/// Whether [`shape`] picks the emulator's shapes on `gpu`: on the emulator, and on a GPU
+/// after [`small_shapes`].
+pub fn emulator_shapes(gpu: &Gpu) -> bool {
+    gpu.is_emulator() || SMALL.get()
 }
 
 /// The median of `samples` (the upper one of an even count), for benchmarks.
