@@ -38,6 +38,7 @@ pub use clusterfuse_host as host;
 /// What a kernel module usually needs: `use clusterfuse::prelude::*;`.
 pub mod prelude {
     pub use crate::global::Out;
+    pub use crate::grid::Published;
     pub use crate::math::Fma;
     pub use crate::ops::{Max, Min, Sum};
     pub use crate::shared::SharedSlice;
@@ -77,6 +78,16 @@ pub mod __private {
     pub use crate::shared::SharedSlice;
     #[cfg(not(target_arch = "nvptx64"))]
     pub use clusterfuse_host as host;
+
+    /// The `Published<T>` a persistent kernel sees for a published buffer.
+    ///
+    /// # Safety
+    /// 1. As for [`Published::from_raw_parts`](crate::grid::Published::from_raw_parts), for
+    ///    the data at `ptr` and the flags at `flags`.
+    #[inline(always)]
+    pub unsafe fn published<'a, T: Copy>(ptr: *mut T, len: usize, flags: *mut u32, flags_len: usize, tile: u32) -> crate::grid::Published<'a, T> {
+        crate::grid::Published::from_raw_parts(Out::from_raw_parts(ptr, len), Out::from_raw_parts(flags, flags_len), tile)
+    }
 
     /// The `&[T]` a kernel sees for an input buffer.
     ///

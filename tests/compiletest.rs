@@ -8,6 +8,7 @@ fn ui() {
     t.compile_fail("tests/ui/launch_bounds/*.rs");
     t.compile_fail("tests/ui/cluster/*.rs");
     t.compile_fail("tests/ui/signature/*.rs");
+    t.compile_fail("tests/ui/persistent/*.rs");
     t.pass("tests/ui/pass/*.rs");
     t.compile_fail("tests/ui/fused/*.rs");
     t.compile_fail("tests/ui/fused/launch/*.rs");

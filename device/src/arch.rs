@@ -749,6 +749,80 @@ global_atomic! {
     atom_global_max_s32(i32) => "atom.global.max.s32", |old, value| old.max(value);
 }
 
+/// `ld.acquire.gpu.global.u32`: a load that acquires at GPU scope what the writer of the value
+/// it reads released (PTX ISA §8, memory consistency model): after it, this thread sees every
+/// write that happened before that release, whichever SM made it.
+///
+/// # Safety
+/// 1. `ptr` is an aligned global address of a live `u32`.
+#[inline(always)]
+pub unsafe fn ld_acquire_gpu_global_u32(ptr: *const u32) -> u32 {
+    gpu_or_emulator! {
+        gpu: {
+            let value: u32;
+            ptx!("ld.acquire.gpu.global.u32 {v}, [{p}];", v = out(reg32) value, p = in(reg64) ptr, options(nostack));
+            value
+        },
+        emulator: emu::global_access(ptr, 4, || emu::acquire_load(ptr)),
+    }
+}
+
+/// `red.release.gpu.global.add.u32`: adds `value` to the `u32` at `ptr`, releasing at GPU
+/// scope this thread's earlier writes (and those ordered before them, by a `bar.sync` say) to
+/// whoever acquires the sum.
+///
+/// # Safety
+/// 1. `ptr` is an aligned global address of a live `u32`.
+#[inline(always)]
+pub unsafe fn red_release_gpu_global_add_u32(ptr: *mut u32, value: u32) {
+    gpu_or_emulator! {
+        gpu: ptx!("red.release.gpu.global.add.u32 [{p}], {v};", p = in(reg64) ptr, v = in(reg32) value, options(nostack)),
+        emulator: emu::global_access(ptr, 4, || { emu::atomic_update(ptr, |old: u32| old.wrapping_add(value)); }),
+    }
+}
+
+/// `atom.acq_rel.gpu.global.add.u32`: adds `value`, returns the old value; acquires and
+/// releases at GPU scope.
+///
+/// # Safety
+/// 1. `ptr` is an aligned global address of a live `u32`.
+#[inline(always)]
+pub unsafe fn atom_acq_rel_gpu_global_add_u32(ptr: *mut u32, value: u32) -> u32 {
+    gpu_or_emulator! {
+        gpu: {
+            let old: u32;
+            ptx!("atom.acq_rel.gpu.global.add.u32 {o}, [{p}], {v};", o = out(reg32) old, p = in(reg64) ptr, v = in(reg32) value, options(nostack));
+            old
+        },
+        emulator: emu::global_access(ptr, 4, || emu::atomic_update(ptr, |old: u32| old.wrapping_add(value))),
+    }
+}
+
+/// `st.relaxed.gpu.global.u32`: a store other SMs see without a stale L1 copy in the way.
+///
+/// # Safety
+/// 1. `ptr` is an aligned global address of a live `u32`.
+#[inline(always)]
+pub unsafe fn st_relaxed_gpu_global_u32(ptr: *mut u32, value: u32) {
+    gpu_or_emulator! {
+        gpu: ptx!("st.relaxed.gpu.global.u32 [{p}], {v};", p = in(reg64) ptr, v = in(reg32) value, options(nostack)),
+        emulator: emu::global_access(ptr, 4, || { emu::atomic_update(ptr, |_: u32| value); }),
+    }
+}
+
+/// `nanosleep.u32`: suspends the thread for about `ns` nanoseconds (at most 1 ms; PTX ISA
+/// 6.3, sm_70): the back-off of a spin on global memory. On the emulator it yields to the
+/// other threads of the launch, which is how a spin there makes progress (and how a spin
+/// that can never end is found: see [`emu`](crate::emu)).
+#[inline(always)]
+pub fn nanosleep(ns: u32) {
+    gpu_or_emulator! {
+        // SAFETY: a pause; no memory-safety preconditions.
+        gpu: unsafe { ptx!("nanosleep.u32 {t};", t = in(reg32) ns, options(nostack)) },
+        emulator: { let _ = ns; emu::sleep() },
+    }
+}
+
 // --- Arithmetic (§9.7.3) ---------------------------------------------------------------------
 
 macro_rules! unary_f32 {

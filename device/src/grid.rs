@@ -5,8 +5,18 @@
 //! [`launch_dependents`] (or exited). It can then do work independent of the first (load
 //! weights, say) and must call [`wait_for_prerequisites`] before it reads what the first
 //! writes, or writes what the first reads.
+//!
+//! Inside one launch, blocks depend on each other through [`Published`] buffers (persistent
+//! kernels only), and share out work by static schedules ([`round_robin`],
+//! [`cluster_round_robin`]).
+
+mod published;
+
+pub use published::{Published, Ready};
 
 use crate::{arch, Dim3};
+use core::iter::StepBy;
+use core::ops::Range;
 
 /// `gridDim`: the grid's extent in blocks.
 #[inline(always)]
@@ -43,4 +53,21 @@ pub fn launch_dependents() {
 #[inline(always)]
 pub fn wait_for_prerequisites() {
     arch::griddepcontrol_wait()
+}
+
+/// The tasks `0 .. count` this block takes when the grid shares them round robin: block `b`
+/// of `G` takes `b, b + G, b + 2G, ...`. A persistent kernel's stages, each over its own tasks
+/// in this order, cannot deadlock when a task waits only on earlier stages' tasks: every block
+/// finishes a stage's tasks before it waits in the next.
+#[inline(always)]
+pub fn round_robin(count: u32) -> StepBy<Range<u32>> {
+    (crate::block::index_x().min(count)..count).step_by(arch::nctaid_x() as usize)
+}
+
+/// The tasks `0 .. count` this block's *cluster* takes when the grid's clusters share them
+/// round robin (every block of a cluster gets the same tasks, for cluster-wide work).
+#[inline(always)]
+pub fn cluster_round_robin(count: u32) -> StepBy<Range<u32>> {
+    let (cluster, clusters) = (arch::clusterid_x(), arch::nclusterid_x());
+    (cluster.min(count)..count).step_by(clusters as usize)
 }

@@ -2,9 +2,9 @@
 //! `faults` kernels (a race, a deadlock, an out-of-bounds access, a read of an exited peer's
 //! shared memory, a panic) with the kernel, block and thread, while passing their fixes.
 
-use clusterfuse::host::{Error, Gpu, LaunchConfig};
+use clusterfuse::host::{Error, Gpu, LaunchConfig, Published};
 use clusterfuse::Dim3;
-use clusterfuse_examples::faults::{bulk_exchange, divergent_barrier, peer_read, reverse, shared_index};
+use clusterfuse_examples::faults::{bulk_exchange, divergent_barrier, peer_read, published_chain, reverse, shared_index, CHAIN_TILE};
 use clusterfuse_examples::{saxpy::saxpy, EXAMPLES};
 
 fn config(grid: u32, block: u32) -> LaunchConfig {
@@ -362,4 +362,41 @@ fn gemm_split_k_over_4_and_8_blocks_matches_its_reference() {
         let report = Report::new(format!("{m} × {n} × {k}, split {splits}"), &out, &reference, F16_TOLERANCE);
         assert!(report.passed(), "{report:?}");
     }
+}
+
+/// The chain's inputs, `y` (published in tiles) and `z`, for `tiles` tiles.
+fn chain_buffers(gpu: &Gpu, tiles: usize) -> (Vec<f32>, clusterfuse::host::Buffer<f32>, Published<f32>, clusterfuse::host::Buffer<f32>) {
+    let x: Vec<f32> = (0..tiles * CHAIN_TILE).map(|i| (i % 97) as f32 - 40.0).collect();
+    let dx = gpu.upload(&x).unwrap();
+    let y = Published::new(gpu, gpu.upload(&vec![f32::NAN; x.len()]).unwrap(), CHAIN_TILE as u32).unwrap();
+    let z = gpu.upload(&vec![f32::NAN; x.len()]).unwrap();
+    (x, dx, y, z)
+}
+
+#[test]
+fn a_persistent_kernel_waits_for_tiles_other_blocks_publish() {
+    let gpu = Gpu::emulator();
+    let kernel = published_chain::load(&gpu).unwrap();
+    let tiles = 12;
+    let (x, dx, mut y, mut z) = chain_buffers(&gpu, tiles);
+    // Twice: the first launch's last block must have cleared the flags for the second.
+    for _ in 0..2 {
+        kernel.launch(gpu.stream(), &config(5, 128), &dx, &mut y, &mut z, u32::MAX).unwrap();
+        let expected: Vec<f32> = (0..x.len()).map(|i| 2.0 * x[(i + CHAIN_TILE) % x.len()] + 1.0).collect();
+        assert_eq!(gpu.download(&z).unwrap(), expected);
+        assert!(gpu.download(y.flags()).unwrap().iter().all(|&f| f == 0), "flags left set");
+    }
+}
+
+#[test]
+fn a_wait_for_a_tile_never_published_is_a_deadlock_naming_the_flag() {
+    let gpu = Gpu::emulator();
+    let kernel = published_chain::load(&gpu).unwrap();
+    let (_, dx, mut y, mut z) = chain_buffers(&gpu, 8);
+    let fault = fault(kernel.launch(gpu.stream(), &config(4, 128), &dx, &mut y, &mut z, 5));
+    assert_eq!(fault.at, None);
+    assert!(fault.message.starts_with("deadlock"), "{fault}");
+    // Tile 4 of `z` reads tile 5 of `y`: block 0 takes tiles 0, 4 of 4 blocks.
+    assert!(fault.message.contains("block (0, 0, 0): 1 thread(s) spin on word 5 of `y (flags)`, which reads 0"), "{fault}");
+    assert!(fault.message.contains("127 thread(s) wait at bar.sync"), "{fault}");
 }

@@ -167,9 +167,9 @@ mod tests {
     use super::*;
     use clusterfuse_device::limits::MAX_SHARED_MEMORY_PER_BLOCK;
 
-    const PLAIN: KernelFacts = KernelFacts { name: "k", max_threads: None, min_blocks: None, cluster: None };
-    const BOUNDED: KernelFacts = KernelFacts { name: "k", max_threads: Some(256), min_blocks: Some(2), cluster: None };
-    const CLUSTER4: KernelFacts = KernelFacts { name: "k", max_threads: None, min_blocks: None, cluster: Some(Dim3::new(4, 1, 1)) };
+    const PLAIN: KernelFacts = KernelFacts { name: "k", max_threads: None, min_blocks: None, cluster: None, persistent: false };
+    const BOUNDED: KernelFacts = KernelFacts { name: "k", max_threads: Some(256), min_blocks: Some(2), cluster: None, persistent: false };
+    const CLUSTER4: KernelFacts = KernelFacts { name: "k", max_threads: None, min_blocks: None, cluster: Some(Dim3::new(4, 1, 1)), persistent: false };
 
     fn config(grid: u32, block: u32) -> LaunchConfig {
         LaunchConfig { grid: grid.into(), block: block.into(), ..LaunchConfig::default() }

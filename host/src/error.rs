@@ -29,6 +29,13 @@ pub enum Error {
     /// A TMA tensor map cannot describe the tensor: what and why.
     #[error("invalid tensor map: {0}")]
     InvalidTensorMap(String),
+    /// A persistent kernel's grid does not fit on the GPU at once, so blocks waiting for
+    /// others' published tiles could wait for blocks that never start.
+    #[error("persistent kernel `{kernel}` needs its {blocks} blocks resident at once, but the GPU holds at most {resident} of this configuration (block, shared memory, cluster); launch at most {resident} blocks (`Kernel::max_resident_blocks`)")]
+    NotCoResident { kernel: &'static str, blocks: u64, resident: u64 },
+    /// A published buffer's tiling is impossible.
+    #[error("invalid published buffer: {0}")]
+    InvalidPublished(String),
     /// A launch recording was started while one was already running on this device.
     #[error("a launch recording is already running on this device; finish it before starting another")]
     AlreadyRecording,

@@ -8,7 +8,7 @@ use cudarc::driver::sys::{self, CUfunction_attribute as Attr};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// What a `#[kernel]` attribute declared. The generated launcher and the PTX directives
 /// are both derived from it.
@@ -22,6 +22,9 @@ pub struct KernelFacts {
     pub min_blocks: Option<u32>,
     /// `cluster(..)`: `.reqnctapercluster` in the PTX.
     pub cluster: Option<Dim3>,
+    /// `persistent`: blocks wait on each other (`grid::Published`), so every launch checks
+    /// that the whole grid is resident at once.
+    pub persistent: bool,
 }
 
 /// A kernel loaded on one device. Typed launchers wrap it; [`Kernel::launch_lowered`] is the
@@ -40,6 +43,8 @@ struct CudaKernel {
     dynamic_smem_allowed: AtomicU32,
     non_portable_allowed: AtomicBool,
     max_shared_carveout: AtomicBool,
+    /// The plans whose grids were checked to be resident at once (persistent kernels).
+    co_resident: Mutex<Vec<LaunchPlan>>,
     /// The GPU the function was loaded on: launches must use its streams.
     context: Arc<CudaContext>,
     _module: Arc<CudaModule>,
@@ -62,6 +67,7 @@ impl Kernel {
             dynamic_smem_allowed: AtomicU32::new(dynamic_allowed),
             non_portable_allowed: AtomicBool::new(false),
             max_shared_carveout: AtomicBool::new(false),
+            co_resident: Mutex::new(Vec::new()),
             context,
             _module: module,
         };
@@ -112,6 +118,41 @@ impl Kernel {
         Ok(count as u32)
     }
 
+    /// Most blocks of `plan`'s configuration the GPU holds at once: blocks per SM (or clusters
+    /// per GPU, for a cluster launch) from the occupancy API, times SMs (or blocks per
+    /// cluster). On the emulator, which runs a persistent launch's blocks all at once, any grid.
+    pub fn max_resident_blocks(&self, stream: &Stream, plan: &LaunchPlan) -> Result<u64> {
+        let Some(cuda) = &self.cuda else { return Ok(u64::MAX) };
+        if let Some(cluster) = plan.cluster {
+            return Ok(self.max_active_clusters(stream, plan)? as u64 * cluster.volume());
+        }
+        cuda.prepare(self.facts, plan)?;
+        let mut per_sm = 0i32;
+        let threads = plan.block.volume() as i32;
+        // SAFETY: a query on a live function handle.
+        unsafe { sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, cuda.function.cu_function(), threads, plan.dynamic_smem_bytes as usize) }
+            .result()
+            .driver("cuOccupancyMaxActiveBlocksPerMultiprocessor", Some(self.facts.name))?;
+        let sms = cuda.context.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).driver("cuDeviceGetAttribute", None)?;
+        Ok(per_sm as u64 * sms as u64)
+    }
+
+    /// For a persistent kernel, [`Error::NotCoResident`] unless the GPU holds `plan`'s whole
+    /// grid at once (checked once per configuration).
+    fn check_co_resident(&self, stream: &Stream, plan: &LaunchPlan) -> Result<()> {
+        let Some(cuda) = self.cuda.as_ref().filter(|_| self.facts.persistent) else { return Ok(()) };
+        let mut checked = cuda.co_resident.lock().unwrap_or_else(|e| e.into_inner());
+        if checked.contains(plan) {
+            return Ok(());
+        }
+        let (blocks, resident) = (plan.grid.volume(), self.max_resident_blocks(stream, plan)?);
+        if blocks > resident {
+            return Err(Error::NotCoResident { kernel: self.facts.name, blocks, resident });
+        }
+        checked.push(*plan);
+        Ok(())
+    }
+
     /// Launches with parameter slots `params` on a GPU: `cuLaunchKernel`, or
     /// `cuLaunchKernelEx` with launch attributes when the plan has a cluster (its dimension)
     /// or is programmatic (programmatic stream serialization).
@@ -130,6 +171,7 @@ impl Kernel {
             return Err(Error::WrongBackend);
         }
         cuda.prepare(self.facts, plan)?;
+        self.check_co_resident(stream, plan)?;
         if let Some(recorder) = stream.recording() {
             // SAFETY: the caller's guarantees, passed on.
             return recorder.launch(self.facts.name, plan, stream, || unsafe { cuda.submit(self.facts.name, cu_stream, plan, params) });
@@ -143,14 +185,15 @@ impl Kernel {
     ///
     /// # Safety
     /// 1. As for [`Kernel::launch_raw`]; `buffers` lists every buffer among the arguments as
-    ///    `(address, bytes)`, and `emulated` passes exactly the arguments `params` points to.
+    ///    `(address, bytes, parameter name)`, and `emulated` passes exactly the arguments
+    ///    `params` points to.
     #[doc(hidden)]
     pub unsafe fn launch_lowered(
         &self,
         stream: &Stream,
         plan: &LaunchPlan,
         params: &mut [*mut c_void],
-        buffers: &[(u64, usize)],
+        buffers: &[(u64, usize, &'static str)],
         emulated: &(dyn Fn() + Sync),
     ) -> Result<()> {
         if self.cuda.is_some() {
@@ -167,6 +210,7 @@ impl Kernel {
             dynamic_smem_bytes: plan.dynamic_smem_bytes,
             smem_limit: self.smem_limit,
             buffers,
+            co_resident: self.facts.persistent,
         };
         let run = || emu::run(&launch, emulated).map_err(Error::Emulator);
         match stream.recording() {

@@ -26,6 +26,7 @@ mod error;
 mod gpu;
 mod graph;
 mod kernel;
+mod published;
 mod record;
 mod tensor_map;
 pub mod trace;
@@ -38,6 +39,7 @@ pub use error::{CaptureError, Error, GraphChange, Result};
 pub use gpu::{Gpu, Ptx, Stream};
 pub use graph::Graph;
 pub use kernel::{param, Kernel, KernelFacts};
+pub use published::Published;
 pub use record::Recording;
 pub use tensor_map::{Swizzle, TensorMap, TmaElement};
 

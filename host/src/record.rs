@@ -329,7 +329,7 @@ mod tests {
         assert!(matches!(resolve(&timed, |_| Err(Error::WrongBackend)), Err(Error::WrongBackend)));
     }
 
-    static FACTS: KernelFacts = KernelFacts { name: "nothing", max_threads: None, min_blocks: None, cluster: None };
+    static FACTS: KernelFacts = KernelFacts { name: "nothing", max_threads: None, min_blocks: None, cluster: None, persistent: false };
 
     /// Launches a do-nothing emulated kernel of 2 blocks.
     fn launch(gpu: &Gpu, kernel: &Kernel) -> Result<()> {

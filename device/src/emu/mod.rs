@@ -4,8 +4,10 @@
 //!
 //! **What it models.** Every thread of the grid runs as a fiber; the threads of one cluster
 //! (a block is a cluster of one) run interleaved at synchronisation points, and clusters one
-//! after another, all on the launching OS thread (so a kernel's races on global memory stay
-//! wrong answers, not undefined behaviour in the host process). `bar.sync`, `bar.warp.sync`, the cluster barrier (split
+//! after another (a persistent kernel's all at once, interleaved: its blocks wait on each
+//! other's global writes, and a `nanosleep` yields), all on the launching OS thread (so a
+//! kernel's races on global memory stay wrong answers, not undefined behaviour in the host
+//! process). `bar.sync`, `bar.warp.sync`, the cluster barrier (split
 //! arrive/wait), shuffles, votes and the tensor-core collectives (`mma.sync`, `ldmatrix`,
 //! computed from every lane's fragment registers per PTX's layouts) are real rendezvous of
 //! the threads they name; mbarriers count arrivals and transaction bytes per phase, and bulk
@@ -23,7 +25,9 @@
 //!   thread touches a bulk copy's destination before waiting for its mbarrier phase;
 //! - a distributed-shared access before any cluster barrier (the peer may not have started);
 //! - a deadlock: threads wait at a barrier that the others never reach (they exited or wait
-//!   elsewhere), with who waits where;
+//!   elsewhere), or spin on a global word (`ld.acquire` then `nanosleep`, as
+//!   [`grid::Published`](crate::grid::Published) waits) that no running thread will change,
+//!   with who waits where and, for a spin, the buffer, the word and the value it reads;
 //! - out-of-bounds or misaligned shared accesses, accesses to a peer block that has exited,
 //!   global accesses outside every buffer passed to the kernel, and `trap`/panics (bounds
 //!   checks of inputs and outputs).
@@ -36,8 +40,8 @@
 //! copy's source needs (`cluster::fence_async_copies`) is not checked.
 //!
 //! **What it does not model.** Timing (`clock64` reads wall time), memory-ordering subtleties
-//! beyond barriers (execution is sequentially consistent, fences are no-ops, and busy-waiting
-//! on memory written by another thread never ends), races on global memory, warps that
+//! beyond barriers (execution is sequentially consistent and fences are no-ops), races on
+//! global memory, warps that
 //! diverge inside a shuffle, copies in flight (`cp.async` completes at issue, so a missing
 //! `cp.async.wait_group` goes unseen), the tensor cores' internal rounding (`mma.sync` sums
 //! in f64 and rounds once, to f32; so does `wgmma`, which also runs at issue, so that
@@ -79,9 +83,13 @@ pub struct Launch<'a> {
     pub dynamic_smem_bytes: u32,
     /// Shared memory a block may use, static and dynamic together.
     pub smem_limit: u32,
-    /// The device buffers passed to the kernel, as `(address, bytes)`: global accesses must
-    /// fall inside one of them.
-    pub buffers: &'a [(u64, usize)],
+    /// The device buffers passed to the kernel, as `(address, bytes, parameter name)`: global
+    /// accesses must fall inside one of them.
+    pub buffers: &'a [(u64, usize, &'static str)],
+    /// Every block of the grid resident at once, as a persistent kernel's launch guarantees
+    /// on a GPU: the clusters run interleaved, so that blocks may wait for each other's
+    /// global writes. Otherwise clusters run one after another.
+    pub co_resident: bool,
 }
 
 /// Why an emulated launch failed.

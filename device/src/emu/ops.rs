@@ -76,6 +76,25 @@ pub fn warpgroup_wait() {
 /// Fences: the emulator is sequentially consistent, so they order nothing further.
 pub fn fence() {}
 
+/// `ld.acquire` of a global `u32`; the thread remembers what it read, so that a spin on it
+/// that can never end is reported naming the word (see [`sleep`]).
+///
+/// # Safety
+/// 1. `ptr` is aligned and valid for reads, and only accessed atomically meanwhile.
+pub unsafe fn acquire_load(ptr: *const u32) -> u32 {
+    // SAFETY: aligned and valid (caller).
+    let value = unsafe { AtomicU32::from_ptr(ptr.cast_mut()) }.load(Ordering::Acquire);
+    with_current(|thread| thread.spin.set(Some((ptr as u64, value))));
+    value
+}
+
+/// `nanosleep`: yields to the launch's other threads. A round of the scheduler in which every
+/// thread still running either waits at a barrier that cannot complete or sleeps again having
+/// read the same value of the same word as before is a deadlock.
+pub fn sleep() {
+    with_current(|thread| suspend(thread, Wait::Sleep));
+}
+
 /// `barrier.cluster.arrive` (release or relaxed: the emulator orders both).
 pub fn cluster_arrive() {
     with_current(|thread| {
@@ -315,7 +334,7 @@ pub fn global_access<T, R>(ptr: *const T, size: usize, access: impl FnOnce() -> 
 pub fn global_range<T, R>(ptr: *const T, size: usize, access: impl FnOnce() -> R) -> R {
     with_current(|thread| {
         let address = ptr as usize;
-        let inside = thread.cluster().buffers.iter().any(|&(start, bytes)| {
+        let inside = thread.cluster().buffers.iter().any(|&(start, bytes, _)| {
             let (start, end) = (start as usize, start as usize + bytes);
             address >= start && address + size <= end
         });

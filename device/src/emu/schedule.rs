@@ -1,6 +1,8 @@
-//! The scheduler: clusters one after another on the launching OS thread; within a cluster,
-//! every thread a fiber, run in turn until each waits at a barrier, then the barriers that
-//! everyone reached are released. When none can be, the cluster is deadlocked.
+//! The scheduler: clusters one after another on the launching OS thread (a co-resident
+//! launch's all at once); every thread a fiber, run in turn until each waits at a barrier or
+//! sleeps, then the barriers that everyone reached are released and the sleepers run again.
+//! When no barrier can be released and every sleeper reads what it read before, the launch
+//! is deadlocked.
 
 use super::fiber::{Fiber, Resume, Step};
 use super::memory::BlockMemory;
@@ -36,6 +38,8 @@ pub enum Wait {
     Mbarrier(u32, u32),
     /// `wgmma.wait_group`: every thread of the warpgroup.
     Warpgroup,
+    /// `nanosleep`: runnable again next round.
+    Sleep,
 }
 
 impl Wait {
@@ -48,6 +52,7 @@ impl Wait {
             Wait::Cluster(_) => String::from("barrier.cluster.wait"),
             Wait::Mbarrier(..) => String::from("mbarrier.try_wait"),
             Wait::Warpgroup => String::from("wgmma.wait_group (all 128 threads of the warpgroup)"),
+            Wait::Sleep => String::from("nanosleep"),
         }
     }
 }
@@ -125,10 +130,12 @@ pub struct ClusterBarrier {
 /// One cluster being emulated: what every thread of it shares.
 pub struct Cluster {
     pub kernel: &'static str,
+    /// `%clusterid`.
+    pub id: Dim3,
     pub size: u32,
     pub threads_per_block: u32,
     pub block_dim: Dim3,
-    pub buffers: Rc<[(u64, usize)]>,
+    pub buffers: Rc<[(u64, usize, &'static str)]>,
     pub registry: Rc<Registry>,
     pub blocks: Vec<Block>,
     pub barrier: Cell<ClusterBarrier>,
@@ -143,10 +150,10 @@ impl Cluster {
     }
 }
 
-/// Runs `body` as every thread of `launch`'s grid, one cluster after another on the calling
-/// OS thread: kernels read and write global memory with plain loads and stores, so clusters
-/// running on several OS threads at once could race in the Rust sense when a kernel races in
-/// the CUDA sense.
+/// Runs `body` as every thread of `launch`'s grid on the calling OS thread, one cluster after
+/// another, or all at once when the launch is co-resident: kernels read and write global
+/// memory with plain loads and stores, so clusters running on several OS threads at once
+/// could race in the Rust sense when a kernel races in the CUDA sense.
 ///
 /// # Errors
 /// The first [`Fault`]: a race, a deadlock, a bad access, a panic.
@@ -157,10 +164,14 @@ pub fn run(launch: &Launch<'_>, body: &(dyn Fn() + Sync)) -> Result<(), Fault> {
         end: Cell::new(0),
         limit: launch.smem_limit.saturating_sub(launch.dynamic_smem_bytes),
     });
-    let buffers: Rc<[(u64, usize)]> = launch.buffers.into();
+    let buffers: Rc<[(u64, usize, &'static str)]> = launch.buffers.into();
+    let count = clusters.volume() as u32;
+    let together = if launch.co_resident { count } else { 1 };
     let mut stacks = take_stacks();
-    let outcome = (0..clusters.volume() as u32)
-        .try_for_each(|index| run_cluster(launch, &registry, &buffers, unflatten(index, clusters), clusters, body, &mut stacks));
+    let outcome = (0..count).step_by(together as usize).try_for_each(|first| {
+        let ids = (first..(first + together).min(count)).map(|index| unflatten(index, clusters));
+        run_clusters(launch, &registry, &buffers, ids, clusters, body, &mut stacks)
+    });
     return_stacks(stacks);
     outcome
 }
@@ -185,15 +196,65 @@ fn unflatten(i: u32, dim: Dim3) -> Dim3 {
     Dim3::new(i % dim.x, i / dim.x % dim.y, i / (dim.x * dim.y))
 }
 
-fn run_cluster(
+fn run_clusters(
     launch: &Launch<'_>,
     registry: &Rc<Registry>,
-    buffers: &Rc<[(u64, usize)]>,
-    clusterid: Dim3,
+    buffers: &Rc<[(u64, usize, &'static str)]>,
+    clusterids: impl Iterator<Item = Dim3>,
     nclusterid: Dim3,
     body: &(dyn Fn() + Sync),
     stacks: &mut Vec<DefaultStack>,
 ) -> Result<(), Fault> {
+    let clusters: Vec<Box<Cluster>> = clusterids.map(|clusterid| new_cluster(launch, registry, buffers, clusterid)).collect();
+    let mut fibers = Vec::with_capacity(clusters.iter().map(|c| (c.size * c.threads_per_block) as usize).sum());
+    for (cluster, clusterid) in clusters.iter().map(|c| (c, c.id)) {
+        for rank in 0..cluster.size {
+            let block = &cluster.blocks[rank as usize];
+            for index in 0..cluster.threads_per_block {
+                let thread = Box::new(Thread {
+                    registers: Registers {
+                        tid: unflatten(index, launch.block),
+                        ntid: launch.block,
+                        ctaid: block.ctaid,
+                        nctaid: launch.grid,
+                        lane: index % WARP_SIZE,
+                        dynamic_smem_size: launch.dynamic_smem_bytes,
+                        cluster_rank: rank,
+                        cluster_ctaid: unflatten(rank, launch.cluster),
+                        cluster_nctaid: launch.cluster,
+                        clusterid,
+                        nclusterid,
+                    },
+                    rank,
+                    index,
+                    id: rank * cluster.threads_per_block + index,
+                    epochs: Cell::new(Epochs::default()),
+                    cluster_arrival: Cell::new(None),
+                    mbarrier_phases: RefCell::default(),
+                    arrivals: Cell::new(0),
+                    known_arrivals: RefCell::default(),
+                    spin: Cell::new(None),
+                    cluster: &**cluster,
+                    yielder: Cell::new(ptr::null()),
+                });
+                // SAFETY: the clusters and `body` outlive every fiber: all are run to
+                // completion (aborted ones too) below, before this function returns.
+                fibers.push(unsafe { Fiber::new(thread, body, stacks.pop()) });
+            }
+        }
+    }
+    let outcome = schedule(&clusters, &mut fibers);
+    if outcome.is_err() {
+        for fiber in fibers.iter_mut().filter(|f| !f.done()) {
+            let _ = fiber.resume(Resume::Abort);
+        }
+    }
+    // A fiber that did not finish even when aborted is dropped with its stack.
+    stacks.extend(fibers.into_iter().filter(Fiber::done).map(Fiber::into_stack));
+    outcome
+}
+
+fn new_cluster(launch: &Launch<'_>, registry: &Rc<Registry>, buffers: &Rc<[(u64, usize, &'static str)]>, clusterid: Dim3) -> Box<Cluster> {
     let (cdim, bdim) = (launch.cluster, launch.block);
     let size = cdim.volume() as u32;
     let threads_per_block = bdim.volume() as u32;
@@ -210,8 +271,9 @@ fn run_cluster(
             }
         })
         .collect();
-    let cluster = Box::new(Cluster {
+    Box::new(Cluster {
         kernel: launch.kernel,
+        id: clusterid,
         size,
         threads_per_block,
         block_dim: bdim,
@@ -220,69 +282,40 @@ fn run_cluster(
         blocks,
         barrier: Cell::default(),
         mbarriers: RefCell::default(),
-    });
-    let mut fibers = Vec::with_capacity((size * threads_per_block) as usize);
-    for rank in 0..size {
-        let block = &cluster.blocks[rank as usize];
-        for index in 0..threads_per_block {
-            let thread = Box::new(Thread {
-                registers: Registers {
-                    tid: unflatten(index, bdim),
-                    ntid: bdim,
-                    ctaid: block.ctaid,
-                    nctaid: launch.grid,
-                    lane: index % WARP_SIZE,
-                    dynamic_smem_size: launch.dynamic_smem_bytes,
-                    cluster_rank: rank,
-                    cluster_ctaid: unflatten(rank, cdim),
-                    cluster_nctaid: cdim,
-                    clusterid,
-                    nclusterid,
-                },
-                rank,
-                index,
-                id: rank * threads_per_block + index,
-                epochs: Cell::new(Epochs::default()),
-                cluster_arrival: Cell::new(None),
-                mbarrier_phases: RefCell::default(),
-                arrivals: Cell::new(0),
-                known_arrivals: RefCell::default(),
-                cluster: &*cluster,
-                yielder: Cell::new(ptr::null()),
-            });
-            // SAFETY: `cluster` and `body` outlive every fiber: all are run to completion
-            // below (aborted ones too) before this function returns.
-            fibers.push(unsafe { Fiber::new(thread, body, stacks.pop()) });
-        }
-    }
-    let outcome = schedule(&cluster, &mut fibers);
-    if outcome.is_err() {
-        for fiber in fibers.iter_mut().filter(|f| !f.done()) {
-            let _ = fiber.resume(Resume::Abort);
-        }
-    }
-    // A fiber that did not finish even when aborted is dropped with its stack.
-    stacks.extend(fibers.into_iter().filter(Fiber::done).map(Fiber::into_stack));
-    outcome
+    })
 }
 
-/// Runs the cluster's fibers to completion, releasing barriers as they fill.
-fn schedule(cluster: &Cluster, fibers: &mut [Fiber]) -> Result<(), Fault> {
+/// Runs the clusters' fibers (cluster after cluster, each's threads in order) to completion,
+/// releasing barriers as they fill and resuming sleepers each round.
+fn schedule(clusters: &[Box<Cluster>], fibers: &mut [Fiber]) -> Result<(), Fault> {
     let mut waits: Vec<Option<Wait>> = std::vec![None; fibers.len()];
     let mut runnable: Vec<bool> = std::vec![true; fibers.len()];
+    // What each sleeper read before its last sleep: the same again is no progress.
+    let mut spins: Vec<Option<(u64, u32)>> = std::vec![None; fibers.len()];
     loop {
+        let mut progress = false;
         for (i, fiber) in fibers.iter_mut().enumerate() {
             if !runnable[i] {
                 continue;
             }
             match fiber.resume(Resume::Go) {
+                Step::Wait(Wait::Sleep) => {
+                    let read = fiber.thread().spin.get();
+                    progress |= read.is_none() || read != spins[i];
+                    spins[i] = read;
+                    waits[i] = Some(Wait::Sleep);
+                    runnable[i] = false;
+                }
                 Step::Wait(wait) => {
+                    progress = true;
                     waits[i] = Some(wait);
                     runnable[i] = false;
                 }
                 Step::Done(result) => {
+                    progress = true;
                     runnable[i] = false;
                     let thread = fiber.thread();
+                    let cluster = thread.cluster();
                     if let Err(message) = result {
                         let registers = &thread.registers;
                         return Err(Fault { kernel: cluster.kernel, at: Some((registers.ctaid, registers.tid)), message });
@@ -298,8 +331,19 @@ fn schedule(cluster: &Cluster, fibers: &mut [Fiber]) -> Result<(), Fault> {
         if fibers.iter().all(Fiber::done) {
             return Ok(());
         }
-        if !release(cluster, fibers, &mut waits, &mut runnable)? {
-            return Err(Fault { kernel: cluster.kernel, at: None, message: deadlock(cluster, fibers, &waits) });
+        let mut first = 0;
+        for cluster in clusters {
+            let range = first..first + (cluster.size * cluster.threads_per_block) as usize;
+            progress |= release(cluster, &fibers[range.clone()], &mut waits[range.clone()], &mut runnable[range.clone()])?;
+            first = range.end;
+        }
+        if !progress {
+            return Err(Fault { kernel: clusters[0].kernel, at: None, message: deadlock(clusters, fibers, &waits) });
+        }
+        for (wait, runnable) in waits.iter_mut().zip(runnable.iter_mut()) {
+            if *wait == Some(Wait::Sleep) {
+                (*wait, *runnable) = (None, true);
+            }
         }
     }
 }
@@ -422,29 +466,50 @@ fn release(cluster: &Cluster, fibers: &[Fiber], waits: &mut [Option<Wait>], runn
 }
 
 /// Who waits where, per block, for a deadlock report.
-fn deadlock(cluster: &Cluster, fibers: &[Fiber], waits: &[Option<Wait>]) -> String {
-    let mut report = String::from("deadlock: threads wait at barriers that the others never reach");
-    let per_block = cluster.threads_per_block as usize;
-    for (rank, block) in cluster.blocks.iter().enumerate() {
-        let range = rank * per_block..(rank + 1) * per_block;
-        let mut groups: Vec<(String, u32, Dim3)> = Vec::new();
-        for i in range {
-            let what = match waits[i] {
-                Some(wait) => format!("wait at {}", wait.describe()),
-                None if fibers[i].done() => String::from("exited"),
-                None => continue,
-            };
-            match groups.iter_mut().find(|(w, ..)| *w == what) {
-                Some(group) => group.1 += 1,
-                None => groups.push((what, 1, fibers[i].thread().registers.tid)),
+fn deadlock(clusters: &[Box<Cluster>], fibers: &[Fiber], waits: &[Option<Wait>]) -> String {
+    let spinning = waits.contains(&Some(Wait::Sleep));
+    let mut report = String::from(if spinning {
+        "deadlock: threads spin on global memory that no running thread will change, or wait at barriers that the others never reach"
+    } else {
+        "deadlock: threads wait at barriers that the others never reach"
+    });
+    let mut first = 0;
+    for cluster in clusters {
+        let per_block = cluster.threads_per_block as usize;
+        for block in &cluster.blocks {
+            let range = first..first + per_block;
+            first = range.end;
+            let mut groups: Vec<(String, u32, Dim3)> = Vec::new();
+            for i in range {
+                let thread = fibers[i].thread();
+                let what = match waits[i] {
+                    Some(Wait::Sleep) => spin(cluster, thread.spin.get()),
+                    Some(wait) => format!("wait at {}", wait.describe()),
+                    None if fibers[i].done() => String::from("exited"),
+                    None => continue,
+                };
+                match groups.iter_mut().find(|(w, ..)| *w == what) {
+                    Some(group) => group.1 += 1,
+                    None => groups.push((what, 1, thread.registers.tid)),
+                }
             }
-        }
-        if groups.iter().any(|(w, ..)| w != "exited") {
-            report += &format!("; block {}:", block.ctaid);
-            for (what, count, first) in groups {
-                report += &format!(" {count} thread(s) {what} (first: thread {first})");
+            if groups.iter().any(|(w, ..)| w != "exited") {
+                report += &format!("; block {}:", block.ctaid);
+                for (what, count, first) in groups {
+                    report += &format!(" {count} thread(s) {what} (first: thread {first})");
+                }
             }
         }
     }
     report
+}
+
+/// What a sleeping thread spins on: the word it last read with `ld.acquire`, by buffer.
+fn spin(cluster: &Cluster, read: Option<(u64, u32)>) -> String {
+    let Some((address, value)) = read else { return String::from("sleep (nanosleep) without reading a global word") };
+    let buffer = cluster.buffers.iter().find(|&&(start, bytes, _)| address >= start && address < start + bytes as u64);
+    match buffer {
+        Some(&(start, _, name)) => format!("spin on word {} of `{name}`, which reads {value} and no running thread changes", (address - start) / 4),
+        None => format!("spin on the word at {address:#x}, which reads {value}"),
+    }
 }

@@ -296,6 +296,9 @@ impl Port {
             ParamKind::Scalar => {}
             ParamKind::Input(elem) => (port.space, port.ty) = (Space::GlobalIn, elem),
             ParamKind::Output(elem) => (port.space, port.ty) = (Space::GlobalOut, elem),
+            ParamKind::Published(_) => {
+                port.invalid = Some("a `Published` buffer (blocks waiting on each other) is a parameter of `#[kernel(persistent, ..)]`; fused kernels have no grid-scope stages")
+            }
             ParamKind::Unsupported(why) => port.invalid = Some(why),
         }
         port

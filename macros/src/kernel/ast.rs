@@ -4,12 +4,15 @@
 use proc_macro2::{Span, TokenStream};
 use syn::parse::{Parse, ParseStream};
 use syn::punctuated::Punctuated;
+use syn::spanned::Spanned as _;
 use syn::{parenthesized, Ident, ItemFn, LitInt, Path, Token, Type};
 
 pub struct Kernel {
     pub item: ItemFn,
     pub launch_bounds: Option<LaunchBounds>,
     pub cluster: Option<Cluster>,
+    /// `persistent`: the grid's blocks may wait on each other (`grid::Published`).
+    pub persistent: Option<Span>,
     pub krate: Option<Path>,
     pub params: Vec<Param>,
 }
@@ -50,6 +53,8 @@ pub enum ParamKind {
     Input(Type),
     /// `Out<T>`: a writable global buffer.
     Output(Type),
+    /// `Published<T>`: a global buffer blocks publish and wait for, tile by tile.
+    Published(Type),
     /// A type no kernel parameter may have; `valid` says why.
     Unsupported(&'static str),
 }
@@ -57,7 +62,7 @@ pub enum ParamKind {
 impl Kernel {
     pub fn parse(args: TokenStream, item: TokenStream) -> syn::Result<Self> {
         let item: ItemFn = syn::parse2(item)?;
-        let mut kernel = Kernel { item, launch_bounds: None, cluster: None, krate: None, params: Vec::new() };
+        let mut kernel = Kernel { item, launch_bounds: None, cluster: None, persistent: None, krate: None, params: Vec::new() };
         let parser = syn::meta::parser(|meta| {
             if meta.path.is_ident("launch_bounds") {
                 kernel.launch_bounds = Some(parse_launch_bounds(&meta)?);
@@ -67,11 +72,14 @@ impl Kernel {
                 parenthesized!(content in meta.input);
                 kernel.cluster = Some(parse_cluster(&content, meta.path.get_ident().unwrap().span())?);
                 Ok(())
+            } else if meta.path.is_ident("persistent") {
+                kernel.persistent = Some(meta.path.span());
+                Ok(())
             } else if meta.path.is_ident("crate") {
                 kernel.krate = Some(meta.value()?.parse()?);
                 Ok(())
             } else {
-                Err(meta.error("unknown kernel argument; expected `launch_bounds(..)`, `cluster(..)` or `crate = path`"))
+                Err(meta.error("unknown kernel argument; expected `launch_bounds(..)`, `cluster(..)`, `persistent` or `crate = path`"))
             }
         });
         syn::parse::Parser::parse2(parser, args)?;
@@ -168,19 +176,21 @@ pub(crate) fn classify(ty: &Type) -> ParamKind {
         Type::Ptr(_) => ParamKind::Unsupported("raw pointers are not kernel parameters; use `&[T]` for inputs and `Out<T>` for outputs"),
         Type::Path(path) if path.qself.is_none() => {
             let last = path.path.segments.last().expect("a path has a segment");
-            if last.ident != "Out" {
-                return ParamKind::Scalar;
-            }
+            let (kind, unsupported): (fn(Type) -> ParamKind, _) = match last.ident.to_string().as_str() {
+                "Out" => (ParamKind::Output, "`Out` takes one element type, e.g. `Out<f32>`"),
+                "Published" => (ParamKind::Published, "`Published` takes one element type, e.g. `Published<f32>`"),
+                _ => return ParamKind::Scalar,
+            };
             let syn::PathArguments::AngleBracketed(args) = &last.arguments else {
-                return ParamKind::Unsupported("`Out` needs its element type, e.g. `Out<f32>`");
+                return ParamKind::Unsupported(unsupported);
             };
             let mut types = args.args.iter().filter_map(|arg| match arg {
                 syn::GenericArgument::Type(ty) => Some(ty.clone()),
                 _ => None,
             });
             match (types.next(), types.next()) {
-                (Some(elem), None) => ParamKind::Output(elem),
-                _ => ParamKind::Unsupported("`Out` takes one element type, e.g. `Out<f32>`"),
+                (Some(elem), None) => kind(elem),
+                _ => ParamKind::Unsupported(unsupported),
             }
         }
         Type::Array(_) | Type::Paren(_) | Type::Group(_) => ParamKind::Scalar,

@@ -87,9 +87,19 @@ fn device_entry(kernel: &Kernel) -> TokenStream {
                     let #ident: #ty = unsafe { #krate::__private::Out::from_raw_parts(#ptr, #len) };
                 });
             }
+            ParamKind::Published(elem) => {
+                let (flags, flags_len, tile) = (format_ident!("{}__flags", ident), format_ident!("{}__flags_len", ident), format_ident!("{}__tile", ident));
+                params.push(quote!(#ptr: *mut #elem, #len: usize, #flags: *mut u32, #flags_len: usize, #tile: u32));
+                bindings.push(quote_spanned! {ty.span()=>
+                    // SAFETY: the host launcher passes a live, exclusively borrowed published
+                    // buffer; every block retires it after the body (below).
+                    let #ident: #ty = unsafe { #krate::__private::published(#ptr, #len, #flags, #flags_len, #tile) };
+                });
+            }
             ParamKind::Unsupported(_) => unreachable!("rejected by valid::check"),
         }
     }
+    let body = with_retirement(kernel, quote!(#body));
     quote! {
         #[cfg(target_arch = "nvptx64")]
         ::core::arch::global_asm!(#facts);
@@ -123,11 +133,13 @@ fn host_launcher(kernel: &Kernel) -> TokenStream {
         None => quote!(::core::option::Option::None),
     };
 
+    let persistent = kernel.persistent.is_some();
     let mut args = Vec::new();
     let mut lowering = Vec::new();
     let mut slots = Vec::new();
     let mut buffers = Vec::new();
     let mut emulated_args = Vec::new();
+    let mut views = Vec::new();
     for param in &kernel.params {
         let ident = &param.ident;
         let ty = &param.ty;
@@ -160,12 +172,34 @@ fn host_launcher(kernel: &Kernel) -> TokenStream {
                 });
                 slots.push(quote!(#host::param(&#ptr)));
                 slots.push(quote!(#host::param(&#len)));
-                buffers.push(quote!((#ptr, #len * ::core::mem::size_of::<#elem>())));
+                let name = ident.to_string();
+                buffers.push(quote!((#ptr, #len * ::core::mem::size_of::<#elem>(), #name)));
                 emulated_args.push(view);
+            }
+            ParamKind::Published(elem) => {
+                let (flags, flags_len, tile, flags_sync) =
+                    (format_ident!("{}__flags", ident), format_ident!("{}__flags_len", ident), format_ident!("{}__tile", ident), format_ident!("_{}__flags_sync", ident));
+                args.push(quote!(#ident: &mut #host::Published<#elem>));
+                lowering.push(quote! {
+                    let #tile: u32 = #ident.tile();
+                    let (#ident, #flags) = #ident.parts_mut();
+                    let (#len, #flags_len): (usize, usize) = (#ident.len(), #flags.len());
+                    let (#ptr, #sync) = #ident.launch_ptr_mut(stream)?;
+                    let (#flags, #flags_sync) = #flags.launch_ptr_mut(stream)?;
+                });
+                slots.extend([quote!(#host::param(&#ptr)), quote!(#host::param(&#len)), quote!(#host::param(&#flags)), quote!(#host::param(&#flags_len)), quote!(#host::param(&#tile))]);
+                let flags_name = format!("{ident} (flags)");
+                let name = ident.to_string();
+                buffers.push(quote!((#ptr, #len * ::core::mem::size_of::<#elem>(), #name)));
+                buffers.push(quote!((#flags, #flags_len * 4, #flags_name)));
+                views.push(quote!(let #ident = #krate::__private::published(#ptr as *mut #elem, #len, #flags as *mut u32, #flags_len, #tile);));
+                emulated_args.push(quote!(#ident));
             }
             ParamKind::Unsupported(_) => unreachable!("rejected by valid::check"),
         }
     }
+    let emulated_call = with_retirement(kernel, quote!(super::#name(#(#emulated_args),*)));
+    let emulated_call = quote!({ #(#views)* #emulated_call });
     let arg_names: Vec<_> = kernel.params.iter().map(|p| &p.ident).collect();
     let doc_launch = format!("Launches `{name_str}` on `stream` after checking `config` against the kernel's facts and the device.");
 
@@ -183,6 +217,7 @@ fn host_launcher(kernel: &Kernel) -> TokenStream {
                 max_threads: #max_threads,
                 min_blocks: #min_blocks,
                 cluster: #cluster,
+                persistent: #persistent,
             };
 
             /// The kernel, loaded on one GPU, with its typed launcher.
@@ -215,7 +250,7 @@ fn host_launcher(kernel: &Kernel) -> TokenStream {
                     // arguments; the pointers are the emulator's host buffers.
                     // SAFETY: (in the closure) the buffers outlive the launch, which the
                     // emulator runs to completion before returning.
-                    let emulated = || unsafe { super::#name(#(#emulated_args),*) };
+                    let emulated = || unsafe { #emulated_call };
                     self.0.launch_lowered(stream, plan, &mut params, &[#(#buffers),*], &emulated)
                 }
 
@@ -226,6 +261,24 @@ fn host_launcher(kernel: &Kernel) -> TokenStream {
             }
         }
     }
+}
+
+/// `run` (the kernel's body, or its call on the emulator), then every `Published` parameter
+/// retired by every block: the last block clears the flags for the next launch. The body
+/// runs in a closure, so that a `return` in it still reaches the retirement.
+fn with_retirement(kernel: &Kernel, run: TokenStream) -> TokenStream {
+    let published: Vec<_> = kernel.params.iter().filter(|p| matches!(p.kind, ParamKind::Published(_))).map(|p| &p.ident).collect();
+    if published.is_empty() {
+        return run;
+    }
+    let copies = published.iter().map(|p| format_ident!("{}__retire", p));
+    let copies2 = copies.clone();
+    quote! {{
+        #(let #copies = ::core::clone::Clone::clone(&#published);)*
+        #[allow(clippy::redundant_closure_call)]
+        (move || #run)();
+        #(#copies2.retire();)*
+    }}
 }
 
 fn option(value: Option<u32>) -> TokenStream {

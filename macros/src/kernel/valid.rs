@@ -51,8 +51,16 @@ fn check_signature(kernel: &Kernel, errors: &mut Errors) {
         errors.push(Error::new_spanned(variadic, "a kernel cannot be variadic"));
     }
     for param in &kernel.params {
-        if let ParamKind::Unsupported(why) = param.kind {
-            errors.push(Error::new_spanned(&param.ty, why));
+        match param.kind {
+            ParamKind::Unsupported(why) => errors.push(Error::new_spanned(&param.ty, why)),
+            ParamKind::Published(_) if kernel.persistent.is_none() => errors.push(Error::new_spanned(
+                &param.ty,
+                format!(
+                    "`{}` is a `Published` buffer, which blocks wait on each other through, so the kernel must be persistent: write `#[kernel(persistent, ..)]` (its launch then checks that the whole grid is resident at once)",
+                    param.ident
+                ),
+            )),
+            _ => {}
         }
     }
 }

@@ -17,9 +17,21 @@ pub fn halves(x: &[f16], y: Out<bf16>, n: u32) {
     let _ = (x, y, n);
 }
 
+#[kernel(persistent, launch_bounds(max_threads = 128))]
+pub fn chain(y: Published<f32>, z: Out<f32>) {
+    if block::index_x() == 0 {
+        y.set(thread::index_x() as usize, 1.0);
+        y.publish(0..1);
+    }
+    let ready = y.wait(0..64);
+    z.set(0, ready.get(0));
+}
+
 fn main() {
     assert_eq!(saxpy::FACTS.max_threads, Some(256));
     assert_eq!(saxpy::FACTS.min_blocks, Some(2));
     assert_eq!(halves::FACTS.cluster, Some(clusterfuse::Dim3::new(16, 1, 1)));
+    assert!(chain::FACTS.persistent && !saxpy::FACTS.persistent);
+    let _: fn(&chain::Kernel, &clusterfuse::host::Stream, &clusterfuse::host::LaunchConfig, &mut clusterfuse::host::Published<f32>, &mut clusterfuse::host::Buffer<f32>) -> clusterfuse::host::Result<()> = chain::Kernel::launch;
     let _: fn(&clusterfuse::host::Gpu) -> clusterfuse::host::Result<saxpy::Kernel> = saxpy::load;
 }

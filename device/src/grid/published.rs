@@ -1,0 +1,231 @@
+//! Dependencies between the blocks of one launch, through global memory: a buffer that some
+//! blocks write tile by tile and publish, and others wait for, tile by tile.
+//!
+//! A block that writes a tile [`publishes`](Published::publish) it: a barrier, then one
+//! `red.release.gpu` on the tile's flag, so every write the block made before is released with
+//! it. A block that reads tiles [`waits`](Published::wait) for them: its threads spin on the
+//! tiles' flags with `ld.acquire.gpu` (backing off with `nanosleep`), then a barrier, so the
+//! whole block sees what the publishers released. The wait hands out the only way to read a
+//! range: [`Ready`], a view of exactly the elements waited for; one thread reads one element
+//! with [`Published::get`], which waits for its tile alone. There is no read without a wait.
+//!
+//! Each tile is published once per launch: a value that changes over a launch (the residual
+//! stream, layer after layer) takes a region per version, so that no block overwrites what
+//! another may still read. Blocks that wait on each other must all be resident at once, or
+//! the waiting ones can hold the SMs the publishing ones need: such a buffer is a parameter of
+//! a `#[kernel(persistent, ..)]` only, whose launch checks that the GPU holds its whole grid.
+//! The kernel clears the flags as it ends (the last block to [`retire`](Published::retire)),
+//! so the next launch, a CUDA graph's replay included, starts from none published.
+
+use crate::global::Out;
+use crate::{arch, block, out_of_bounds, thread};
+use core::ops::Range;
+
+/// Back-off between two reads of an unpublished flag.
+const SPIN_NS: u32 = 32;
+
+/// A global buffer published tile by tile within one launch: `len` values of `T` in tiles of
+/// `tile` values, and a flag per tile (after them, the count of retired blocks).
+/// A kernel parameter of persistent kernels; the host passes a `host::Published<T>`.
+pub struct Published<'a, T> {
+    data: Out<'a, T>,
+    flags: Out<'a, u32>,
+    tile: usize,
+    tiles: usize,
+}
+
+impl<'a, T: Copy> Published<'a, T> {
+    /// The buffer `data`, in tiles of `tile` values, with `flags`: a word per tile and one
+    /// more. Traps unless `tile > 0` and the flags are that long.
+    ///
+    /// # Safety
+    /// 1. As for [`Out::from_raw_parts`], for both buffers.
+    /// 2. Every block of the grid calls [`Published::retire`] once, last (the launcher
+    ///    `#[kernel(persistent)]` generates does).
+    #[inline(always)]
+    pub unsafe fn from_raw_parts(data: Out<'a, T>, flags: Out<'a, u32>, tile: u32) -> Self {
+        let tile = tile as usize;
+        if tile == 0 {
+            out_of_bounds()
+        }
+        let tiles = data.len().div_ceil(tile);
+        if flags.len() != tiles + 1 {
+            out_of_bounds()
+        }
+        Self { data, flags, tile, tiles }
+    }
+
+    /// Values in the buffer.
+    #[inline(always)]
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    /// True when the buffer holds no values.
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// Values per tile (the last tile may be shorter).
+    #[inline(always)]
+    pub fn tile_len(&self) -> usize {
+        self.tile
+    }
+
+    /// Tiles in the buffer.
+    #[inline(always)]
+    pub fn tiles(&self) -> usize {
+        self.tiles
+    }
+
+    /// The tiles that hold `range`.
+    #[inline(always)]
+    pub fn tiles_of(&self, range: Range<usize>) -> Range<usize> {
+        if range.start >= range.end {
+            return 0..0;
+        }
+        range.start / self.tile..(range.end - 1) / self.tile + 1
+    }
+
+    /// Stores `value` at element `i` (of a tile this block publishes later); traps when out
+    /// of bounds.
+    #[inline(always)]
+    pub fn set(&self, i: usize, value: T) {
+        self.data.set(i, value)
+    }
+
+    /// Stores elements `N * i .. N * i + N` in one 16-byte store; traps when out of bounds or
+    /// misaligned.
+    #[inline(always)]
+    pub fn store16<const N: usize>(&self, i: usize, values: [T; N]) {
+        self.data.store16(i, values)
+    }
+
+    /// Publishes `tiles`, which this block has written: a block barrier (every thread of the
+    /// block calls it), then a release per tile. Traps when a tile is out of range.
+    #[inline(always)]
+    pub fn publish(&self, tiles: Range<usize>) {
+        block::sync();
+        for tile in block::stride_loop(tiles) {
+            // SAFETY: a live, aligned `u32` of the flags (bounds checked by `flag`).
+            unsafe { arch::red_release_gpu_global_add_u32(self.flag(tile), 1) };
+        }
+    }
+
+    /// Waits until the tiles holding `range` are published, and returns them for reading:
+    /// every thread of the block calls it (it ends with a block barrier). Traps when the
+    /// range is out of bounds.
+    #[inline(always)]
+    pub fn wait(&self, range: Range<usize>) -> Ready<'_, T> {
+        if range.end > self.len() {
+            out_of_bounds()
+        }
+        for tile in block::stride_loop(self.tiles_of(range.clone())) {
+            self.wait_tile(tile);
+        }
+        block::sync();
+        Ready { data: &self.data, range }
+    }
+
+    /// Element `i`, once its tile is published: this thread alone waits (for a few elements
+    /// a thread reads, such as its rows' residual). Traps when out of bounds.
+    #[inline(always)]
+    pub fn get(&self, i: usize) -> T {
+        if i >= self.len() {
+            out_of_bounds()
+        }
+        self.wait_tile(i / self.tile);
+        self.data.get(i)
+    }
+
+    /// Spins until `tile` is published (acquiring what its publisher released).
+    #[inline(always)]
+    fn wait_tile(&self, tile: usize) {
+        let flag = self.flag(tile);
+        // SAFETY: a live, aligned `u32` of the flags (bounds checked by `flag`).
+        while unsafe { arch::ld_acquire_gpu_global_u32(flag) } == 0 {
+            arch::nanosleep(SPIN_NS);
+        }
+    }
+
+    /// Ends this block's use of the buffer in the launch: every thread of the block calls it,
+    /// once, after its last wait and publish. The last block of the grid to retire clears the
+    /// flags for the next launch.
+    #[inline(always)]
+    pub fn retire(&self) {
+        block::sync();
+        if thread::rank_in_block() != 0 {
+            return;
+        }
+        let count = self.flags.len() - 1;
+        let retired = self.flags.as_mut_ptr().wrapping_add(count);
+        let blocks = crate::grid::dim().volume() as u32;
+        // SAFETY: the last word of the flags, live and aligned. Acquire-release: the last
+        // block sees every other block's waits and publishes as done.
+        if unsafe { arch::atom_acq_rel_gpu_global_add_u32(retired, 1) } == blocks - 1 {
+            for i in 0..=count {
+                // SAFETY: words of the flags, in bounds.
+                unsafe { arch::st_relaxed_gpu_global_u32(self.flags.as_mut_ptr().add(i), 0) };
+            }
+        }
+    }
+
+    /// The flag of `tile`; traps when it is out of range.
+    #[inline(always)]
+    fn flag(&self, tile: usize) -> *mut u32 {
+        if tile >= self.tiles {
+            out_of_bounds()
+        }
+        self.flags.as_mut_ptr().wrapping_add(tile)
+    }
+}
+
+// Every thread of the grid holds the same two buffers: copying the handle copies no data.
+impl<T: Copy> Clone for Published<'_, T> {
+    fn clone(&self) -> Self {
+        // SAFETY: the same buffers, under the same contract.
+        unsafe {
+            Self {
+                data: Out::from_raw_parts(self.data.as_mut_ptr(), self.data.len()),
+                flags: Out::from_raw_parts(self.flags.as_mut_ptr(), self.flags.len()),
+                tile: self.tile,
+                tiles: self.tiles,
+            }
+        }
+    }
+}
+
+/// Published elements a block waited for: reads of `range` only, through the coherent path
+/// (the read-only path may serve a line cached before the wait).
+pub struct Ready<'p, T> {
+    data: &'p Out<'p, T>,
+    range: Range<usize>,
+}
+
+impl<T: Copy> Ready<'_, T> {
+    /// The elements waited for.
+    #[inline(always)]
+    pub fn range(&self) -> Range<usize> {
+        self.range.clone()
+    }
+
+    /// Element `i`; traps outside the range waited for.
+    #[inline(always)]
+    pub fn get(&self, i: usize) -> T {
+        if !self.range.contains(&i) {
+            out_of_bounds()
+        }
+        self.data.get(i)
+    }
+
+    /// Elements `N * i .. N * i + N` in one 16-byte load; traps unless all lie in the range
+    /// waited for (or when misaligned).
+    #[inline(always)]
+    pub fn load16<const N: usize>(&self, i: usize) -> [T; N] {
+        if N * i < self.range.start || N * i + N > self.range.end {
+            out_of_bounds()
+        }
+        self.data.load16(i)
+    }
+}
