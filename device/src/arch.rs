@@ -763,21 +763,56 @@ pub unsafe fn ld_acquire_gpu_global_u32(ptr: *const u32) -> u32 {
             ptx!("ld.acquire.gpu.global.u32 {v}, [{p}];", v = out(reg32) value, p = in(reg64) ptr, options(nostack));
             value
         },
-        emulator: emu::global_access(ptr, 4, || emu::acquire_load(ptr)),
+        emulator: emu::global_access(ptr, 4, || emu::acquire_load(ptr.cast::<[u32; 1]>())[0]),
     }
 }
 
-/// `red.release.gpu.global.add.u32`: adds `value` to the `u32` at `ptr`, releasing at GPU
-/// scope this thread's earlier writes (and those ordered before them, by a `bar.sync` say) to
-/// whoever acquires the sum.
+/// `ld.acquire.gpu.global.v4.u32`: four words in one acquiring load (see
+/// [`ld_acquire_gpu_global_u32`]).
+///
+/// # Safety
+/// 1. `ptr` is a 16-byte-aligned global address of four live `u32`s.
+#[inline(always)]
+pub unsafe fn ld_acquire_gpu_global_v4_u32(ptr: *const [u32; 4]) -> [u32; 4] {
+    gpu_or_emulator! {
+        gpu: {
+            let v: [u32; 4];
+            let (a, b, c, d): (u32, u32, u32, u32);
+            ptx!("ld.acquire.gpu.global.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];", a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d, p = in(reg64) ptr, options(nostack));
+            v = [a, b, c, d];
+            v
+        },
+        emulator: emu::global_access(ptr, 16, || emu::acquire_load(ptr)),
+    }
+}
+
+/// `ld.relaxed.gpu.global.u32`: a load that sees other SMs' stores to the word (no stale L1
+/// copy), ordering nothing else.
 ///
 /// # Safety
 /// 1. `ptr` is an aligned global address of a live `u32`.
 #[inline(always)]
-pub unsafe fn red_release_gpu_global_add_u32(ptr: *mut u32, value: u32) {
+pub unsafe fn ld_relaxed_gpu_global_u32(ptr: *const u32) -> u32 {
     gpu_or_emulator! {
-        gpu: ptx!("red.release.gpu.global.add.u32 [{p}], {v};", p = in(reg64) ptr, v = in(reg32) value, options(nostack)),
-        emulator: emu::global_access(ptr, 4, || { emu::atomic_update(ptr, |old: u32| old.wrapping_add(value)); }),
+        gpu: {
+            let value: u32;
+            ptx!("ld.relaxed.gpu.global.u32 {v}, [{p}];", v = out(reg32) value, p = in(reg64) ptr, options(nostack));
+            value
+        },
+        emulator: emu::global_access(ptr, 4, || emu::atomic_update(ptr.cast_mut(), |old: u32| old)),
+    }
+}
+
+/// `st.release.gpu.global.u32`: stores `value`, releasing at GPU scope this thread's earlier
+/// writes (and those ordered before them, by a `bar.sync` say) to whoever acquires it.
+///
+/// # Safety
+/// 1. `ptr` is an aligned global address of a live `u32`.
+#[inline(always)]
+pub unsafe fn st_release_gpu_global_u32(ptr: *mut u32, value: u32) {
+    gpu_or_emulator! {
+        gpu: ptx!("st.release.gpu.global.u32 [{p}], {v};", p = in(reg64) ptr, v = in(reg32) value, options(nostack)),
+        emulator: emu::global_access(ptr, 4, || { emu::atomic_update(ptr, |_: u32| value); }),
     }
 }
 

@@ -12,7 +12,7 @@
 
 mod published;
 
-pub use published::{Published, Ready};
+pub use published::{flag_words, Published, Ready};
 
 use crate::{arch, Dim3};
 use core::iter::StepBy;

@@ -378,13 +378,18 @@ fn a_persistent_kernel_waits_for_tiles_other_blocks_publish() {
     let gpu = Gpu::emulator();
     let kernel = published_chain::load(&gpu).unwrap();
     let tiles = 12;
-    let (x, dx, mut y, mut z) = chain_buffers(&gpu, tiles);
-    // Twice: the first launch's last block must have cleared the flags for the second.
-    for _ in 0..2 {
+    let (x, dx, mut y, _) = chain_buffers(&gpu, tiles);
+    // Three launches: each must find none of its tiles published (the last block of the one
+    // before advanced the epoch, which the flags after the tiles hold).
+    let epoch = tiles.next_multiple_of(4);
+    for launch in 1..=3 {
+        let mut z = gpu.upload(&vec![f32::NAN; x.len()]).unwrap();
         kernel.launch(gpu.stream(), &config(5, 128), &dx, &mut y, &mut z, u32::MAX).unwrap();
         let expected: Vec<f32> = (0..x.len()).map(|i| 2.0 * x[(i + CHAIN_TILE) % x.len()] + 1.0).collect();
         assert_eq!(gpu.download(&z).unwrap(), expected);
-        assert!(gpu.download(y.flags()).unwrap().iter().all(|&f| f == 0), "flags left set");
+        let flags = gpu.download(y.flags()).unwrap();
+        assert!(flags[..tiles].iter().all(|&f| f == launch), "launch {launch} published {flags:?}");
+        assert_eq!(flags[epoch..epoch + 2], [launch, 0], "epoch, retired blocks");
     }
 }
 
@@ -397,6 +402,6 @@ fn a_wait_for_a_tile_never_published_is_a_deadlock_naming_the_flag() {
     assert_eq!(fault.at, None);
     assert!(fault.message.starts_with("deadlock"), "{fault}");
     // Tile 4 of `z` reads tile 5 of `y`: block 0 takes tiles 0, 4 of 4 blocks.
-    assert!(fault.message.contains("block (0, 0, 0): 1 thread(s) spin on word 5 of `y (flags)`, which reads 0"), "{fault}");
+    assert!(fault.message.contains("block (0, 0, 0): 1 thread(s) spin on words 4..8 of `y (flags)`, which read [1, 0, 1, 1]"), "{fault}");
     assert!(fault.message.contains("127 thread(s) wait at bar.sync"), "{fault}");
 }

@@ -6,8 +6,8 @@ use crate::gpu::Gpu;
 
 /// A device buffer that a persistent kernel's blocks publish tile by tile and wait for
 /// (`grid::Published<T>` in the kernel; pass `&mut published` to the launcher): the data, in
-/// tiles of `tile` values, and a flag per tile, zero between launches (the kernel clears them
-/// as it ends).
+/// tiles of `tile` values, a flag per tile and the launch epoch, which the kernel advances as
+/// it ends (so nothing needs clearing between launches).
 pub struct Published<T> {
     data: Buffer<T>,
     flags: Buffer<u32>,
@@ -25,7 +25,7 @@ impl<T> Published<T> {
             return Err(Error::InvalidPublished(String::from("tiles of 0 values; a tile holds at least 1")));
         }
         let tiles = data.len().div_ceil(tile as usize);
-        let flags = gpu.zeros(tiles + 1)?;
+        let flags = gpu.zeros(clusterfuse_device::grid::flag_words(tiles))?;
         Ok(Self { data, flags, tile })
     }
 
@@ -44,12 +44,13 @@ impl<T> Published<T> {
         self.tile
     }
 
-    /// The flags: one per tile, then the count of blocks that retired.
+    /// The flags: one per tile (in whole groups of four), then the epoch and the count of
+    /// blocks that retired.
     pub fn flags(&self) -> &Buffer<u32> {
         &self.flags
     }
 
-    /// Clears the flags (after a launch that failed before every block retired).
+    /// New flags (after a launch that failed before every block retired).
     pub fn reset(&mut self, gpu: &Gpu) -> Result<()> {
         self.flags = gpu.zeros(self.flags.len())?;
         Ok(())

@@ -76,16 +76,27 @@ pub fn warpgroup_wait() {
 /// Fences: the emulator is sequentially consistent, so they order nothing further.
 pub fn fence() {}
 
-/// `ld.acquire` of a global `u32`; the thread remembers what it read, so that a spin on it
-/// that can never end is reported naming the word (see [`sleep`]).
+/// `ld.acquire` of `N` global words (1 or 4); the thread remembers what it read, so that a
+/// spin on them that can never end is reported naming the words (see [`sleep`]).
 ///
 /// # Safety
 /// 1. `ptr` is aligned and valid for reads, and only accessed atomically meanwhile.
-pub unsafe fn acquire_load(ptr: *const u32) -> u32 {
+pub unsafe fn acquire_load<const N: usize>(ptr: *const [u32; N]) -> [u32; N] {
+    const { assert!(N <= 4) };
     // SAFETY: aligned and valid (caller).
-    let value = unsafe { AtomicU32::from_ptr(ptr.cast_mut()) }.load(Ordering::Acquire);
-    with_current(|thread| thread.spin.set(Some((ptr as u64, value))));
-    value
+    let values = core::array::from_fn(|i| unsafe { AtomicU32::from_ptr(ptr.cast::<u32>().add(i).cast_mut()) }.load(Ordering::Acquire));
+    let mut read = [0; 4];
+    read[..N].copy_from_slice(&values);
+    with_current(|thread| thread.spin.set(Some(Spin { address: ptr as u64, words: N as u32, read })));
+    values
+}
+
+/// Global words a thread read with `ld.acquire`: what it spins on when it sleeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Spin {
+    pub address: u64,
+    pub words: u32,
+    pub read: [u32; 4],
 }
 
 /// `nanosleep`: yields to the launch's other threads. A round of the scheduler in which every

@@ -6,7 +6,7 @@
 
 use super::fiber::{Fiber, Resume, Step};
 use super::memory::BlockMemory;
-use super::ops::{Matrix, Shuffle};
+use super::ops::{Matrix, Shuffle, Spin};
 use super::thread::{Epochs, Registers, Thread};
 use super::{Fault, Launch};
 use crate::limits::WARP_SIZE;
@@ -291,7 +291,7 @@ fn schedule(clusters: &[Box<Cluster>], fibers: &mut [Fiber]) -> Result<(), Fault
     let mut waits: Vec<Option<Wait>> = std::vec![None; fibers.len()];
     let mut runnable: Vec<bool> = std::vec![true; fibers.len()];
     // What each sleeper read before its last sleep: the same again is no progress.
-    let mut spins: Vec<Option<(u64, u32)>> = std::vec![None; fibers.len()];
+    let mut spins: Vec<Option<Spin>> = std::vec![None; fibers.len()];
     loop {
         let mut progress = false;
         for (i, fiber) in fibers.iter_mut().enumerate() {
@@ -504,12 +504,19 @@ fn deadlock(clusters: &[Box<Cluster>], fibers: &[Fiber], waits: &[Option<Wait>])
     report
 }
 
-/// What a sleeping thread spins on: the word it last read with `ld.acquire`, by buffer.
-fn spin(cluster: &Cluster, read: Option<(u64, u32)>) -> String {
-    let Some((address, value)) = read else { return String::from("sleep (nanosleep) without reading a global word") };
+/// What a sleeping thread spins on: the words it last read with `ld.acquire`, by buffer.
+fn spin(cluster: &Cluster, spin: Option<Spin>) -> String {
+    let Some(Spin { address, words, read }) = spin else { return String::from("sleep (nanosleep) without reading a global word") };
+    let read = &read[..words as usize];
     let buffer = cluster.buffers.iter().find(|&&(start, bytes, _)| address >= start && address < start + bytes as u64);
-    match buffer {
-        Some(&(start, _, name)) => format!("spin on word {} of `{name}`, which reads {value} and no running thread changes", (address - start) / 4),
-        None => format!("spin on the word at {address:#x}, which reads {value}"),
-    }
+    let (what, value) = match buffer {
+        Some(&(start, _, name)) => {
+            let first = (address - start) / 4;
+            let words = if read.len() == 1 { format!("word {first}") } else { format!("words {first}..{}", first + read.len() as u64) };
+            (format!("{words} of `{name}`"), read)
+        }
+        None => (format!("the words at {address:#x}"), read),
+    };
+    let value = if value.len() == 1 { format!("{}", value[0]) } else { format!("{value:?}") };
+    format!("spin on {what}, which read {value} and no running thread changes")
 }

@@ -66,9 +66,9 @@ pub struct Thread {
     /// learned of by waiting for their phases: the accesses it made before them are ordered
     /// before this thread's.
     pub known_arrivals: RefCell<Vec<u32>>,
-    /// The global word (address, value) this thread last read with `ld.acquire`: what it
-    /// spins on when it sleeps.
-    pub spin: Cell<Option<(u64, u32)>>,
+    /// The global words this thread last read with `ld.acquire`: what it spins on when it
+    /// sleeps.
+    pub spin: Cell<Option<super::ops::Spin>>,
     pub cluster: *const Cluster,
     pub yielder: Cell<*const Yielder>,
 }

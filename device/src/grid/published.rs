@@ -1,47 +1,63 @@
 //! Dependencies between the blocks of one launch, through global memory: a buffer that some
 //! blocks write tile by tile and publish, and others wait for, tile by tile.
 //!
-//! A block that writes a tile [`publishes`](Published::publish) it: a barrier, then one
-//! `red.release.gpu` on the tile's flag, so every write the block made before is released with
-//! it. A block that reads tiles [`waits`](Published::wait) for them: its threads spin on the
-//! tiles' flags with `ld.acquire.gpu` (backing off with `nanosleep`), then a barrier, so the
-//! whole block sees what the publishers released. The wait hands out the only way to read a
-//! range: [`Ready`], a view of exactly the elements waited for; one thread reads one element
-//! with [`Published::get`], which waits for its tile alone. There is no read without a wait.
+//! A block that writes a tile [`publishes`](Published::publish) it: a barrier, then a
+//! `st.release.gpu` of the launch's generation to the tile's flag, so every write the block
+//! made before is released with it. A block that reads tiles [`waits`](Published::wait) for
+//! them: its threads poll the tiles' flags, four to a 16-byte `ld.acquire.gpu` (backing off
+//! with `nanosleep`), until each holds the generation, then a barrier, so the whole block sees
+//! what the publishers released. The wait hands out the only way to read a range: [`Ready`], a
+//! view of exactly the elements waited for; one thread reads one element with
+//! [`Published::get`], which waits for its tile alone. There is no read without a wait.
 //!
 //! Each tile is published once per launch: a value that changes over a launch (the residual
 //! stream, layer after layer) takes a region per version, so that no block overwrites what
 //! another may still read. Blocks that wait on each other must all be resident at once, or
 //! the waiting ones can hold the SMs the publishing ones need: such a buffer is a parameter of
 //! a `#[kernel(persistent, ..)]` only, whose launch checks that the GPU holds its whole grid.
-//! The kernel clears the flags as it ends (the last block to [`retire`](Published::retire)),
-//! so the next launch, a CUDA graph's replay included, starts from none published.
+//!
+//! Flags are never cleared: each launch publishes its own *generation*, read from the buffer
+//! as the kernel starts and advanced by the last block to [`retire`](Published::retire) (the
+//! launcher `#[kernel(persistent)]` generates retires every `Published` parameter), so the
+//! next launch, a CUDA graph's replay included, finds none of its tiles published.
 
 use crate::global::Out;
 use crate::{arch, block, out_of_bounds, thread};
 use core::ops::Range;
 
-/// Back-off between two reads of an unpublished flag.
+/// Back-off between two polls of an unpublished flag.
 const SPIN_NS: u32 = 32;
 
+/// Words after the tile flags: the epoch and the count of retired blocks (16 bytes, so that
+/// the flags stay in whole 16-byte groups).
+const TAIL: usize = 4;
+
+/// Flag words for `tiles` tiles: whole groups of four, then [`TAIL`].
+pub const fn flag_words(tiles: usize) -> usize {
+    tiles.next_multiple_of(4) + TAIL
+}
+
 /// A global buffer published tile by tile within one launch: `len` values of `T` in tiles of
-/// `tile` values, and a flag per tile (after them, the count of retired blocks).
-/// A kernel parameter of persistent kernels; the host passes a `host::Published<T>`.
+/// `tile` values, a flag per tile, the epoch and the count of retired blocks. A kernel
+/// parameter of persistent kernels; the host passes a `host::Published<T>`.
 pub struct Published<'a, T> {
     data: Out<'a, T>,
     flags: Out<'a, u32>,
     tile: usize,
     tiles: usize,
+    /// The value a tile's flag holds once published in this launch: the epoch plus 1,
+    /// never 0 (what new flags hold).
+    generation: u32,
 }
 
 impl<'a, T: Copy> Published<'a, T> {
-    /// The buffer `data`, in tiles of `tile` values, with `flags`: a word per tile and one
-    /// more. Traps unless `tile > 0` and the flags are that long.
+    /// The buffer `data`, in tiles of `tile` values, with `flags` ([`flag_words`] of the tile
+    /// count, the first launch's all zero). Reads the launch's generation. Traps unless
+    /// `tile > 0` and the flags have that length and 16-byte alignment.
     ///
     /// # Safety
     /// 1. As for [`Out::from_raw_parts`], for both buffers.
-    /// 2. Every block of the grid calls [`Published::retire`] once, last (the launcher
-    ///    `#[kernel(persistent)]` generates does).
+    /// 2. Every block of the grid retires the buffer once, last ([`Published::retire`]).
     #[inline(always)]
     pub unsafe fn from_raw_parts(data: Out<'a, T>, flags: Out<'a, u32>, tile: u32) -> Self {
         let tile = tile as usize;
@@ -49,10 +65,13 @@ impl<'a, T: Copy> Published<'a, T> {
             out_of_bounds()
         }
         let tiles = data.len().div_ceil(tile);
-        if flags.len() != tiles + 1 {
+        if flags.len() != flag_words(tiles) || !(flags.as_mut_ptr() as usize).is_multiple_of(16) {
             out_of_bounds()
         }
-        Self { data, flags, tile, tiles }
+        // SAFETY: the epoch word, in bounds (checked above). Relaxed: it changes only once
+        // every block has retired, after this read.
+        let epoch = unsafe { arch::ld_relaxed_gpu_global_u32(flags.as_mut_ptr().add(tiles.next_multiple_of(4))) };
+        Self { data, flags, tile, tiles, generation: epoch % u32::MAX + 1 }
     }
 
     /// Values in the buffer.
@@ -109,7 +128,7 @@ impl<'a, T: Copy> Published<'a, T> {
         block::sync();
         for tile in block::stride_loop(tiles) {
             // SAFETY: a live, aligned `u32` of the flags (bounds checked by `flag`).
-            unsafe { arch::red_release_gpu_global_add_u32(self.flag(tile), 1) };
+            unsafe { arch::st_release_gpu_global_u32(self.flag(tile), self.generation) };
         }
     }
 
@@ -121,8 +140,21 @@ impl<'a, T: Copy> Published<'a, T> {
         if range.end > self.len() {
             out_of_bounds()
         }
-        for tile in block::stride_loop(self.tiles_of(range.clone())) {
-            self.wait_tile(tile);
+        let tiles = self.tiles_of(range.clone());
+        let groups = tiles.start / 4..tiles.end.div_ceil(4);
+        for group in block::stride_loop(groups) {
+            // SAFETY: a 16-byte group of the flags, in bounds (whole groups precede the tail)
+            // and aligned (checked at construction).
+            let flags = unsafe { self.flags.as_mut_ptr().add(4 * group) } as *const [u32; 4];
+            loop {
+                // SAFETY: as above.
+                let words = unsafe { arch::ld_acquire_gpu_global_v4_u32(flags) };
+                let waited = |j: usize| tiles.contains(&(4 * group + j));
+                if (0..4).all(|j| !waited(j) || words[j] == self.generation) {
+                    break;
+                }
+                arch::nanosleep(SPIN_NS);
+            }
         }
         block::sync();
         Ready { data: &self.data, range }
@@ -135,40 +167,53 @@ impl<'a, T: Copy> Published<'a, T> {
         if i >= self.len() {
             out_of_bounds()
         }
-        self.wait_tile(i / self.tile);
+        let flag = self.flag(i / self.tile);
+        // SAFETY: a live, aligned `u32` of the flags (bounds checked by `flag`).
+        while unsafe { arch::ld_acquire_gpu_global_u32(flag) } != self.generation {
+            arch::nanosleep(SPIN_NS);
+        }
         self.data.get(i)
     }
 
-    /// Spins until `tile` is published (acquiring what its publisher released).
-    #[inline(always)]
-    fn wait_tile(&self, tile: usize) {
-        let flag = self.flag(tile);
-        // SAFETY: a live, aligned `u32` of the flags (bounds checked by `flag`).
-        while unsafe { arch::ld_acquire_gpu_global_u32(flag) } == 0 {
-            arch::nanosleep(SPIN_NS);
-        }
-    }
-
     /// Ends this block's use of the buffer in the launch: every thread of the block calls it,
-    /// once, after its last wait and publish. The last block of the grid to retire clears the
-    /// flags for the next launch.
+    /// once, after its last wait and publish. The last block of the grid to retire advances
+    /// the epoch for the next launch.
     #[inline(always)]
     pub fn retire(&self) {
         block::sync();
-        if thread::rank_in_block() != 0 {
-            return;
+        if thread::rank_in_block() == 0 {
+            self.retire_finish(self.retire_arrive());
         }
-        let count = self.flags.len() - 1;
-        let retired = self.flags.as_mut_ptr().wrapping_add(count);
-        let blocks = crate::grid::dim().volume() as u32;
-        // SAFETY: the last word of the flags, live and aligned. Acquire-release: the last
-        // block sees every other block's waits and publishes as done.
-        if unsafe { arch::atom_acq_rel_gpu_global_add_u32(retired, 1) } == blocks - 1 {
-            for i in 0..=count {
-                // SAFETY: words of the flags, in bounds.
-                unsafe { arch::st_relaxed_gpu_global_u32(self.flags.as_mut_ptr().add(i), 0) };
+    }
+
+    /// [`Published::retire`]'s first half, for one thread of a block that has synchronised
+    /// after its last wait and publish: counts the block as retired; returns the count before.
+    #[doc(hidden)]
+    #[inline(always)]
+    pub fn retire_arrive(&self) -> u32 {
+        // SAFETY: the retired count, in bounds (the tail). Acquire-release: the last block
+        // sees every other block's waits and publishes as done.
+        unsafe { arch::atom_acq_rel_gpu_global_add_u32(self.tail().add(1), 1) }
+    }
+
+    /// [`Published::retire`]'s second half: in the last block, resets the count and advances
+    /// the epoch.
+    #[doc(hidden)]
+    #[inline(always)]
+    pub fn retire_finish(&self, retired_before: u32) {
+        if retired_before == crate::grid::dim().volume() as u32 - 1 {
+            // SAFETY: the tail's words, in bounds.
+            unsafe {
+                arch::st_relaxed_gpu_global_u32(self.tail().add(1), 0);
+                arch::st_relaxed_gpu_global_u32(self.tail(), self.generation);
             }
         }
+    }
+
+    /// The epoch word; the retired count follows it.
+    #[inline(always)]
+    fn tail(&self) -> *mut u32 {
+        self.flags.as_mut_ptr().wrapping_add(self.tiles.next_multiple_of(4))
     }
 
     /// The flag of `tile`; traps when it is out of range.
@@ -185,14 +230,10 @@ impl<'a, T: Copy> Published<'a, T> {
 impl<T: Copy> Clone for Published<'_, T> {
     fn clone(&self) -> Self {
         // SAFETY: the same buffers, under the same contract.
-        unsafe {
-            Self {
-                data: Out::from_raw_parts(self.data.as_mut_ptr(), self.data.len()),
-                flags: Out::from_raw_parts(self.flags.as_mut_ptr(), self.flags.len()),
-                tile: self.tile,
-                tiles: self.tiles,
-            }
-        }
+        let (data, flags) = unsafe {
+            (Out::from_raw_parts(self.data.as_mut_ptr(), self.data.len()), Out::from_raw_parts(self.flags.as_mut_ptr(), self.flags.len()))
+        };
+        Self { data, flags, ..*self }
     }
 }
 

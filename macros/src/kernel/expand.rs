@@ -264,20 +264,26 @@ fn host_launcher(kernel: &Kernel) -> TokenStream {
 }
 
 /// `run` (the kernel's body, or its call on the emulator), then every `Published` parameter
-/// retired by every block: the last block clears the flags for the next launch. The body
-/// runs in a closure, so that a `return` in it still reaches the retirement.
+/// retired by every block (their atomics issued together): the last block advances the
+/// epoch for the next launch. The body runs in a closure, so that a `return` in it still
+/// reaches the retirement.
 fn with_retirement(kernel: &Kernel, run: TokenStream) -> TokenStream {
+    let krate = krate(kernel);
     let published: Vec<_> = kernel.params.iter().filter(|p| matches!(p.kind, ParamKind::Published(_))).map(|p| &p.ident).collect();
     if published.is_empty() {
         return run;
     }
-    let copies = published.iter().map(|p| format_ident!("{}__retire", p));
-    let copies2 = copies.clone();
+    let copies: Vec<_> = published.iter().map(|p| format_ident!("{}__retire", p)).collect();
+    let index = 0..copies.len();
     quote! {{
         #(let #copies = ::core::clone::Clone::clone(&#published);)*
         #[allow(clippy::redundant_closure_call)]
         (move || #run)();
-        #(#copies2.retire();)*
+        #krate::block::sync();
+        if #krate::thread::rank_in_block() == 0 {
+            let retired = [#(#copies.retire_arrive()),*];
+            #(#copies.retire_finish(retired[#index]);)*
+        }
     }}
 }
 
