@@ -123,6 +123,41 @@ impl<'a, T: Copy> Out<'a, T> {
     }
 }
 
+/// Global memory a kernel reads through the coherent path, where another block or an earlier
+/// kernel may have written it: an [`Out`] (ordered by a barrier or the kernel boundary) or a
+/// published range a block waited for ([`Ready`](crate::grid::Ready)). Code generic over it
+/// serves a kernel of a chain and the same stage in a persistent kernel.
+pub trait Coherent<T: Copy> {
+    /// Element `i`; traps outside what may be read.
+    fn get(&self, i: usize) -> T;
+    /// Elements `N * i .. N * i + N` in one 16-byte load; traps outside what may be read.
+    fn load16<const N: usize>(&self, i: usize) -> [T; N];
+}
+
+impl<T: Copy> Coherent<T> for Out<'_, T> {
+    #[inline(always)]
+    fn get(&self, i: usize) -> T {
+        Out::get(self, i)
+    }
+
+    #[inline(always)]
+    fn load16<const N: usize>(&self, i: usize) -> [T; N] {
+        Out::load16(self, i)
+    }
+}
+
+impl<T: Copy, C: Coherent<T>> Coherent<T> for &C {
+    #[inline(always)]
+    fn get(&self, i: usize) -> T {
+        (**self).get(i)
+    }
+
+    #[inline(always)]
+    fn load16<const N: usize>(&self, i: usize) -> [T; N] {
+        (**self).load16(i)
+    }
+}
+
 impl Out<'_, crate::f16> {
     /// Rounds `values` to f16 in pairs (`cvt.rn.f16x2.f32`) and stores them as elements
     /// `8 i .. 8 i + 8` in one 16-byte `st.global.v4`. Traps when out of bounds or misaligned.

@@ -50,8 +50,10 @@
 //! and norms are written by the host alone: read-only path ([`global::load16_invariant`]).
 
 use clusterfuse::arch;
+use clusterfuse::global::Coherent;
 use clusterfuse::packed::{dot8, widen8, words};
 use clusterfuse::prelude::*;
+use core::ops::Range;
 
 /// Dimensions per head.
 pub const HEAD_DIM: usize = 64;
@@ -90,7 +92,7 @@ const STAGE: usize = 12;
 const _: () = assert!(V == 8 && TOKENS == 2 && MAX_GROUP == 4 && MAX_CLUSTER == 16 && GROUPS == 4 * WARPS, "the unrolled loops list 8, 2, 4 and 16 indices; 4 groups a warp");
 
 /// 16 bytes (8 bf16 values) as four raw words.
-type Vector = [u32; 4];
+pub(crate) type Vector = [u32; 4];
 
 /// Vector `i` of `input` (bf16), through the coherent path (bounds and alignment checked).
 #[inline(always)]
@@ -102,7 +104,7 @@ fn load_vector(input: &Out<bf16>, i: usize) -> Vector {
 
 /// Floats `8c .. 8c + 8` of `x`, through the coherent path.
 #[inline(always)]
-fn load8(x: &Out<f32>, c: usize) -> [f32; 8] {
+fn load8(x: &impl Coherent<f32>, c: usize) -> [f32; 8] {
     let (lo, hi) = (x.load16::<4>(2 * c), x.load16::<4>(2 * c + 1));
     [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
 }
@@ -114,20 +116,20 @@ fn staged(stage: SharedSlice<f32>, c: usize) -> [f32; 8] {
     [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
 }
 
-/// Stages `x` (f32, a multiple of 8 long), times `norm_w` when given, in `stage` (see
-/// [`STAGE`]); returns this thread's share of `Σ x²`. The caller synchronises the block.
+/// Stages `vectors` vectors of `x` (f32) from vector `start` on, times `norm_w` when given, in
+/// `stage` (see [`STAGE`]); returns this thread's share of `Σ x²`. The caller synchronises
+/// the block.
 /// `norm_w` comes with its vector `thread::rank_in_block()`, loaded before the PDL wait.
 /// Without `norm_w`, a thread loads two vectors half the input apart before storing either,
 /// which halves the serial round trips to L2 of a long input (the down projection's 8192
 /// values: 2 per thread, not 4).
 #[inline(always)]
-fn stage_input(x: &Out<f32>, norm_w: Option<(&[bf16], Vector)>, stage: SharedSlice<f32>) -> f32 {
-    let vectors = x.len() / 8;
+fn stage_input(x: &impl Coherent<f32>, start: usize, vectors: usize, norm_w: Option<(&[bf16], Vector)>, stage: SharedSlice<f32>) -> f32 {
     let half = if norm_w.is_some() { vectors } else { vectors.div_ceil(2) };
     let mut squares = 0.0f32;
     for first in block::stride_loop(0..half) {
         let second = first + half;
-        let values = [load8(x, first), if second < vectors { load8(x, second) } else { [0.0; 8] }];
+        let values = [load8(x, start + first), if second < vectors { load8(x, start + second) } else { [0.0; 8] }];
         unroll!(k in [0 1] {
             let c = first + k * half;
             if c < vectors {
@@ -252,19 +254,22 @@ fn norm_vector(norm_w: &[bf16]) -> Vector {
     unsafe { global::load16_invariant::<u32, 4>(words(norm_w), (thread::rank_in_block() as usize).min(last)) }
 }
 
-/// A projection of `x` (f32, `row_vectors · 8` long, times `norm_w` when given) by `w`, row
-/// pairs `rows(p)` for `p < pairs`, in *items* of `WARPS / chunks` pairs (a block's worth):
-/// block `b` of the grid takes items `b, b + grid, ...`, staging `x` once and loading each
-/// item's weights right after the previous item's epilogue (no block ends and no new one
-/// starts and stages between items; loading them before the epilogue spills: ptxas). The first
-/// item's weights, and `early(p)` of its pairs (the host's data an epilogue needs), load
-/// before the PDL wait; `late(p, early)` (a kernel's output it needs) right after the wait or
-/// the previous item's epilogue; then `epilogue(p, [row a, row b], 1/rms(x), late)` in the
-/// pair's thread (1/rms is 1 without `norm_w`).
+/// A projection of `x` (elements `x_at` of what `input()` returns, f32, times `norm_w` when
+/// given) by `w`, row pairs `rows(p)` for `p < pairs`, in *items* of `WARPS / chunks` pairs (a
+/// block's worth): block `b` of the grid takes items `b, b + grid, ...`, staging `x` once and
+/// loading each item's weights right after the previous item's epilogue (no block ends and no
+/// new one starts and stages between items; loading them before the epilogue spills: ptxas).
+/// The first item's weights, and `early(p)` of its pairs (the host's data an epilogue needs),
+/// load before the PDL wait and `input()` (the persistent step's wait for `x`); `late(p,
+/// early)` (an output of other blocks it needs) right after them or the previous item's
+/// epilogue; then `epilogue(p, [row a, row b], 1/rms(x), late)` in the pair's thread (1/rms
+/// is 1 without `norm_w`), and `done(pairs)` in every thread of the block once the item's
+/// pairs are written (the persistent step publishes them).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn project<E: Copy, L: Copy>(
-    x: &Out<f32>,
+pub(crate) fn project<X: Coherent<f32>, E: Copy, L: Copy>(
+    input: impl FnOnce() -> X,
+    x_at: Range<usize>,
     norm_w: Option<&[bf16]>,
     w: &[bf16],
     pairs: usize,
@@ -272,8 +277,9 @@ fn project<E: Copy, L: Copy>(
     early: impl Fn(usize) -> E,
     late: impl Fn(usize, E) -> L,
     epilogue: impl Fn(usize, [f32; 2], f32, L),
+    done: impl Fn(Range<usize>),
 ) {
-    let row_vectors = x.len() / 8;
+    let (k, row_vectors) = (x_at.len(), x_at.len() / 8);
     let shift = chunk_shift(row_vectors);
     let per_item = WARPS >> shift;
     // Item indices in 32 bits: fewer registers across the loop (64-bit ones spill).
@@ -288,17 +294,19 @@ fn project<E: Copy, L: Copy>(
     // This warp's pair in an item (the last pair past the end), and this thread's output pair.
     let tile_pair = |item: u32| (item as usize * per_item + (warp >> shift)).min(pairs - 1);
     let out_pair = |item: u32| Some(item as usize * per_item + t).filter(|&p| t < per_item && p < pairs);
+    let item_pairs = |item: u32| item as usize * per_item..((item as usize + 1) * per_item).min(pairs);
     let mut tile = load_tile(w, rows(tile_pair(item)), row_vectors, chunk);
     grid::launch_dependents();
     let norm_w = norm_w.map(|n| (n, norm_vector(n)));
     let mut early_values = out_pair(item).map(&early);
     grid::wait_for_prerequisites();
+    let x = input();
     let mut late_values = out_pair(item).zip(early_values).map(|(p, e)| late(p, e));
     let stage = shared::dynamic().take::<f32>(row_vectors * STAGE);
-    let squares = stage_input(x, norm_w, stage);
+    let squares = stage_input(&x, x_at.start / 8, row_vectors, norm_w, stage);
     // The reduction's barriers also order the staging before the dot products.
     let rstd = if norm_w.is_some() {
-        math::rsqrt(block::reduce_sum(squares, shared!([f32; 32])) / x.len() as f32 + EPS)
+        math::rsqrt(block::reduce_sum(squares, shared!([f32; 32])) / k as f32 + EPS)
     } else {
         block::sync();
         1.0
@@ -312,6 +320,7 @@ fn project<E: Copy, L: Copy>(
         if let (Some(p), Some(s), Some(l)) = (out_pair(item), combined, late_values) {
             epilogue(p, s, rstd, l);
         }
+        done(item_pairs(item));
         (item, partial, other) = (item + step, other, partial);
         if item >= items {
             return;
@@ -320,6 +329,12 @@ fn project<E: Copy, L: Copy>(
         early_values = out_pair(item).map(&early);
         late_values = out_pair(item).zip(early_values).map(|(p, e)| late(p, e));
     }
+}
+
+/// `silu(gate) · up`.
+#[inline(always)]
+pub(crate) fn silu_gate(gate: f32, up: f32) -> f32 {
+    gate * math::rcp(1.0 + math::exp(-gate)) * up
 }
 
 /// Step kernel 1: `h = embedding[token]`, widened to f32; one block.
@@ -375,7 +390,7 @@ pub fn llama_qkv(h: Out<f32>, norm_w: &[bf16], w_qkv: &[bf16], rope: &[f32], pos
             v_cache.set(row + HEAD_DIM / 2, bf16::from_f32(b));
         }
     };
-    project(&h, Some(norm_w), w_qkv, (q_rows + 2 * kv_rows) / 2, rows, early, |_, e| e, epilogue);
+    project(|| &h, 0..h.len(), Some(norm_w), w_qkv, (q_rows + 2 * kv_rows) / 2, rows, early, |_, e| e, epilogue, |_| ());
 }
 
 /// Layer kernels 3 and 5: `h += w · x` (`w`: `h.len() × x.len()`).
@@ -383,10 +398,10 @@ pub fn llama_qkv(h: Out<f32>, norm_w: &[bf16], w_qkv: &[bf16], rope: &[f32], pos
 pub fn llama_residual(x: Out<f32>, w: &[bf16], h: Out<f32>) {
     // The residual's loads go out with the staging's (or the previous item's epilogue).
     let late = |p: usize, ()| [h.get(2 * p), h.get(2 * p + 1)];
-    project(&x, None, w, h.len() / 2, |p| (2 * p, 2 * p + 1), |_| (), late, |p, [a, b], _, old: [f32; 2]| {
+    project(|| &x, 0..x.len(), None, w, h.len() / 2, |p| (2 * p, 2 * p + 1), |_| (), late, |p, [a, b], _, old: [f32; 2]| {
         h.set(2 * p, old[0] + a);
         h.set(2 * p + 1, old[1] + b);
-    });
+    }, |_| ());
 }
 
 /// Layer kernel 4: `act = silu(gate) · up` with `[gate; up] = w_gate_up · RMSNorm(h)·norm_w`
@@ -394,20 +409,19 @@ pub fn llama_residual(x: Out<f32>, w: &[bf16], h: Out<f32>) {
 #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
 pub fn llama_gate_up(h: Out<f32>, norm_w: &[bf16], w_gate_up: &[bf16], act: Out<f32>) {
     let inter = act.len();
-    project(&h, Some(norm_w), w_gate_up, inter, |p| (p, inter + p), |_| (), |_, ()| (), |p, [gate, up], rstd, ()| {
-        let (gate, up) = (gate * rstd, up * rstd);
-        act.set(p, gate * math::rcp(1.0 + math::exp(-gate)) * up);
-    });
+    project(|| &h, 0..h.len(), Some(norm_w), w_gate_up, inter, |p| (p, inter + p), |_| (), |_, ()| (), |p, [gate, up], rstd, ()| {
+        act.set(p, silu_gate(gate * rstd, up * rstd));
+    }, |_| ());
 }
 
 /// The last kernel: `logits = embedding · RMSNorm(h)·norm_w` (`embedding`: `vocab × hidden`,
 /// vocab even).
 #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
 pub fn llama_lm_head(h: Out<f32>, norm_w: &[bf16], embedding: &[bf16], logits: Out<f32>) {
-    project(&h, Some(norm_w), embedding, logits.len() / 2, |p| (2 * p, 2 * p + 1), |_| (), |_, ()| (), |p, [a, b], rstd, ()| {
+    project(|| &h, 0..h.len(), Some(norm_w), embedding, logits.len() / 2, |p| (2 * p, 2 * p + 1), |_| (), |_, ()| (), |p, [a, b], rstd, ()| {
         logits.set(2 * p, a * rstd);
         logits.set(2 * p + 1, b * rstd);
-    });
+    }, |_| ());
 }
 
 /// One query head's online softmax over the tokens a group has seen: the largest score `m`,
@@ -436,35 +450,74 @@ pub fn llama_attention(q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, posi
     let max_len = max_len as usize;
     let kv_heads = k_cache.len() / (max_len * HEAD_DIM);
     let group_size = q.len() / HEAD_DIM / kv_heads;
+    let kv_head = cluster::index_in_grid().x as usize;
+    let pos = position[0] as usize;
+    let first = kv_head * group_size * HEAD_DIM;
+    let ready = || {
+        grid::launch_dependents();
+        grid::wait_for_prerequisites();
+        // The QKV kernel appended the new token to the caches.
+        let new_token = |lane8| {
+            let at = cache_vector(kv_head, max_len, pos, lane8);
+            (load_vector(&k_cache, at), load_vector(&v_cache, at))
+        };
+        (&q, first, new_token)
+    };
+    attend(&k_cache, &v_cache, kv_head, max_len, pos, group_size, ready, |i, value| attn.set(first + i, value));
+}
+
+/// Vector `lane8` (dimensions `8·lane8 ..`) of token `tok` of cache head `head` (caches of
+/// heads × `max_len` × 64).
+#[inline(always)]
+pub(crate) fn cache_vector(head: usize, max_len: usize, tok: usize, lane8: usize) -> usize {
+    (head * max_len + tok) * (HEAD_DIM / 8) + lane8
+}
+
+/// The attention of the `group_size` query heads of cache head `cache_head` (the cluster's
+/// blocks splitting its tokens `0 .. pos`) to the tokens and the new one, `pos`: what
+/// [`fn@llama_attention`] and the persistent step's attention tasks run. The first cached
+/// tokens' loads go out before `ready()`, which waits for the rest and returns the group's
+/// query heads (`q` from element `first` on) and the new token's key and value vector
+/// `lane8`; rank 0 writes the output, element `h·64 + d` of the group's heads, with `out`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend<Q: Coherent<f32>, N: Fn(usize) -> (Vector, Vector)>(
+    k_cache: &Out<bf16>,
+    v_cache: &Out<bf16>,
+    cache_head: usize,
+    max_len: usize,
+    pos: usize,
+    group_size: usize,
+    ready: impl FnOnce() -> (Q, usize, N),
+    out: impl Fn(usize, f32),
+) {
     if group_size == 0 || group_size > MAX_GROUP || cluster::size() as usize > MAX_CLUSTER {
         arch::trap();
     }
-    let (kv_head, rank, blocks) = (cluster::index_in_grid().x as usize, cluster::block_rank() as usize, cluster::size() as usize);
+    let (rank, blocks) = (cluster::block_rank() as usize, cluster::size() as usize);
     let t = thread::rank_in_block() as usize;
     let (group, lane8) = (t / 8, t % 8);
-    // Tokens `0 .. pos` are in the cache before this step (the QKV kernel writes token `pos`
+    // Tokens `0 .. pos` are in the cache before this step (the step writes token `pos`
     // only), so their first loads go out before the wait.
-    let pos = position[0] as usize;
     let (start, end) = (pos * rank / blocks, pos * (rank + 1) / blocks);
-    let vector = |tok: usize| (kv_head * max_len + tok) * (HEAD_DIM / 8) + lane8;
+    let vector = |tok: usize| cache_vector(cache_head, max_len, tok, lane8);
     let load = |base: usize| -> Rows {
         let mut rows = ([[0u32; 4]; TOKENS], [[0u32; 4]; TOKENS]);
         unroll!(u in [0 1] {
             // Past `end`, the last token again (ignored by the caller).
             let tok = (base + group + GROUPS * u).min(end - 1);
-            rows.0[u] = load_vector(&k_cache, vector(tok));
-            rows.1[u] = load_vector(&v_cache, vector(tok));
+            rows.0[u] = load_vector(k_cache, vector(tok));
+            rows.1[u] = load_vector(v_cache, vector(tok));
         });
         rows
     };
     let mut rows = if start < end { load(start) } else { ([[0; 4]; TOKENS], [[0; 4]; TOKENS]) };
-    grid::launch_dependents();
-    grid::wait_for_prerequisites();
+    let (q, first, new_token) = ready();
 
     // The group's query heads, scaled, in shared memory (registers hold keys and values).
     let qs = shared!([f32; MAX_GROUP * HEAD_DIM]);
     if t < group_size * HEAD_DIM / 4 {
-        qs.store16(t, q.load16::<4>(kv_head * group_size * HEAD_DIM / 4 + t).map(|v| v * Q_SCALE));
+        qs.store16(t, q.load16::<4>(first / 4 + t).map(|v| v * Q_SCALE));
     }
     block::sync();
     let query = |h: usize| -> [f32; 8] {
@@ -474,7 +527,7 @@ pub fn llama_attention(q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, posi
     let mut states = [Softmax::EMPTY; MAX_GROUP];
     if rank == 0 && t < 32 {
         // The whole warp shuffles; its first group keeps the result.
-        let (k_new, v_new) = (load_vector(&k_cache, vector(pos)), load_vector(&v_cache, vector(pos)));
+        let (k_new, v_new) = new_token(lane8);
         unroll!(h in [0 1 2 3] {
             if h < group_size {
                 let score = warp::group_sum::<8, f32>(dot8::<bf16>(k_new, query(h), 0.0));
@@ -600,7 +653,7 @@ pub fn llama_attention(q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, posi
                 o = weight.fma(o_r, o);
                 l = weight.fma(l_r, l);
             }
-            attn.set((kv_head * group_size + h) * HEAD_DIM + d, o / l);
+            out(h * HEAD_DIM + d, o / l);
         }
     }
     cluster::sync();
@@ -643,11 +696,13 @@ pub mod host {
             Self { layers: 2, hidden: 256, heads: 4, kv_heads: 2, inter: 4096, vocab: 1000, max_len: 64 }
         }
 
-        fn kv_rows(&self) -> usize {
+        /// Key (or value) rows of a layer: KV heads × 64.
+        pub fn kv_rows(&self) -> usize {
             self.kv_heads * HEAD_DIM
         }
 
-        fn qkv_rows(&self) -> usize {
+        /// Rows of a layer's QKV projection.
+        pub fn qkv_rows(&self) -> usize {
             self.heads * HEAD_DIM + 2 * self.kv_rows()
         }
 
@@ -663,7 +718,8 @@ pub mod host {
             self.parameters() * 2 + self.layers * 2 * self.kv_rows() * (pos + 1) * 2 + self.hidden * 2 + self.vocab * 4
         }
 
-        fn check(&self) {
+        /// Panics unless the kernels can run the shape.
+        pub fn check(&self) {
             assert!(self.hidden == self.heads * HEAD_DIM, "hidden {} is not {} heads of {HEAD_DIM}", self.hidden, self.heads);
             assert!(self.heads.is_multiple_of(self.kv_heads) && self.heads / self.kv_heads <= MAX_GROUP, "{} query heads per KV head", self.heads / self.kv_heads);
             for k in [self.hidden, self.inter] {

@@ -45,6 +45,8 @@ pub mod bert;
 pub mod wgmma_gemm;
 #[path = "13-llama-decode.rs"]
 pub mod llama_decode;
+#[path = "14-persistent-llama.rs"]
+pub mod persistent_llama;
 
 /// Kernels of the `cluster-bench` benchmark.
 pub mod bench;
@@ -104,4 +106,5 @@ pub const EXAMPLES: &[(&str, check::Runner)] = &[
     ("12-split-f16-resid", wgmma_gemm::split_f16_residual),
     ("12-split-f16-ln", wgmma_gemm::run_split_k_layer_norm),
     ("13-llama-decode", llama_decode::run),
+    ("14-persistent-llama", persistent_llama::run),
 ];

@@ -21,7 +21,7 @@
 //! launcher `#[kernel(persistent)]` generates retires every `Published` parameter), so the
 //! next launch, a CUDA graph's replay included, finds none of its tiles published.
 
-use crate::global::Out;
+use crate::global::{Coherent, Out};
 use crate::{arch, block, out_of_bounds, thread};
 use core::ops::Range;
 
@@ -268,5 +268,17 @@ impl<T: Copy> Ready<'_, T> {
             out_of_bounds()
         }
         self.data.load16(i)
+    }
+}
+
+impl<T: Copy> Coherent<T> for Ready<'_, T> {
+    #[inline(always)]
+    fn get(&self, i: usize) -> T {
+        Ready::get(self, i)
+    }
+
+    #[inline(always)]
+    fn load16<const N: usize>(&self, i: usize) -> [T; N] {
+        Ready::load16(self, i)
     }
 }
