@@ -131,6 +131,21 @@ pub fn static_shared_address(site: &'static u8, bytes: usize) -> u32 {
     emu::static_shared_address(site, bytes)
 }
 
+/// `%globaltimer`: nanoseconds on a clock every SM shares (for ordering events of different
+/// blocks; nanoseconds of wall time on the emulator).
+#[inline(always)]
+pub fn globaltimer() -> u64 {
+    gpu_or_emulator! {
+        gpu: {
+            let value: u64;
+            // SAFETY: as for `clock64`.
+            unsafe { ptx!("mov.u64 {v}, %globaltimer;", v = out(reg64) value, options(nomem, nostack)) };
+            value
+        },
+        emulator: emu::clock(),
+    }
+}
+
 /// `%clock64`: the multiprocessor's cycle counter (nanoseconds of wall time on the emulator).
 #[inline(always)]
 pub fn clock64() -> u64 {

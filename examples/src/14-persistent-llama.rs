@@ -66,6 +66,10 @@ fn words(v: [bf16; 8]) -> Vector {
 /// layers × (k rows, then v rows); `act`: layers × MLP width. Grid: every block resident
 /// (`host::config`), clusters of up to 16, blocks of [`BLOCK`], `stage_bytes(MLP width)` of
 /// dynamic shared memory.
+///
+/// Each stage is a function of its own, not inlined: the kernel's many buffers stay out of
+/// the registers of the stages' loops (which keep 16 weight vectors a lane in flight), at the
+/// price of saving them once per stage.
 #[kernel(persistent, launch_bounds(max_threads = 256, min_blocks = 2))]
 #[allow(clippy::too_many_arguments)]
 pub fn llama_step(
@@ -88,130 +92,199 @@ pub fn llama_step(
     attn: Published<f32>,
     act: Published<f32>,
     logits: Out<f32>,
+    timeline: Out<u64>,
     max_len: u32,
 ) {
     let hidden = final_norm.len();
     let layers = norm1.len() / hidden;
     let (inter, kv_rows) = (act.len() / layers, kv.len() / layers / 2);
-    let (kv_heads, qkv_rows) = (kv_rows / HEAD_DIM, hidden + 2 * kv_rows);
-    let group_size = hidden / HEAD_DIM / kv_heads;
-    let (max_len, pos) = (max_len as usize, position[0] as usize);
-    let t = thread::rank_in_block() as usize;
+    let d = Dims { hidden, kv_rows, max_len: max_len as usize, pos: position[0] as usize };
+    let qkv_rows = hidden + 2 * kv_rows;
     let version = |r: usize| r * hidden..(r + 1) * hidden;
-    let pairs_of = |base: usize, pairs: Range<usize>| base + 2 * pairs.start..base + 2 * pairs.end;
+    let timeline = Timeline(&timeline);
 
     // h[0]: the token's embedding row, widened, in tasks of a block's width.
+    timeline.stamp(0, START);
     let row = token[0] as usize * hidden;
+    let t = thread::rank_in_block() as usize;
     for task in grid::round_robin((hidden / BLOCK as usize) as u32) {
         let values = task as usize * BLOCK as usize..(task as usize + 1) * BLOCK as usize;
         h.set(values.start + t, embedding[row + values.start + t].to_f32());
         h.publish(h.tiles_of(values));
     }
-
+    timeline.stamp(0, END);
     for l in 0..layers {
         let (h_in, h_mid, h_out) = (version(2 * l), version(2 * l + 1), version(2 * l + 2));
-        let (q_at, kv_at) = (l * hidden, l * 2 * kv_rows);
+        let act_l = l * inter..(l + 1) * inter;
+        let stage = |s: usize| (&timeline, 1 + STAGES * l + s);
+        timeline.stamp(stage(0).1, START);
+        qkv(d, l, stage(0), &h, h_in.clone(), layer(norm1, l, hidden), layer(w_qkv, l, qkv_rows * hidden), rope, &q, &kv);
+        timeline.stamp(stage(1).1, START);
+        attention(d, l, stage(1), &q, &kv, &attn, &k_cache, &v_cache);
+        timeline.stamp(stage(2).1, START);
+        residual(stage(2), &attn, version(l), layer(w_o, l, hidden * hidden), &h, h_in.start, h_mid.start);
+        timeline.stamp(stage(3).1, START);
+        gate_up(stage(3), &h, h_mid.clone(), layer(norm2, l, hidden), layer(w_gate_up, l, 2 * inter * hidden), &act, act_l.start);
+        timeline.stamp(stage(4).1, START);
+        residual(stage(4), &act, act_l, layer(w_down, l, hidden * inter), &h, h_mid.start, h_out.start);
+        timeline.stamp(stage(4).1, END);
+    }
+    let last = 1 + STAGES * layers;
+    timeline.stamp(last, START);
+    lm_head((&timeline, last), &h, version(2 * layers), final_norm, embedding, &logits);
+    timeline.stamp(last, END);
+}
 
-        // 1. QKV, as `llama_qkv`: pairs (r, r + 32) of a head's rows.
-        let head_rows = |p: usize| (p / (HEAD_DIM / 2) * HEAD_DIM, p % (HEAD_DIM / 2));
-        let rows = |p: usize| {
-            let (base, i) = head_rows(p);
-            (base + i, base + i + HEAD_DIM / 2)
-        };
-        let early = |p: usize| {
-            let (_, i) = head_rows(p);
-            (rope[pos * HEAD_DIM + i], rope[pos * HEAD_DIM + HEAD_DIM / 2 + i])
-        };
-        let epilogue = |p: usize, [a, b]: [f32; 2], rstd: f32, (cos, sin): (f32, f32)| {
-            let (base, i) = head_rows(p);
-            let (a, b) = (a * rstd, b * rstd);
-            let (lo, hi) = (a.fma(cos, -(b * sin)), b.fma(cos, a * sin));
+/// Stages of a layer: QKV, attention, W_o, gate/up, down.
+pub const STAGES: usize = 5;
+/// A stage's stamps: its start, its input ready, its end (the next stage's start).
+pub const START: usize = 0;
+pub const READY: usize = 1;
+pub const END: usize = 2;
+
+/// Per block, `%globaltimer` at each stage's start, once its input is ready, and at its end
+/// (stage 0 the embedding, then [`STAGES`] a layer, then the LM head): `blocks × stages × 3`
+/// values, or one (then nothing is stamped).
+struct Timeline<'a>(&'a Out<'a, u64>);
+
+/// A stage's place in the timeline.
+type Stamp<'a> = (&'a Timeline<'a>, usize);
+
+impl Timeline<'_> {
+    #[inline(always)]
+    fn stamp(&self, stage: usize, point: usize) {
+        if self.0.len() > 1 && thread::rank_in_block() == 0 {
+            let stages = self.0.len() / grid::dim().x as usize / 3;
+            self.0.set((block::index_x() as usize * stages + stage) * 3 + point, clusterfuse::arch::globaltimer());
+        }
+    }
+}
+
+/// `ready` from the caller's point of view: the input, once stamped as ready.
+#[inline(always)]
+fn stamped<R>((timeline, stage): Stamp<'_>, ready: R) -> R {
+    timeline.stamp(stage, READY);
+    ready
+}
+
+/// The model's dimensions and the step's position, as the kernel derives them.
+#[derive(Clone, Copy)]
+struct Dims {
+    hidden: usize,
+    /// Key (or value) rows per layer: KV heads × 64.
+    kv_rows: usize,
+    max_len: usize,
+    pos: usize,
+}
+
+/// 1. QKV of layer `l`, as `llama_qkv` (pairs `(r, r + 32)` of a head's rows) from elements
+/// `x` of the residual stream `h`: publishes `q` and the new `k, v` as each item completes.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn qkv(d: Dims, l: usize, at: Stamp<'_>, h: &Published<f32>, x: Range<usize>, norm: &[bf16], w: &[bf16], rope: &[f32], q: &Published<f32>, kv: &Published<bf16>) {
+    let Dims { hidden, kv_rows, pos, .. } = d;
+    let (q_at, kv_at) = (l * hidden, l * 2 * kv_rows);
+    let head_rows = |p: usize| (p / (HEAD_DIM / 2) * HEAD_DIM, p % (HEAD_DIM / 2));
+    let rows = |p: usize| {
+        let (base, i) = head_rows(p);
+        (base + i, base + i + HEAD_DIM / 2)
+    };
+    let early = |p: usize| {
+        let (_, i) = head_rows(p);
+        (rope[pos * HEAD_DIM + i], rope[pos * HEAD_DIM + HEAD_DIM / 2 + i])
+    };
+    let epilogue = |p: usize, [a, b]: [f32; 2], rstd: f32, (cos, sin): (f32, f32)| {
+        let (base, i) = head_rows(p);
+        let (a, b) = (a * rstd, b * rstd);
+        let (lo, hi) = (a.fma(cos, -(b * sin)), b.fma(cos, a * sin));
+        if base < hidden {
+            q.set(q_at + base + i, lo);
+            q.set(q_at + base + i + HEAD_DIM / 2, hi);
+        } else {
+            // k rows rotate, v rows do not; both go to `kv` in the projection's order.
+            let (lo, hi) = if base < hidden + kv_rows { (lo, hi) } else { (a, b) };
+            kv.set(kv_at + base - hidden + i, bf16::from_f32(lo));
+            kv.set(kv_at + base - hidden + i + HEAD_DIM / 2, bf16::from_f32(hi));
+        }
+    };
+    // An item's pairs lie in one head: two runs of rows, one in each half.
+    let done = |pairs: Range<usize>| {
+        let (base, i) = head_rows(pairs.start);
+        for half in [0, HEAD_DIM / 2] {
+            let first = base + half + i;
             if base < hidden {
-                q.set(q_at + base + i, lo);
-                q.set(q_at + base + i + HEAD_DIM / 2, hi);
+                q.publish(q.tiles_of(q_at + first..q_at + first + pairs.len()));
             } else {
-                // k rows rotate, v rows do not; both go to `kv` in the projection's order.
-                let (lo, hi) = if base < hidden + kv_rows { (lo, hi) } else { (a, b) };
-                kv.set(kv_at + base - hidden + i, bf16::from_f32(lo));
-                kv.set(kv_at + base - hidden + i + HEAD_DIM / 2, bf16::from_f32(hi));
-            }
-        };
-        // An item's pairs lie in one head: two runs of rows, one in each half.
-        let done = |pairs: Range<usize>| {
-            let (base, i) = head_rows(pairs.start);
-            for half in [0, HEAD_DIM / 2] {
-                let first = base + half + i;
-                if base < hidden {
-                    q.publish(q.tiles_of(q_at + first..q_at + first + pairs.len()));
-                } else {
-                    let first = kv_at + first - hidden;
-                    kv.publish(kv.tiles_of(first..first + pairs.len()));
-                }
-            }
-        };
-        let norm = layer(norm1, l, hidden);
-        project(|| h.wait(h_in.clone()), h_in.clone(), Some(norm), layer(w_qkv, l, qkv_rows * hidden), qkv_rows / 2, rows, early, |_, e| e, epilogue, done);
-
-        // 2. Attention: a KV head per cluster task.
-        let rank = cluster::block_rank();
-        for kv_head in grid::cluster_round_robin(kv_heads as u32) {
-            let kv_head = kv_head as usize;
-            let heads = q_at + kv_head * group_size * HEAD_DIM..q_at + (kv_head + 1) * group_size * HEAD_DIM;
-            let (k_new, v_new) = (kv_at + kv_head * HEAD_DIM, kv_at + kv_rows + kv_head * HEAD_DIM);
-            let cache_head = l * kv_heads + kv_head;
-            let ready = || {
-                let queries = q.wait(heads.clone());
-                let (keys, values) = (kv.wait(k_new..k_new + HEAD_DIM), kv.wait(v_new..v_new + HEAD_DIM));
-                // The new token joins the caches here (the step reads only the tokens before it).
-                if rank == 0 && t < HEAD_DIM / 8 {
-                    let at = cache_vector(cache_head, max_len, pos, t);
-                    k_cache.store16(at, keys.load16::<8>(k_new / 8 + t));
-                    v_cache.store16(at, values.load16::<8>(v_new / 8 + t));
-                }
-                let new_token = move |lane8: usize| (words(keys.load16::<8>(k_new / 8 + lane8)), words(values.load16::<8>(v_new / 8 + lane8)));
-                (queries, heads.start, new_token)
-            };
-            attend(&k_cache, &v_cache, cache_head, max_len, pos, group_size, ready, |i, value| attn.set(heads.start + i, value));
-            if rank == 0 {
-                attn.publish(attn.tiles_of(heads.clone()));
+                let first = kv_at + first - hidden;
+                kv.publish(kv.tiles_of(first..first + pairs.len()));
             }
         }
+    };
+    project(|| stamped(at, h.wait(x.clone())), x.clone(), Some(norm), w, (hidden + 2 * kv_rows) / 2, rows, early, |_, e| e, epilogue, done);
+}
 
-        // 3. h[2l+1] = h[2l] + W_o · attn; each residual value waited for alone.
-        let stream = &h;
-        let residual = |from: &Range<usize>| {
-            let from = from.start;
-            move |p: usize, ()| [stream.get(from + 2 * p), stream.get(from + 2 * p + 1)]
-        };
-        let add_to = |to: &Range<usize>| {
-            let to = to.start;
-            move |p: usize, [a, b]: [f32; 2], _, old: [f32; 2]| {
-                stream.set(to + 2 * p, old[0] + a);
-                stream.set(to + 2 * p + 1, old[1] + b);
+/// 2. The attention of layer `l`: a KV head per cluster task, its query heads' and its new
+/// key's and value's tiles waited for; the new token joins the caches; the heads' output is
+/// published.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn attention(d: Dims, l: usize, at: Stamp<'_>, q: &Published<f32>, kv: &Published<bf16>, attn: &Published<f32>, k_cache: &Out<bf16>, v_cache: &Out<bf16>) {
+    let Dims { hidden, kv_rows, max_len, pos, .. } = d;
+    let kv_heads = kv_rows / HEAD_DIM;
+    let group_size = hidden / HEAD_DIM / kv_heads;
+    let (q_at, kv_at) = (l * hidden, l * 2 * kv_rows);
+    let (rank, t) = (cluster::block_rank(), thread::rank_in_block() as usize);
+    for kv_head in grid::cluster_round_robin(kv_heads as u32) {
+        let kv_head = kv_head as usize;
+        let heads = q_at + kv_head * group_size * HEAD_DIM..q_at + (kv_head + 1) * group_size * HEAD_DIM;
+        let (k_new, v_new) = (kv_at + kv_head * HEAD_DIM, kv_at + kv_rows + kv_head * HEAD_DIM);
+        let cache_head = l * kv_heads + kv_head;
+        let ready = || {
+            let queries = q.wait(heads.clone());
+            let (keys, values) = (kv.wait(k_new..k_new + HEAD_DIM), kv.wait(v_new..v_new + HEAD_DIM));
+            // The new token joins the caches here (the step reads only the tokens before it).
+            if rank == 0 && t < HEAD_DIM / 8 {
+                let at = cache_vector(cache_head, max_len, pos, t);
+                k_cache.store16(at, keys.load16::<8>(k_new / 8 + t));
+                v_cache.store16(at, values.load16::<8>(v_new / 8 + t));
             }
+            let new_token = move |lane8: usize| (words(keys.load16::<8>(k_new / 8 + lane8)), words(values.load16::<8>(v_new / 8 + lane8)));
+            stamped(at, (queries, heads.start, new_token))
         };
-        let attn_l = version(l);
-        let pair_rows = |p: usize| (2 * p, 2 * p + 1);
-        project(|| attn.wait(attn_l.clone()), attn_l.clone(), None, layer(w_o, l, hidden * hidden), hidden / 2, pair_rows, |_| (), residual(&h_in), add_to(&h_mid), |pairs| {
-            h.publish(h.tiles_of(pairs_of(h_mid.start, pairs)))
-        });
-
-        // 4. act = silu(gate) · up of RMSNorm(h[2l+1]).
-        let act_l = l * inter..(l + 1) * inter;
-        let norm = layer(norm2, l, hidden);
-        project(|| h.wait(h_mid.clone()), h_mid.clone(), Some(norm), layer(w_gate_up, l, 2 * inter * hidden), inter, |p| (p, inter + p), |_| (), |_, ()| (), |p, [gate, up], rstd, ()| {
-            act.set(act_l.start + p, silu_gate(gate * rstd, up * rstd))
-        }, |pairs| act.publish(act.tiles_of(act_l.start + pairs.start..act_l.start + pairs.end)));
-
-        // 5. h[2l+2] = h[2l+1] + W_down · act.
-        project(|| act.wait(act_l.clone()), act_l.clone(), None, layer(w_down, l, hidden * inter), hidden / 2, pair_rows, |_| (), residual(&h_mid), add_to(&h_out), |pairs| {
-            h.publish(h.tiles_of(pairs_of(h_out.start, pairs)))
-        });
+        attend(k_cache, v_cache, cache_head, max_len, pos, group_size, ready, |i, value| attn.set(heads.start + i, value));
+        if rank == 0 {
+            attn.publish(attn.tiles_of(heads.clone()));
+        }
     }
+}
 
-    // The LM head on the last version.
-    let last = version(2 * layers);
-    project(|| h.wait(last.clone()), last.clone(), Some(final_norm), embedding, logits.len() / 2, |p| (2 * p, 2 * p + 1), |_| (), |_, ()| (), |p, [a, b], rstd, ()| {
+/// 3 and 5. `h[to..] = h[from..] + w · x` for the elements `x_at` of `x` (the attention
+/// output or the MLP activation); each residual value is waited for alone.
+#[inline(never)]
+fn residual(at: Stamp<'_>, x: &Published<f32>, x_at: Range<usize>, w: &[bf16], h: &Published<f32>, from: usize, to: usize) {
+    let hidden = w.len() / x_at.len();
+    let late = |p: usize, ()| [h.get(from + 2 * p), h.get(from + 2 * p + 1)];
+    let epilogue = |p: usize, [a, b]: [f32; 2], _, old: [f32; 2]| {
+        h.set(to + 2 * p, old[0] + a);
+        h.set(to + 2 * p + 1, old[1] + b);
+    };
+    let done = |pairs: Range<usize>| h.publish(h.tiles_of(to + 2 * pairs.start..to + 2 * pairs.end));
+    project(|| stamped(at, x.wait(x_at.clone())), x_at.clone(), None, w, hidden / 2, |p| (2 * p, 2 * p + 1), |_| (), late, epilogue, done);
+}
+
+/// 4. `act[act_at..] = silu(gate) · up` of RMSNorm(elements `x` of `h`).
+#[inline(never)]
+fn gate_up(at: Stamp<'_>, h: &Published<f32>, x: Range<usize>, norm: &[bf16], w: &[bf16], act: &Published<f32>, act_at: usize) {
+    let inter = w.len() / x.len() / 2;
+    let epilogue = |p: usize, [gate, up]: [f32; 2], rstd: f32, ()| act.set(act_at + p, silu_gate(gate * rstd, up * rstd));
+    let done = |pairs: Range<usize>| act.publish(act.tiles_of(act_at + pairs.start..act_at + pairs.end));
+    project(|| stamped(at, h.wait(x.clone())), x.clone(), Some(norm), w, inter, |p| (p, inter + p), |_| (), |_, ()| (), epilogue, done);
+}
+
+/// The LM head on elements `x` of `h`, the last version.
+#[inline(never)]
+fn lm_head(at: Stamp<'_>, h: &Published<f32>, x: Range<usize>, norm: &[bf16], embedding: &[bf16], logits: &Out<f32>) {
+    project(|| stamped(at, h.wait(x.clone())), x.clone(), Some(norm), embedding, logits.len() / 2, |p| (2 * p, 2 * p + 1), |_| (), |_, ()| (), |p, [a, b], rstd, ()| {
         logits.set(2 * p, a * rstd);
         logits.set(2 * p + 1, b * rstd);
     }, |_| ());
@@ -251,6 +324,8 @@ pub mod host {
         attn: Published<f32>,
         act: Published<f32>,
         logits: Buffer<f32>,
+        /// The stage timeline (see `Timeline`): one value when off.
+        timeline: Buffer<u64>,
     }
 
     impl Buffers {
@@ -280,7 +355,20 @@ pub mod host {
                 attn: nan(s.layers * s.hidden, ATTN_TILE)?,
                 act: nan(s.layers * s.inter, ACT_TILE)?,
                 logits: gpu.upload(&vec![f32::NAN; s.vocab])?,
+                timeline: gpu.zeros(1)?,
             })
+        }
+
+        /// Stamps the stages of `blocks` blocks from the next launch on (see [`timeline`](Self::timeline)).
+        pub fn record_timeline(&mut self, gpu: &Gpu, blocks: u32) -> Result<()> {
+            self.timeline = gpu.zeros(blocks as usize * (2 + STAGES * self.shape.layers) * 3)?;
+            Ok(())
+        }
+
+        /// Per block and stage (the embedding, [`STAGES`] a layer, the LM head), the
+        /// `%globaltimer` nanoseconds at its start, once its input was ready, and at its end.
+        pub fn timeline(&self, gpu: &Gpu) -> Result<Vec<[u64; 3]>> {
+            Ok(gpu.download(&self.timeline)?.chunks(3).map(|c| [c[0], c[1], c[2]]).collect())
         }
 
         /// Poisons the logits again, in a new buffer (a graph captured before holds the old one).
@@ -323,6 +411,33 @@ pub mod host {
         Ok(config)
     }
 
+    /// Where a step's time goes, from a timeline (`Buffers::timeline`) of `blocks` blocks, per
+    /// kind of stage (the embedding, QKV, attention, W_o, gate/up, down, the LM head), in µs:
+    /// how far the last block's end moved on during the stage (summed over the layers: the
+    /// stages' shares of the step), and per block that had work in it, the mean wait for its
+    /// input and the mean time from the input to the end.
+    pub fn phases(timeline: &[[u64; 3]], blocks: usize) -> Vec<(&'static str, f64, f64, f64)> {
+        const NAMES: [&str; 7] = ["embedding", "QKV", "attention", "W_o", "gate/up", "down", "LM head"];
+        let stages = timeline.len() / blocks;
+        let kind = |s: usize| if s == 0 { 0 } else if s == stages - 1 { 6 } else { 1 + (s - 1) % STAGES };
+        let start = timeline.iter().map(|t| t[START]).filter(|&t| t > 0).min().unwrap_or(0);
+        let mut rows: Vec<(&str, f64, f64, f64, usize)> = NAMES.iter().map(|&n| (n, 0.0, 0.0, 0.0, 0)).collect();
+        let mut last_end = start;
+        for s in 0..stages {
+            let stamps: Vec<[u64; 3]> = (0..blocks).map(|b| timeline[b * stages + s]).collect();
+            let end = stamps.iter().map(|t| t[END]).max().unwrap_or(last_end);
+            let row = &mut rows[kind(s)];
+            row.1 += end.saturating_sub(last_end) as f64 / 1e3;
+            for t in stamps.iter().filter(|t| t[READY] > 0) {
+                row.2 += t[READY].saturating_sub(t[START]) as f64 / 1e3;
+                row.3 += t[END].saturating_sub(t[READY]) as f64 / 1e3;
+                row.4 += 1;
+            }
+            last_end = end;
+        }
+        rows.into_iter().map(|(n, share, wait, work, count)| (n, share, wait / count.max(1) as f64, work / count.max(1) as f64)).collect()
+    }
+
     /// One decode step: one launch.
     pub fn step(kernel: &llama_step::Kernel, s: &Stream, config: &LaunchConfig, b: &mut Buffers) -> Result<()> {
         kernel.launch(
@@ -347,6 +462,7 @@ pub mod host {
             &mut b.attn,
             &mut b.act,
             &mut b.logits,
+            &mut b.timeline,
             b.shape.max_len as u32,
         )
     }

@@ -1,9 +1,11 @@
 //! A whole decode step of a Llama-3.2-1B-shaped model (16 layers, hidden 2048, 32 query / 8 KV
 //! heads of 64, MLP 8192, vocabulary 128256, tied embedding; random bf16 weights, 2.47 GB) at
-//! batch 1 and KV lengths 1024 and 4096: example 13's six kernels, 82 launches a step, launched
-//! in stream order or with programmatic dependent launch ("PDL"), directly or replayed from a
-//! CUDA graph of one step, the attention with clusters of 4, 8 and 16 blocks per KV head; the
-//! PDL + graph variant also with a projection block per item instead of at most two per SM.
+//! batch 1 and KV lengths 1024 and 4096, side by side in one run: example 14's persistent
+//! kernel, one launch a step (replayed from a CUDA graph of one node), its grid in clusters of
+//! 4, 8 and 16; and example 13's six kernels, 82 launches a step with programmatic dependent
+//! launch ("PDL") from a CUDA graph, the attention with clusters of 8 and 16 blocks per KV head.
+//! `--all` adds example 13's other variants: in stream order, launched directly, clusters of
+//! 4, and a projection block per item instead of at most two per SM.
 //!
 //! Every variant is first checked against the f64 reference of the whole step (logits and
 //! every layer's appended k, v; relative error within 1e-3; activations and logits poisoned)
@@ -19,11 +21,15 @@
 use clusterfuse::host::Gpu;
 use clusterfuse_examples::check::{gpu_or_skip, median_us_per_call, print_rows, Report};
 use clusterfuse_examples::llama_decode::host::{attention_config, projection_config, step, Buffers, Kernels, Model, Shape, TOLERANCE};
+use clusterfuse_examples::persistent_llama::host::{self as persistent, config as persistent_config};
+use clusterfuse_examples::persistent_llama::llama_step;
 use std::error::Error;
 use std::time::Instant;
 
 const LENGTHS: [usize; 2] = [1024, 4096];
 const CLUSTERS: [u32; 3] = [4, 8, 16];
+/// Example 13's variants without `--all`: clusters of 8 and 16, PDL, CUDA graph.
+const CHAIN_CLUSTERS: [u32; 2] = [8, 16];
 const PEAK_BYTES_PER_S: f64 = 4.3e12;
 const STEPS_PER_PASS: usize = 20;
 const WARMUP: usize = 3;
@@ -54,13 +60,48 @@ fn measure(gpu: &Gpu, kernels: &Kernels, model: &Model, expected: &[f64], cluste
     };
     run(&mut b)?;
     let second = b.results(gpu, pos)?;
-    let report = Report::new(format!("L {}", pos + 1), &first, expected, TOLERANCE);
-    let deterministic = first.iter().zip(&second).all(|(a, b)| a.to_bits() == b.to_bits());
+    row(gpu, &label, pos, roofline_us, &first, &second, expected, |_| run(&mut b))
+}
+
+/// Checks the persistent step at the model's position and times it from a graph: a row.
+/// Also returns where one step's time went (`persistent::phases`), as a table.
+fn measure_persistent(gpu: &Gpu, kernel: &llama_step::Kernel, model: &Model, expected: &[f64], cluster: u32) -> Result<(String, String)> {
+    let pos = model.position;
+    let roofline_us = model.shape.step_bytes(pos) as f64 / PEAK_BYTES_PER_S * 1e6;
+    let config = persistent_config(kernel, gpu, model.shape, cluster)?;
+    let label = format!("persistent, one launch: {} blocks in clusters of {cluster}, CUDA graph", config.grid.x);
+    let mut b = persistent::Buffers::upload(gpu, model)?;
+    persistent::step(kernel, gpu.stream(), &config, &mut b)?;
+    let first = b.results(gpu, pos)?;
+    b.poison(gpu)?;
+    let graph = gpu.capture(|s| persistent::step(kernel, s, &config, &mut b))?;
+    // SAFETY: the graph holds `b`'s buffers, alive and unchanged until `b` drops, after the graph.
+    let run = || unsafe { graph.replay(gpu.stream()) };
+    run()?;
+    let second = b.results(gpu, pos)?;
+    let row = row(gpu, &label, pos, roofline_us, &first, &second, expected, |_| run())?;
+    // One more step, launched (the graph holds the buffers of before), stamping its stages.
+    b.record_timeline(gpu, config.grid.x)?;
+    persistent::step(kernel, gpu.stream(), &config, &mut b)?;
+    let phases = persistent::phases(&b.timeline(gpu)?, config.grid.x as usize);
+    let mut report = format!("\nL {}, clusters of {cluster}: one step's stages (from %globaltimer stamps; µs)\n| stage | share of the step | mean wait per block | mean input to end per block |\n|---|---|---|---|\n", pos + 1);
+    for (name, share, wait, work) in phases {
+        report += &format!("| {name} | {share:.1} | {wait:.2} | {work:.2} |\n");
+    }
+    Ok((row, report))
+}
+
+/// The table row of a variant whose two runs gave `first` and `second`: timed by `run` if
+/// both match the reference and each other, FAIL otherwise.
+#[allow(clippy::too_many_arguments)]
+fn row(gpu: &Gpu, label: &str, pos: usize, roofline_us: f64, first: &[f32], second: &[f32], expected: &[f64], run: impl FnMut(usize) -> clusterfuse::host::Result<()>) -> Result<String> {
+    let report = Report::new(format!("L {}", pos + 1), first, expected, TOLERANCE);
+    let deterministic = first.iter().zip(second).all(|(a, b)| a.to_bits() == b.to_bits());
     if !report.passed() || !deterministic {
         eprintln!("FAIL {label} at L {}: rel error {:.2e}, unwritten {}, deterministic: {deterministic}", pos + 1, report.rel_error, report.unwritten);
         return Ok(format!("| {} | {label} | FAIL | – | {roofline_us:.1} | – | {:.2e} |", pos + 1, report.rel_error));
     }
-    let us = median_us_per_call(gpu, (WARMUP, REPS), STEPS_PER_PASS, |_| run(&mut b))?;
+    let us = median_us_per_call(gpu, (WARMUP, REPS), STEPS_PER_PASS, run)?;
     Ok(format!("| {} | {label} | {us:.1} | {:.0} | {roofline_us:.1} | {:.0}% | {:.2e} |", pos + 1, 1e6 / us, roofline_us / us * 100.0, report.rel_error))
 }
 
@@ -68,7 +109,9 @@ fn main() -> Result<()> {
     let Some(gpu) = gpu_or_skip("llama-bench") else {
         return Ok(());
     };
+    let all = std::env::args().any(|a| a == "--all");
     let mut kernels = Kernels::load(&gpu)?;
+    let persistent_kernel = llama_step::load(&gpu)?;
     let shape = Shape::llama_3_2_1b(LENGTHS[LENGTHS.len() - 1]);
     let (h, i) = (shape.hidden, shape.inter);
     for (name, c) in [
@@ -84,16 +127,25 @@ fn main() -> Result<()> {
     let started = Instant::now();
     let mut model = Model::random(shape, LENGTHS[0] - 1, 128_000);
     eprintln!("{} parameters generated in {:.1} s", shape.parameters(), started.elapsed().as_secs_f64());
-    let mut rows = Vec::new();
+    let (mut rows, mut phase_tables) = (Vec::new(), Vec::new());
     for len in LENGTHS {
         model.set_position(len - 1);
         let started = Instant::now();
         let expected = model.reference().all();
         eprintln!("L = {len}: f64 reference in {:.1} s; runs ...", started.elapsed().as_secs_f64());
         for cluster in CLUSTERS {
+            let (row, phases) = measure_persistent(&gpu, &persistent_kernel, &model, &expected, cluster).unwrap_or_else(|err| {
+                eprintln!("FAIL persistent, clusters of {cluster}, at L {len}: {err}");
+                (format!("| {len} | persistent, clusters of {cluster} | FAIL: {err} | – | – | – | – |"), String::new())
+            });
+            rows.push(row);
+            phase_tables.push(phases);
+        }
+        for cluster in CLUSTERS.into_iter().filter(|c| all || CHAIN_CLUSTERS.contains(c)) {
             // The last variant again with a projection block per item (the grids before the item loop).
             let resident = kernels.resident;
-            for (programmatic, graph, per_item) in [(false, false, false), (true, false, false), (false, true, false), (true, true, false), (true, true, true)] {
+            let variants = [(false, false, false), (true, false, false), (false, true, false), (true, true, false), (true, true, true)];
+            for (programmatic, graph, per_item) in variants.into_iter().filter(|&v| all || v == (true, true, false)) {
                 kernels.resident = if per_item { u32::MAX } else { resident };
                 // A variant the driver refuses (say, PDL on a cluster launch) is a FAIL row; the others still run.
                 let row = measure(&gpu, &kernels, &model, &expected, cluster, programmatic, graph).unwrap_or_else(|err| {
@@ -106,11 +158,13 @@ fn main() -> Result<()> {
         }
     }
     println!(
-        "{} — Llama-3.2-1B decode step (16 layers, hidden 2048, 32/8 heads × 64, MLP 8192, vocab 128256, bf16 weights and KV cache, batch 1), 82 launches a step; median of {REPS} passes of {STEPS_PER_PASS} steps (CUDA events), µs per step; roofline = bytes / {:.1} TB/s",
+        "{} — Llama-3.2-1B decode step (16 layers, hidden 2048, 32/8 heads × 64, MLP 8192, vocab 128256, bf16 weights and KV cache, batch 1): one persistent launch a step, or 82 launches; median of {REPS} passes of {STEPS_PER_PASS} steps (CUDA events), µs per step; roofline = bytes / {:.1} TB/s",
         gpu.name()?,
         PEAK_BYTES_PER_S / 1e12
     );
     println!("| L | variant | µs/step | tokens/s | roofline µs | % of roofline | rel error vs f64 |");
     println!("|---|---|---|---|---|---|---|");
-    Ok(print_rows(&rows)?)
+    let outcome = print_rows(&rows);
+    phase_tables.iter().for_each(|t| print!("{t}"));
+    Ok(outcome?)
 }

@@ -99,7 +99,22 @@ fn device_entry(kernel: &Kernel) -> TokenStream {
             ParamKind::Unsupported(_) => unreachable!("rejected by valid::check"),
         }
     }
-    let body = with_retirement(kernel, quote!(#body));
+    // With published buffers the body becomes a function of the parameters, so that every
+    // block retires them after it, whatever it returned from (an always-inlined function: a
+    // closure's captures would stay in local memory).
+    let body = if kernel.params.iter().any(|p| matches!(p.kind, ParamKind::Published(_))) {
+        let inputs = &item.sig.inputs;
+        let names = kernel.params.iter().map(|p| &p.ident);
+        let call = with_retirement(kernel, quote!(__kernel_body(#(#names),*)));
+        quote!({
+            #[inline(always)]
+            #[allow(clippy::too_many_arguments)]
+            fn __kernel_body(#inputs) #body
+            #call
+        })
+    } else {
+        quote!(#body)
+    };
     quote! {
         #[cfg(target_arch = "nvptx64")]
         ::core::arch::global_asm!(#facts);
@@ -263,10 +278,9 @@ fn host_launcher(kernel: &Kernel) -> TokenStream {
     }
 }
 
-/// `run` (the kernel's body, or its call on the emulator), then every `Published` parameter
-/// retired by every block (their atomics issued together): the last block advances the
-/// epoch for the next launch. The body runs in a closure, so that a `return` in it still
-/// reaches the retirement.
+/// `run` (the call of the kernel's body), then every `Published` parameter retired by every
+/// block (their atomics issued together): the last block advances the epoch for the next
+/// launch.
 fn with_retirement(kernel: &Kernel, run: TokenStream) -> TokenStream {
     let krate = krate(kernel);
     let published: Vec<_> = kernel.params.iter().filter(|p| matches!(p.kind, ParamKind::Published(_))).map(|p| &p.ident).collect();
@@ -277,8 +291,7 @@ fn with_retirement(kernel: &Kernel, run: TokenStream) -> TokenStream {
     let index = 0..copies.len();
     quote! {{
         #(let #copies = ::core::clone::Clone::clone(&#published);)*
-        #[allow(clippy::redundant_closure_call)]
-        (move || #run)();
+        #run;
         #krate::block::sync();
         if #krate::thread::rank_in_block() == 0 {
             let retired = [#(#copies.retire_arrive()),*];
