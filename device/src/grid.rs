@@ -55,19 +55,29 @@ pub fn wait_for_prerequisites() {
     arch::griddepcontrol_wait()
 }
 
-/// The tasks `0 .. count` this block takes when the grid shares them round robin: block `b`
-/// of `G` takes `b, b + G, b + 2G, ...`. A persistent kernel's stages, each over its own tasks
-/// in this order, cannot deadlock when a task waits only on earlier stages' tasks: every block
-/// finishes a stage's tasks before it waits in the next.
+/// The tasks `0 .. count` this block takes when the grid shares them round robin from block
+/// `first` on: block `first + i` (modulo the grid) of `G` takes `i, i + G, i + 2G, ...`. A
+/// persistent kernel's stages, each over its own tasks in this order, cannot deadlock when a
+/// task waits only on earlier stages' tasks: every block finishes a stage's tasks before it
+/// waits in the next. Starting a stage where the one before ended (`first` = the previous
+/// stage's `first + count`) gives its first tasks to the blocks that finish the previous
+/// stage first.
 #[inline(always)]
-pub fn round_robin(count: u32) -> StepBy<Range<u32>> {
-    (crate::block::index_x().min(count)..count).step_by(arch::nctaid_x() as usize)
+pub fn round_robin(count: u32, first: u32) -> StepBy<Range<u32>> {
+    shared_out(crate::block::index_x(), arch::nctaid_x(), count, first)
 }
 
 /// The tasks `0 .. count` this block's *cluster* takes when the grid's clusters share them
-/// round robin (every block of a cluster gets the same tasks, for cluster-wide work).
+/// round robin from cluster `first` on (every block of a cluster gets the same tasks, for
+/// cluster-wide work).
 #[inline(always)]
-pub fn cluster_round_robin(count: u32) -> StepBy<Range<u32>> {
-    let (cluster, clusters) = (arch::clusterid_x(), arch::nclusterid_x());
-    (cluster.min(count)..count).step_by(clusters as usize)
+pub fn cluster_round_robin(count: u32, first: u32) -> StepBy<Range<u32>> {
+    shared_out(arch::clusterid_x(), arch::nclusterid_x(), count, first)
+}
+
+/// Worker `me`'s tasks of `count` shared round robin by `workers` from worker `first` on.
+#[inline(always)]
+fn shared_out(me: u32, workers: u32, count: u32, first: u32) -> StepBy<Range<u32>> {
+    let rank = (me + workers - first % workers) % workers;
+    (rank.min(count)..count).step_by(workers as usize)
 }

@@ -256,7 +256,7 @@ fn norm_vector(norm_w: &[bf16]) -> Vector {
 
 /// A projection of `x` (elements `x_at` of what `input()` returns, f32, times `norm_w` when
 /// given) by `w`, row pairs `rows(p)` for `p < pairs`, in *items* of `WARPS / chunks` pairs (a
-/// block's worth): block `b` of the grid takes items `b, b + grid, ...`, staging `x` once and
+/// block's worth), shared round robin from block `first` on ([`grid::round_robin`]), staging `x` once and
 /// loading each item's weights right after the previous item's epilogue (no block ends and no
 /// new one starts and stages between items; loading them before the epilogue spills: ptxas).
 /// The first item's weights, and `early(p)` of its pairs (the host's data an epilogue needs),
@@ -278,13 +278,14 @@ pub(crate) fn project<X: Coherent<f32>, E: Copy, L: Copy>(
     late: impl Fn(usize, E) -> L,
     epilogue: impl Fn(usize, [f32; 2], f32, L),
     done: impl Fn(Range<usize>),
+    first: u32,
 ) {
     let (k, row_vectors) = (x_at.len(), x_at.len() / 8);
     let shift = chunk_shift(row_vectors);
     let per_item = WARPS >> shift;
     // Item indices in 32 bits: fewer registers across the loop (64-bit ones spill).
     let (items, step) = (pairs.div_ceil(per_item) as u32, grid::dim().x);
-    let mut item = block::index_x();
+    let mut item = grid::round_robin(items, first).next().unwrap_or(items);
     if item >= items {
         grid::launch_dependents();
         return;
@@ -390,7 +391,7 @@ pub fn llama_qkv(h: Out<f32>, norm_w: &[bf16], w_qkv: &[bf16], rope: &[f32], pos
             v_cache.set(row + HEAD_DIM / 2, bf16::from_f32(b));
         }
     };
-    project(|| &h, 0..h.len(), Some(norm_w), w_qkv, (q_rows + 2 * kv_rows) / 2, rows, early, |_, e| e, epilogue, |_| ());
+    project(|| &h, 0..h.len(), Some(norm_w), w_qkv, (q_rows + 2 * kv_rows) / 2, rows, early, |_, e| e, epilogue, |_| (), 0);
 }
 
 /// Layer kernels 3 and 5: `h += w · x` (`w`: `h.len() × x.len()`).
@@ -401,7 +402,7 @@ pub fn llama_residual(x: Out<f32>, w: &[bf16], h: Out<f32>) {
     project(|| &x, 0..x.len(), None, w, h.len() / 2, |p| (2 * p, 2 * p + 1), |_| (), late, |p, [a, b], _, old: [f32; 2]| {
         h.set(2 * p, old[0] + a);
         h.set(2 * p + 1, old[1] + b);
-    }, |_| ());
+    }, |_| (), 0);
 }
 
 /// Layer kernel 4: `act = silu(gate) · up` with `[gate; up] = w_gate_up · RMSNorm(h)·norm_w`
@@ -411,7 +412,7 @@ pub fn llama_gate_up(h: Out<f32>, norm_w: &[bf16], w_gate_up: &[bf16], act: Out<
     let inter = act.len();
     project(|| &h, 0..h.len(), Some(norm_w), w_gate_up, inter, |p| (p, inter + p), |_| (), |_, ()| (), |p, [gate, up], rstd, ()| {
         act.set(p, silu_gate(gate * rstd, up * rstd));
-    }, |_| ());
+    }, |_| (), 0);
 }
 
 /// The last kernel: `logits = embedding · RMSNorm(h)·norm_w` (`embedding`: `vocab × hidden`,
@@ -421,7 +422,7 @@ pub fn llama_lm_head(h: Out<f32>, norm_w: &[bf16], embedding: &[bf16], logits: O
     project(|| &h, 0..h.len(), Some(norm_w), embedding, logits.len() / 2, |p| (2 * p, 2 * p + 1), |_| (), |_, ()| (), |p, [a, b], rstd, ()| {
         logits.set(2 * p, a * rstd);
         logits.set(2 * p + 1, b * rstd);
-    }, |_| ());
+    }, |_| (), 0);
 }
 
 /// One query head's online softmax over the tokens a group has seen: the largest score `m`,

@@ -33,7 +33,7 @@
 //!
 //! then the LM head on `h[2·layers]`; before the first layer, `h[0]`, the token's embedding.
 
-use crate::llama_decode::{attend, cache_vector, project, silu_gate, Vector, BLOCK, HEAD_DIM};
+use crate::llama_decode::{attend, cache_vector, pairs_per_block, project, silu_gate, Vector, BLOCK, HEAD_DIM};
 use clusterfuse::prelude::*;
 use core::ops::Range;
 
@@ -102,12 +102,26 @@ pub fn llama_step(
     let qkv_rows = hidden + 2 * kv_rows;
     let version = |r: usize| r * hidden..(r + 1) * hidden;
     let timeline = Timeline(&timeline);
+    // Each stage's tasks go round robin from the block after the previous stage's last task,
+    // so that the blocks done first with one stage start the next.
+    let (blocks, cluster) = (grid::dim().x as usize, cluster::size() as usize);
+    let mut next = 0usize;
+    // `tasks` tasks of `width` blocks each, from the first block after the last stage's
+    // that starts such a task (a cluster's first block, for cluster tasks).
+    let mut after = |tasks: usize, width: usize| {
+        let first = next.next_multiple_of(width) % blocks;
+        next = (first + tasks * width) % blocks;
+        first as u32 / width as u32
+    };
+    let items = |pairs: usize, k: usize| pairs.div_ceil(pairs_per_block(k));
+    let kv_heads = kv_rows / HEAD_DIM;
 
     // h[0]: the token's embedding row, widened, in tasks of a block's width.
     timeline.stamp(0, START);
     let row = token[0] as usize * hidden;
     let t = thread::rank_in_block() as usize;
-    for task in grid::round_robin((hidden / BLOCK as usize) as u32) {
+    let tasks = hidden / BLOCK as usize;
+    for task in grid::round_robin(tasks as u32, after(tasks, 1)) {
         let values = task as usize * BLOCK as usize..(task as usize + 1) * BLOCK as usize;
         h.set(values.start + t, embedding[row + values.start + t].to_f32());
         h.publish(h.tiles_of(values));
@@ -118,26 +132,36 @@ pub fn llama_step(
         let act_l = l * inter..(l + 1) * inter;
         let stage = |s: usize| (&timeline, 1 + STAGES * l + s);
         timeline.stamp(stage(0).1, START);
-        qkv(d, l, stage(0), &h, h_in.clone(), layer(norm1, l, hidden), layer(w_qkv, l, qkv_rows * hidden), rope, &q, &kv);
+        let first = after(items(qkv_rows / 2, hidden), 1);
+        qkv(d, l, stage(0), first, &h, h_in.clone(), layer(norm1, l, hidden), layer(w_qkv, l, qkv_rows * hidden), rope, &q, &kv);
+        timeline.stamp(stage(0).1, END);
         timeline.stamp(stage(1).1, START);
-        attention(d, l, stage(1), &q, &kv, &attn, &k_cache, &v_cache);
+        let first = after(kv_heads, cluster);
+        attention(d, l, stage(1), first, &q, &kv, &attn, &k_cache, &v_cache);
+        timeline.stamp(stage(1).1, END);
         timeline.stamp(stage(2).1, START);
-        residual(stage(2), &attn, version(l), layer(w_o, l, hidden * hidden), &h, h_in.start, h_mid.start);
+        let first = after(items(hidden / 2, hidden), 1);
+        residual(stage(2), first, &attn, version(l), layer(w_o, l, hidden * hidden), &h, h_in.start, h_mid.start);
+        timeline.stamp(stage(2).1, END);
         timeline.stamp(stage(3).1, START);
-        gate_up(stage(3), &h, h_mid.clone(), layer(norm2, l, hidden), layer(w_gate_up, l, 2 * inter * hidden), &act, act_l.start);
+        let first = after(items(inter, hidden), 1);
+        gate_up(stage(3), first, &h, h_mid.clone(), layer(norm2, l, hidden), layer(w_gate_up, l, 2 * inter * hidden), &act, act_l.start);
+        timeline.stamp(stage(3).1, END);
         timeline.stamp(stage(4).1, START);
-        residual(stage(4), &act, act_l, layer(w_down, l, hidden * inter), &h, h_mid.start, h_out.start);
+        let first = after(items(hidden / 2, inter), 1);
+        residual(stage(4), first, &act, act_l, layer(w_down, l, hidden * inter), &h, h_mid.start, h_out.start);
         timeline.stamp(stage(4).1, END);
     }
     let last = 1 + STAGES * layers;
     timeline.stamp(last, START);
-    lm_head((&timeline, last), &h, version(2 * layers), final_norm, embedding, &logits);
+    let first = after(0, 1);
+    lm_head((&timeline, last), first, &h, version(2 * layers), final_norm, embedding, &logits);
     timeline.stamp(last, END);
 }
 
 /// Stages of a layer: QKV, attention, W_o, gate/up, down.
 pub const STAGES: usize = 5;
-/// A stage's stamps: its start, its input ready, its end (the next stage's start).
+/// A stage's stamps: its start, its input ready (in blocks that had work in it), its end.
 pub const START: usize = 0;
 pub const READY: usize = 1;
 pub const END: usize = 2;
@@ -177,11 +201,11 @@ struct Dims {
     pos: usize,
 }
 
-/// 1. QKV of layer `l`, as `llama_qkv` (pairs `(r, r + 32)` of a head's rows) from elements
+/// Stage 1, QKV of layer `l`, as `llama_qkv` (pairs `(r, r + 32)` of a head's rows) from elements
 /// `x` of the residual stream `h`: publishes `q` and the new `k, v` as each item completes.
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
-fn qkv(d: Dims, l: usize, at: Stamp<'_>, h: &Published<f32>, x: Range<usize>, norm: &[bf16], w: &[bf16], rope: &[f32], q: &Published<f32>, kv: &Published<bf16>) {
+fn qkv(d: Dims, l: usize, at: Stamp<'_>, first: u32, h: &Published<f32>, x: Range<usize>, norm: &[bf16], w: &[bf16], rope: &[f32], q: &Published<f32>, kv: &Published<bf16>) {
     let Dims { hidden, kv_rows, pos, .. } = d;
     let (q_at, kv_at) = (l * hidden, l * 2 * kv_rows);
     let head_rows = |p: usize| (p / (HEAD_DIM / 2) * HEAD_DIM, p % (HEAD_DIM / 2));
@@ -220,21 +244,21 @@ fn qkv(d: Dims, l: usize, at: Stamp<'_>, h: &Published<f32>, x: Range<usize>, no
             }
         }
     };
-    project(|| stamped(at, h.wait(x.clone())), x.clone(), Some(norm), w, (hidden + 2 * kv_rows) / 2, rows, early, |_, e| e, epilogue, done);
+    project(|| stamped(at, h.wait(x.clone())), x.clone(), Some(norm), w, (hidden + 2 * kv_rows) / 2, rows, early, |_, e| e, epilogue, done, first);
 }
 
-/// 2. The attention of layer `l`: a KV head per cluster task, its query heads' and its new
+/// Stage 2, the attention of layer `l`: a KV head per cluster task, its query heads' and its new
 /// key's and value's tiles waited for; the new token joins the caches; the heads' output is
 /// published.
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
-fn attention(d: Dims, l: usize, at: Stamp<'_>, q: &Published<f32>, kv: &Published<bf16>, attn: &Published<f32>, k_cache: &Out<bf16>, v_cache: &Out<bf16>) {
+fn attention(d: Dims, l: usize, at: Stamp<'_>, first: u32, q: &Published<f32>, kv: &Published<bf16>, attn: &Published<f32>, k_cache: &Out<bf16>, v_cache: &Out<bf16>) {
     let Dims { hidden, kv_rows, max_len, pos, .. } = d;
     let kv_heads = kv_rows / HEAD_DIM;
     let group_size = hidden / HEAD_DIM / kv_heads;
     let (q_at, kv_at) = (l * hidden, l * 2 * kv_rows);
     let (rank, t) = (cluster::block_rank(), thread::rank_in_block() as usize);
-    for kv_head in grid::cluster_round_robin(kv_heads as u32) {
+    for kv_head in grid::cluster_round_robin(kv_heads as u32, first) {
         let kv_head = kv_head as usize;
         let heads = q_at + kv_head * group_size * HEAD_DIM..q_at + (kv_head + 1) * group_size * HEAD_DIM;
         let (k_new, v_new) = (kv_at + kv_head * HEAD_DIM, kv_at + kv_rows + kv_head * HEAD_DIM);
@@ -258,10 +282,10 @@ fn attention(d: Dims, l: usize, at: Stamp<'_>, q: &Published<f32>, kv: &Publishe
     }
 }
 
-/// 3 and 5. `h[to..] = h[from..] + w · x` for the elements `x_at` of `x` (the attention
+/// Stages 3 and 5, `h[to..] = h[from..] + w · x` for the elements `x_at` of `x` (the attention
 /// output or the MLP activation); each residual value is waited for alone.
 #[inline(never)]
-fn residual(at: Stamp<'_>, x: &Published<f32>, x_at: Range<usize>, w: &[bf16], h: &Published<f32>, from: usize, to: usize) {
+fn residual(at: Stamp<'_>, first: u32, x: &Published<f32>, x_at: Range<usize>, w: &[bf16], h: &Published<f32>, from: usize, to: usize) {
     let hidden = w.len() / x_at.len();
     let late = |p: usize, ()| [h.get(from + 2 * p), h.get(from + 2 * p + 1)];
     let epilogue = |p: usize, [a, b]: [f32; 2], _, old: [f32; 2]| {
@@ -269,25 +293,25 @@ fn residual(at: Stamp<'_>, x: &Published<f32>, x_at: Range<usize>, w: &[bf16], h
         h.set(to + 2 * p + 1, old[1] + b);
     };
     let done = |pairs: Range<usize>| h.publish(h.tiles_of(to + 2 * pairs.start..to + 2 * pairs.end));
-    project(|| stamped(at, x.wait(x_at.clone())), x_at.clone(), None, w, hidden / 2, |p| (2 * p, 2 * p + 1), |_| (), late, epilogue, done);
+    project(|| stamped(at, x.wait(x_at.clone())), x_at.clone(), None, w, hidden / 2, |p| (2 * p, 2 * p + 1), |_| (), late, epilogue, done, first);
 }
 
-/// 4. `act[act_at..] = silu(gate) · up` of RMSNorm(elements `x` of `h`).
+/// Stage 4, `act[act_at..] = silu(gate) · up` of RMSNorm(elements `x` of `h`).
 #[inline(never)]
-fn gate_up(at: Stamp<'_>, h: &Published<f32>, x: Range<usize>, norm: &[bf16], w: &[bf16], act: &Published<f32>, act_at: usize) {
+fn gate_up(at: Stamp<'_>, first: u32, h: &Published<f32>, x: Range<usize>, norm: &[bf16], w: &[bf16], act: &Published<f32>, act_at: usize) {
     let inter = w.len() / x.len() / 2;
     let epilogue = |p: usize, [gate, up]: [f32; 2], rstd: f32, ()| act.set(act_at + p, silu_gate(gate * rstd, up * rstd));
     let done = |pairs: Range<usize>| act.publish(act.tiles_of(act_at + pairs.start..act_at + pairs.end));
-    project(|| stamped(at, h.wait(x.clone())), x.clone(), Some(norm), w, inter, |p| (p, inter + p), |_| (), |_, ()| (), epilogue, done);
+    project(|| stamped(at, h.wait(x.clone())), x.clone(), Some(norm), w, inter, |p| (p, inter + p), |_| (), |_, ()| (), epilogue, done, first);
 }
 
 /// The LM head on elements `x` of `h`, the last version.
 #[inline(never)]
-fn lm_head(at: Stamp<'_>, h: &Published<f32>, x: Range<usize>, norm: &[bf16], embedding: &[bf16], logits: &Out<f32>) {
+fn lm_head(at: Stamp<'_>, first: u32, h: &Published<f32>, x: Range<usize>, norm: &[bf16], embedding: &[bf16], logits: &Out<f32>) {
     project(|| stamped(at, h.wait(x.clone())), x.clone(), Some(norm), embedding, logits.len() / 2, |p| (2 * p, 2 * p + 1), |_| (), |_, ()| (), |p, [a, b], rstd, ()| {
         logits.set(2 * p, a * rstd);
         logits.set(2 * p + 1, b * rstd);
-    }, |_| ());
+    }, |_| (), first);
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
@@ -436,6 +460,24 @@ pub mod host {
             last_end = end;
         }
         rows.into_iter().map(|(n, share, wait, work, count)| (n, share, wait / count.max(1) as f64, work / count.max(1) as f64)).collect()
+    }
+
+    /// Layer `l`'s stages from a timeline of `blocks` blocks, in µs from the layer's first
+    /// start: each stage's first start, last input ready, and last end.
+    pub fn layer_stages(timeline: &[[u64; 3]], blocks: usize, l: usize) -> Vec<[f64; 3]> {
+        let stages = timeline.len() / blocks;
+        let of = |s: usize| (0..blocks).map(move |b| timeline[b * stages + s]);
+        let first = 1 + STAGES * l;
+        let origin = of(first).map(|t| t[START]).min().unwrap_or(0);
+        let us = |t: u64| t.saturating_sub(origin) as f64 / 1e3;
+        (first..first + STAGES)
+            .map(|s| {
+                let start = of(s).map(|t| t[START]).min().unwrap_or(0);
+                let ready = of(s).map(|t| t[READY]).max().unwrap_or(0);
+                let end = of(s).map(|t| t[END]).max().unwrap_or(0);
+                [us(start), us(ready), us(end)]
+            })
+            .collect()
     }
 
     /// One decode step: one launch.

@@ -141,7 +141,7 @@ pub const CHAIN_TILE: usize = 64;
 #[kernel(persistent, launch_bounds(max_threads = 128))]
 pub fn published_chain(x: &[f32], y: Published<f32>, z: Out<f32>, skip: u32) {
     let tiles = y.tiles() as u32;
-    for t in grid::round_robin(tiles) {
+    for t in grid::round_robin(tiles, 0) {
         let tile = t as usize * CHAIN_TILE..(t as usize + 1) * CHAIN_TILE;
         for i in block::stride_loop(tile.clone()) {
             y.set(i, 2.0 * x[i]);
@@ -150,7 +150,7 @@ pub fn published_chain(x: &[f32], y: Published<f32>, z: Out<f32>, skip: u32) {
             y.publish(t as usize..t as usize + 1);
         }
     }
-    for t in grid::round_robin(tiles) {
+    for t in grid::round_robin(tiles, 0) {
         let source = (t as usize + 1) % tiles as usize * CHAIN_TILE;
         let ready = y.wait(source..source + CHAIN_TILE);
         for i in block::stride_loop(0..CHAIN_TILE) {

@@ -5,7 +5,8 @@
 //! 4, 8 and 16; and example 13's six kernels, 82 launches a step with programmatic dependent
 //! launch ("PDL") from a CUDA graph, the attention with clusters of 8 and 16 blocks per KV head.
 //! `--all` adds example 13's other variants: in stream order, launched directly, clusters of
-//! 4, and a projection block per item instead of at most two per SM.
+//! 4, and a projection block per item instead of at most two per SM; `--quick` runs only L =
+//! 1024 and clusters of 16.
 //!
 //! Every variant is first checked against the f64 reference of the whole step (logits and
 //! every layer's appended k, v; relative error within 1e-3; activations and logits poisoned)
@@ -83,10 +84,16 @@ fn measure_persistent(gpu: &Gpu, kernel: &llama_step::Kernel, model: &Model, exp
     // One more step, launched (the graph holds the buffers of before), stamping its stages.
     b.record_timeline(gpu, config.grid.x)?;
     persistent::step(kernel, gpu.stream(), &config, &mut b)?;
-    let phases = persistent::phases(&b.timeline(gpu)?, config.grid.x as usize);
+    let timeline = b.timeline(gpu)?;
+    let phases = persistent::phases(&timeline, config.grid.x as usize);
     let mut report = format!("\nL {}, clusters of {cluster}: one step's stages (from %globaltimer stamps; µs)\n| stage | share of the step | mean wait per block | mean input to end per block |\n|---|---|---|---|\n", pos + 1);
     for (name, share, wait, work) in phases {
         report += &format!("| {name} | {share:.1} | {wait:.2} | {work:.2} |\n");
+    }
+    let layer = model.shape.layers / 2;
+    report += &format!("\nlayer {layer}, µs from its first block's start: | stage | first start | last input ready | last end |\n|---|---|---|---|\n");
+    for (name, [start, ready, end]) in ["QKV", "attention", "W_o", "gate/up", "down"].iter().zip(persistent::layer_stages(&timeline, config.grid.x as usize, layer)) {
+        report += &format!("| {name} | {start:.1} | {ready:.1} | {end:.1} |\n");
     }
     Ok((row, report))
 }
@@ -110,6 +117,8 @@ fn main() -> Result<()> {
         return Ok(());
     };
     let all = std::env::args().any(|a| a == "--all");
+    let quick = std::env::args().any(|a| a == "--quick");
+    let (lengths, clusters) = if quick { (&LENGTHS[..1], &CLUSTERS[2..]) } else { (&LENGTHS[..], &CLUSTERS[..]) };
     let mut kernels = Kernels::load(&gpu)?;
     let persistent_kernel = llama_step::load(&gpu)?;
     let shape = Shape::llama_3_2_1b(LENGTHS[LENGTHS.len() - 1]);
@@ -128,12 +137,12 @@ fn main() -> Result<()> {
     let mut model = Model::random(shape, LENGTHS[0] - 1, 128_000);
     eprintln!("{} parameters generated in {:.1} s", shape.parameters(), started.elapsed().as_secs_f64());
     let (mut rows, mut phase_tables) = (Vec::new(), Vec::new());
-    for len in LENGTHS {
+    for &len in lengths {
         model.set_position(len - 1);
         let started = Instant::now();
         let expected = model.reference().all();
         eprintln!("L = {len}: f64 reference in {:.1} s; runs ...", started.elapsed().as_secs_f64());
-        for cluster in CLUSTERS {
+        for &cluster in clusters {
             let (row, phases) = measure_persistent(&gpu, &persistent_kernel, &model, &expected, cluster).unwrap_or_else(|err| {
                 eprintln!("FAIL persistent, clusters of {cluster}, at L {len}: {err}");
                 (format!("| {len} | persistent, clusters of {cluster} | FAIL: {err} | – | – | – | – |"), String::new())
@@ -141,7 +150,7 @@ fn main() -> Result<()> {
             rows.push(row);
             phase_tables.push(phases);
         }
-        for cluster in CLUSTERS.into_iter().filter(|c| all || CHAIN_CLUSTERS.contains(c)) {
+        for &cluster in clusters.iter().filter(|c| all || CHAIN_CLUSTERS.contains(c)) {
             // The last variant again with a projection block per item (the grids before the item loop).
             let resident = kernels.resident;
             let variants = [(false, false, false), (true, false, false), (false, true, false), (true, true, false), (true, true, true)];
