@@ -264,8 +264,7 @@ fn norm_vector(norm_w: &[bf16]) -> Vector {
 /// early)` (an output of other blocks it needs) right after them or the previous item's
 /// epilogue; then `epilogue(p, [row a, row b], 1/rms(x), late)` in the pair's thread (1/rms
 /// is 1 without `norm_w`), and `done(pairs)` in every thread of the block once the item's
-/// pairs are written and the next item's weights are loading (the persistent step publishes
-/// them).
+/// pairs are written (the persistent step publishes them).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn project<X: Coherent<f32>, E: Copy, L: Copy>(
@@ -322,16 +321,12 @@ pub(crate) fn project<X: Coherent<f32>, E: Copy, L: Copy>(
         if let (Some(p), Some(s), Some(l)) = (out_pair(item), combined, late_values) {
             epilogue(p, s, rstd, l);
         }
-        let finished = item;
+        done(item_pairs(item));
         (item, partial, other) = (item + step, other, partial);
         if item >= items {
-            done(item_pairs(finished));
             return;
         }
         tile = load_tile(w, rows(tile_pair(item)), row_vectors, chunk);
-        // After the next item's loads: a publishing thread's release fence waits for its
-        // memory accesses in flight, which now overlap it.
-        done(item_pairs(finished));
         early_values = out_pair(item).map(&early);
         late_values = out_pair(item).zip(early_values).map(|(p, e)| late(p, e));
     }
