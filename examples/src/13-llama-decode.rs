@@ -351,6 +351,34 @@ pub fn llama_embed(embedding: &[bf16], token: &[u32], h: Out<f32>) {
     }
 }
 
+/// The QKV projection's pair `p` of rows `(r, r + 32)` of a head (so that RoPE's rotate-half
+/// partners meet in one thread): the head's first row, and `r`'s index in the head.
+#[inline(always)]
+pub(crate) fn head_rows(p: usize) -> (usize, usize) {
+    (p / (HEAD_DIM / 2) * HEAD_DIM, p % (HEAD_DIM / 2))
+}
+
+/// The rows of the QKV projection's pair `p`.
+#[inline(always)]
+pub(crate) fn qkv_rows(p: usize) -> (usize, usize) {
+    let (base, i) = head_rows(p);
+    (base + i, base + i + HEAD_DIM / 2)
+}
+
+/// RoPE's cosine and sine for the QKV projection's pair `p` at position `pos` (the table
+/// holds, per position, 32 cosines then 32 sines).
+#[inline(always)]
+pub(crate) fn rope_factors(rope: &[f32], pos: usize, p: usize) -> (f32, f32) {
+    let (_, i) = head_rows(p);
+    (rope[pos * HEAD_DIM + i], rope[pos * HEAD_DIM + HEAD_DIM / 2 + i])
+}
+
+/// The rotate-half pair `(a, b)` rotated by `(cos, sin)`.
+#[inline(always)]
+pub(crate) fn rotate(a: f32, b: f32, (cos, sin): (f32, f32)) -> (f32, f32) {
+    (a.fma(cos, -(b * sin)), b.fma(cos, a * sin))
+}
+
 /// Layer kernel 1: `q, k, v = W_qkv · RMSNorm(h)·norm_w`, RoPE on q and k (the table holds,
 /// per position, 32 cosines then 32 sines), q to `q` (f32), k and v rounded to bf16 into the
 /// caches (`kv heads × max_len × 64`) at `position[0]`. `w_qkv`: q, k, v heads' rows, each
@@ -362,21 +390,13 @@ pub fn llama_embed(embedding: &[bf16], token: &[u32], h: Out<f32>) {
 pub fn llama_qkv(h: Out<f32>, norm_w: &[bf16], w_qkv: &[bf16], rope: &[f32], position: &[u32], q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, max_len: u32) {
     let max_len = max_len as usize;
     let (q_rows, kv_rows) = (q.len(), k_cache.len() / max_len);
-    let head_rows = |p: usize| (p / (HEAD_DIM / 2) * HEAD_DIM, p % (HEAD_DIM / 2));
-    let rows = |p: usize| {
-        let (base, i) = head_rows(p);
-        (base + i, base + i + HEAD_DIM / 2)
-    };
     // The position and RoPE factors are the host's: they load before the PDL wait.
     let pos = position[0] as usize;
-    let early = |p: usize| {
-        let (_, i) = head_rows(p);
-        (rope[pos * HEAD_DIM + i], rope[pos * HEAD_DIM + HEAD_DIM / 2 + i])
-    };
-    let epilogue = |p: usize, [a, b]: [f32; 2], rstd: f32, (cos, sin): (f32, f32)| {
+    let early = |p: usize| rope_factors(rope, pos, p);
+    let epilogue = |p: usize, [a, b]: [f32; 2], rstd: f32, factors: (f32, f32)| {
         let (base, i) = head_rows(p);
         let (a, b) = (a * rstd, b * rstd);
-        let (lo, hi) = (a.fma(cos, -(b * sin)), b.fma(cos, a * sin));
+        let (lo, hi) = rotate(a, b, factors);
         let cache_row = |kv_base: usize| (kv_base / HEAD_DIM * max_len + pos) * HEAD_DIM + i;
         if base < q_rows {
             q.set(base + i, lo);
@@ -391,7 +411,7 @@ pub fn llama_qkv(h: Out<f32>, norm_w: &[bf16], w_qkv: &[bf16], rope: &[f32], pos
             v_cache.set(row + HEAD_DIM / 2, bf16::from_f32(b));
         }
     };
-    project(|| &h, 0..h.len(), Some(norm_w), w_qkv, (q_rows + 2 * kv_rows) / 2, rows, early, |_, e| e, epilogue, |_| (), 0);
+    project(|| &h, 0..h.len(), Some(norm_w), w_qkv, (q_rows + 2 * kv_rows) / 2, qkv_rows, early, |_, e| e, epilogue, |_| (), 0);
 }
 
 /// Layer kernels 3 and 5: `h += w · x` (`w`: `h.len() × x.len()`).

@@ -33,7 +33,7 @@
 //!
 //! then the LM head on `h[2·layers]`; before the first layer, `h[0]`, the token's embedding.
 
-use crate::llama_decode::{attend, cache_vector, pairs_per_block, project, silu_gate, Vector, BLOCK, HEAD_DIM};
+use crate::llama_decode::{attend, cache_vector, head_rows, pairs_per_block, project, qkv_rows, rope_factors, rotate, silu_gate, Vector, BLOCK, HEAD_DIM};
 use clusterfuse::prelude::*;
 use core::ops::Range;
 
@@ -99,7 +99,7 @@ pub fn llama_step(
     let layers = norm1.len() / hidden;
     let (inter, kv_rows) = (act.len() / layers, kv.len() / layers / 2);
     let d = Dims { hidden, kv_rows, max_len: max_len as usize, pos: position[0] as usize };
-    let qkv_rows = hidden + 2 * kv_rows;
+    let qkv_outputs = hidden + 2 * kv_rows;
     let version = |r: usize| r * hidden..(r + 1) * hidden;
     let timeline = Timeline(&timeline);
     // Each stage's tasks go round robin from the block after the previous stage's last task,
@@ -132,8 +132,8 @@ pub fn llama_step(
         let act_l = l * inter..(l + 1) * inter;
         let stage = |s: usize| (&timeline, 1 + STAGES * l + s);
         timeline.stamp(stage(0).1, START);
-        let first = after(items(qkv_rows / 2, hidden), 1);
-        qkv(d, l, stage(0), first, &h, h_in.clone(), layer(norm1, l, hidden), layer(w_qkv, l, qkv_rows * hidden), rope, &q, &kv);
+        let first = after(items(qkv_outputs / 2, hidden), 1);
+        qkv(d, l, stage(0), first, &h, h_in.clone(), layer(norm1, l, hidden), layer(w_qkv, l, qkv_outputs * hidden), rope, &q, &kv);
         timeline.stamp(stage(0).1, END);
         timeline.stamp(stage(1).1, START);
         let first = after(kv_heads, cluster);
@@ -208,19 +208,10 @@ struct Dims {
 fn qkv(d: Dims, l: usize, at: Stamp<'_>, first: u32, h: &Published<f32>, x: Range<usize>, norm: &[bf16], w: &[bf16], rope: &[f32], q: &Published<f32>, kv: &Published<bf16>) {
     let Dims { hidden, kv_rows, pos, .. } = d;
     let (q_at, kv_at) = (l * hidden, l * 2 * kv_rows);
-    let head_rows = |p: usize| (p / (HEAD_DIM / 2) * HEAD_DIM, p % (HEAD_DIM / 2));
-    let rows = |p: usize| {
-        let (base, i) = head_rows(p);
-        (base + i, base + i + HEAD_DIM / 2)
-    };
-    let early = |p: usize| {
-        let (_, i) = head_rows(p);
-        (rope[pos * HEAD_DIM + i], rope[pos * HEAD_DIM + HEAD_DIM / 2 + i])
-    };
-    let epilogue = |p: usize, [a, b]: [f32; 2], rstd: f32, (cos, sin): (f32, f32)| {
+    let epilogue = |p: usize, [a, b]: [f32; 2], rstd: f32, factors: (f32, f32)| {
         let (base, i) = head_rows(p);
         let (a, b) = (a * rstd, b * rstd);
-        let (lo, hi) = (a.fma(cos, -(b * sin)), b.fma(cos, a * sin));
+        let (lo, hi) = rotate(a, b, factors);
         if base < hidden {
             q.set(q_at + base + i, lo);
             q.set(q_at + base + i + HEAD_DIM / 2, hi);
@@ -244,7 +235,7 @@ fn qkv(d: Dims, l: usize, at: Stamp<'_>, first: u32, h: &Published<f32>, x: Rang
             }
         }
     };
-    project(|| stamped(at, h.wait(x.clone())), x.clone(), Some(norm), w, (hidden + 2 * kv_rows) / 2, rows, early, |_, e| e, epilogue, done, first);
+    project(|| stamped(at, h.wait(x.clone())), x.clone(), Some(norm), w, (hidden + 2 * kv_rows) / 2, qkv_rows, |p| rope_factors(rope, pos, p), |_, e| e, epilogue, done, first);
 }
 
 /// Stage 2, the attention of layer `l`: a KV head per cluster task, its query heads' and its new
