@@ -863,7 +863,7 @@ pub unsafe fn st_relaxed_gpu_global_u32(ptr: *mut u32, value: u32) {
 /// `nanosleep.u32`: suspends the thread for about `ns` nanoseconds (at most 1 ms; PTX ISA
 /// 6.3, sm_70): the back-off of a spin on global memory. On the emulator it yields to the
 /// other threads of the launch, which is how a spin there makes progress (and how a spin
-/// that can never end is found: see [`emu`](crate::emu)).
+/// that can never end is found: see [`crate::emu`]).
 #[inline(always)]
 pub fn nanosleep(ns: u32) {
     gpu_or_emulator! {

@@ -276,6 +276,7 @@ fn attention(d: Dims, l: usize, at: Stamp<'_>, first: u32, q: &Published<f32>, k
 /// Stages 3 and 5, `h[to..] = h[from..] + w · x` for the elements `x_at` of `x` (the attention
 /// output or the MLP activation); each residual value is waited for alone.
 #[inline(never)]
+#[allow(clippy::too_many_arguments)]
 fn residual(at: Stamp<'_>, first: u32, x: &Published<f32>, x_at: Range<usize>, w: &[bf16], h: &Published<f32>, from: usize, to: usize) {
     let hidden = w.len() / x_at.len();
     let late = |p: usize, ()| [h.get(from + 2 * p), h.get(from + 2 * p + 1)];
@@ -289,6 +290,7 @@ fn residual(at: Stamp<'_>, first: u32, x: &Published<f32>, x_at: Range<usize>, w
 
 /// Stage 4, `act[act_at..] = silu(gate) · up` of RMSNorm(elements `x` of `h`).
 #[inline(never)]
+#[allow(clippy::too_many_arguments)]
 fn gate_up(at: Stamp<'_>, first: u32, h: &Published<f32>, x: Range<usize>, norm: &[bf16], w: &[bf16], act: &Published<f32>, act_at: usize) {
     let inter = w.len() / x.len() / 2;
     let epilogue = |p: usize, [gate, up]: [f32; 2], rstd: f32, ()| act.set(act_at + p, silu_gate(gate * rstd, up * rstd));

@@ -130,7 +130,7 @@ pub fn bulk_stream(x: &[f32], out: Out<f32>, waited: u32) {
     }
 }
 
-/// Values per tile of [`published_chain`].
+/// Values per tile of [`fn@published_chain`].
 pub const CHAIN_TILE: usize = 64;
 
 /// A persistent two-stage chain across blocks: stage 1 writes `y = 2x` tile by tile (the grid's

@@ -32,7 +32,8 @@ const SPIN_NS: u32 = 32;
 /// the flags stay in whole 16-byte groups).
 const TAIL: usize = 4;
 
-/// Flag words for `tiles` tiles: whole groups of four, then [`TAIL`].
+/// Flag words for `tiles` tiles: whole groups of four, then four more (the epoch, the count
+/// of retired blocks, two unused).
 pub const fn flag_words(tiles: usize) -> usize {
     tiles.next_multiple_of(4) + TAIL
 }
