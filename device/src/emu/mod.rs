@@ -41,8 +41,7 @@
 //!
 //! **What it does not model.** Timing (`clock64` reads wall time), memory-ordering subtleties
 //! beyond barriers (execution is sequentially consistent and fences are no-ops), races on
-//! global memory, warps that
-//! diverge inside a shuffle, copies in flight (`cp.async` completes at issue, so a missing
+//! global memory, warps that diverge inside a shuffle, copies in flight (`cp.async` completes at issue, so a missing
 //! `cp.async.wait_group` goes unseen), the tensor cores' internal rounding (`mma.sync` sums
 //! in f64 and rounds once, to f32; so does `wgmma`, which also runs at issue, so that
 //! `wgmma.wait_group` and `wgmma.fence` order nothing and a warpgroup that diverges around a
