@@ -2,6 +2,7 @@
 
 pub(crate) mod ast;
 mod expand;
+mod handoffs;
 pub(crate) mod valid;
 
 use proc_macro2::TokenStream;

@@ -27,6 +27,7 @@ pub fn check(kernel: &Kernel) -> syn::Result<()> {
     check_signature(kernel, &mut errors);
     check_launch_bounds(kernel, &mut errors);
     check_cluster(kernel, &mut errors);
+    super::handoffs::check(kernel, &mut errors);
     errors.finish()
 }
 
