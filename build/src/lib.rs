@@ -184,3 +184,29 @@ mod tests {
         assert_eq!(ptx_artifact(r#"{"reason":"build-finished","success":true}"#), None);
     }
 }
+
+/// The text of `name`'s `.entry` in `ptx`, from its header to its closing brace, for tests that
+/// check what a kernel's PTX does (loads before a wait, no atomics, ..).
+pub fn entry<'p>(ptx: &'p str, name: &str) -> Option<&'p str> {
+    let body = &ptx[ptx.find(&format!(".entry {name}("))?..];
+    Some(&body[..body.find("\n}\n")?])
+}
+
+/// Every kernel's resources in `ptx` (registers, spills, shared memory), and ptxas's whole
+/// report (its performance warnings included): `ptx` assembled for [`ARCH`] by the installed
+/// `ptxas`, for tests that bound a kernel's spills and shared memory.
+pub fn resources(ptx: &str) -> Result<(std::collections::BTreeMap<String, KernelResources>, String), Error> {
+    let ptxas = home().join("bin/ptxas");
+    if !ptxas.exists() {
+        return Err(Error::MissingTool { tool: String::from("ptxas"), path: ptxas });
+    }
+    // A file per call: tests run in parallel.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let file = env::temp_dir().join(format!("clusterfuse-{}-{call}.ptx", std::process::id()));
+    fs::write(&file, ptx).map_err(io("cannot write", &file))?;
+    let report = assemble(&ptxas, &file);
+    fs::remove_file(&file).ok();
+    let report = report?;
+    Ok((parse_report(&report), report))
+}

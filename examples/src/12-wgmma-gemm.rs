@@ -1070,9 +1070,8 @@ mod host {
     use super::*;
     use crate::check::{emulator_shapes, shape, Report};
     use crate::gemm::{EpilogueKind, GemmError, HostOperands, Operands};
-    use clusterfuse::host::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
     use clusterfuse::host::cudarc::driver::DeviceRepr;
-    use clusterfuse::host::{Buffer, Error, Result, Swizzle, TensorMap, TmaElement};
+    use clusterfuse::host::{Buffer, Result, Swizzle, TensorMap, TmaElement};
     use clusterfuse::Dim3;
 
     /// The launch configuration of an M × N × K GEMM on at most `blocks` blocks (the SMs), or
@@ -1250,18 +1249,6 @@ mod host {
         gpu.tensor_map_2d(bt, (n, k), (BN as u32, BK as u32), Swizzle::B128)
     }
 
-    /// The device's SM count, or `None` on the emulator.
-    pub fn sm_count(gpu: &Gpu) -> Result<Option<usize>> {
-        gpu.context()
-            .map(|context| {
-                context
-                    .attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-                    .map(|sms| sms as usize)
-                    .map_err(|source| Error::Driver { call: "cuDeviceGetAttribute", kernel: None, source })
-            })
-            .transpose()
-    }
-
     /// Blocks the emulator runs (so that each computes several tiles, as on a GPU).
     const EMULATOR_BLOCKS: usize = 2;
 
@@ -1353,7 +1340,7 @@ mod host {
     impl<T: WgmmaType> Kernels<T> {
         /// Loads the five kernels.
         pub fn load(gpu: &Gpu) -> Result<Self> {
-            Ok(Self { sms: sm_count(gpu)?.unwrap_or(EMULATOR_BLOCKS), loaded: T::load(gpu)? })
+            Ok(Self { sms: gpu.multiprocessors()?.unwrap_or(EMULATOR_BLOCKS), loaded: T::load(gpu)? })
         }
 
         /// `out = epilogue(a · bᵀ)` for an M × N × K GEMM whose A and Bᵀ `maps` describe

@@ -43,8 +43,10 @@ pub mod gemm;
 pub mod bert;
 #[path = "12-wgmma-gemm.rs"]
 pub mod wgmma_gemm;
+#[cfg(not(target_arch = "nvptx64"))]
 #[path = "13-llama-decode.rs"]
 pub mod llama_decode;
+#[cfg(not(target_arch = "nvptx64"))]
 #[path = "14-persistent-llama.rs"]
 pub mod persistent_llama;
 

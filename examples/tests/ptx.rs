@@ -6,16 +6,13 @@
 //! (`wgmma.mma_async`, TMA, `setmaxnreg` in the PTX; `HGMMA`, `UTMALDG` in the SASS); BERT's
 //! batch-1 projections one block an SM by registers.
 
-use clusterfuse_build::{assemble, home, parse_report, KernelResources};
+use clusterfuse_build::{home, KernelResources};
 use clusterfuse_examples::__CLUSTERFUSE_PTX as PTX;
 use std::collections::BTreeMap;
 
 /// The text of one `.entry`, from its header to its closing brace.
 fn entry(name: &str) -> &'static str {
-    let start = PTX.text.find(&format!(".entry {name}(")).unwrap_or_else(|| panic!("no entry `{name}` in the PTX"));
-    let body = &PTX.text[start..];
-    let end = body.find("\n}\n").expect("entry has a closing brace");
-    &body[..end]
+    clusterfuse_build::entry(PTX.text, name).unwrap_or_else(|| panic!("no entry `{name}` in the PTX"))
 }
 
 fn resources() -> BTreeMap<String, KernelResources> {
@@ -24,16 +21,7 @@ fn resources() -> BTreeMap<String, KernelResources> {
 
 /// Every kernel's resources, and ptxas's whole report (its performance warnings included).
 fn resources_and_report() -> (BTreeMap<String, KernelResources>, String) {
-    let ptxas = home().join("bin/ptxas");
-    assert!(ptxas.exists(), "ptxas not found at {}: run scripts/setup.sh", ptxas.display());
-    // One file per call: tests run in parallel.
-    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let file = std::env::temp_dir().join(format!("clusterfuse-examples-{}-{call}.ptx", std::process::id()));
-    std::fs::write(&file, PTX.text).unwrap();
-    let report = assemble(&ptxas, &file).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::remove_file(&file).ok();
-    (parse_report(&report), report)
+    clusterfuse_build::resources(PTX.text).unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[test]
@@ -217,19 +205,6 @@ fn every_kernel_assembles_without_spills() {
         ("wgmma_split_f16_residual_stats", 0),
         ("wgmma_split_f16_ln_residual_stats", 0),
         ("layer_norm_rows", 0),
-        // The partial sums of a block's warps (64 B, twice: alternate items) and the RMSNorm
-        // reduction's scratch.
-        ("llama_embed", 0),
-        ("llama_qkv", 256),
-        ("llama_residual", 128),
-        ("llama_gate_up", 256),
-        ("llama_lm_head", 256),
-        // The 8 warps' states of 4 query heads (8 KB + 256 B), the merged states, the queries.
-        ("llama_attention", 8 * 4 * 66 * 4 + 4 * 68 * 4 + 4 * 64 * 4),
-        // The persistent step: the attention's arrays, and the projections' partial sums and
-        // reduction scratch, one set for all its projection stages (a `shared!` array is one
-        // per call site, and the stages share `project`'s).
-        ("llama_step", 8 * 4 * 66 * 4 + 4 * 68 * 4 + 4 * 64 * 4 + 256),
         ("published_chain", 0),
     ];
     assert_eq!(kernels.len(), expected_smem.len(), "kernels: {:?}", kernels.keys());
@@ -239,14 +214,6 @@ fn every_kernel_assembles_without_spills() {
             // The batch-8 tile at 128 registers: two values spilled at entry and reloaded
             // outside the streaming loops (16 bytes; `cuobjdump -sass` shows where).
             assert!(r.spill_store_bytes <= 16 && r.spill_load_bytes <= 16 && r.stack_frame_bytes <= 8, "`{name}` spills: {r:?}");
-        } else if name == "llama_step" {
-            // The persistent step's stages spill (results/llama-h200.md): a bound, so that it
-            // cannot grow unseen.
-            assert!(r.spill_store_bytes <= 768 && r.spill_load_bytes <= 1152 && r.stack_frame_bytes <= 1152, "`{name}` spills: {r:?}");
-        } else if name == "llama_qkv" || name == "llama_residual" {
-            // The item loop at 128 registers: a few loop-invariant values stored once before
-            // it and reloaded once an item (`cuobjdump -sass`), none in the dot products.
-            assert!(r.spill_store_bytes <= 32 && r.spill_load_bytes <= 32 && r.stack_frame_bytes <= 48, "`{name}` spills: {r:?}");
         } else {
             assert_eq!((r.spill_store_bytes, r.spill_load_bytes, r.stack_frame_bytes), (0, 0, 0), "`{name}` spills: {r:?}");
         }
@@ -256,8 +223,7 @@ fn every_kernel_assembles_without_spills() {
     assert_eq!(argmax_scratch, 48 * 8, "argmax declares `shared(scratch: [u64; 48])`");
     // Two blocks of 256 threads per SM, so that clusters of 4 over 32 heads are resident at
     // once; the batch-1 output projection and the spread variant's kernels fit two blocks per
-    // SM as well. The same for the Llama attention, so that its clusters fit beside the QKV
-    // kernel's blocks.
+    // SM as well.
     for name in [
         "decode_attention_f16",
         "decode_attention_f16_b8",
@@ -269,7 +235,6 @@ fn every_kernel_assembles_without_spills() {
         "decode_qkv_rope_bf16",
         "decode_attend_appended_f16",
         "decode_attend_appended_bf16",
-        "llama_attention",
     ] {
         assert!(kernels[name].registers <= 128, "{name}: {:?}", kernels[name]);
     }
@@ -310,28 +275,6 @@ fn decode_o_proj_loads_w_o_before_waiting_for_the_attention() {
         // The first item of W_o (R rows × V vectors a lane: 2 × 4 at batch 1, 4 × 2 at tile 8).
         assert_eq!(text[..wait].matches("ld.global.nc.v4.b32").count(), 8, "`{name}`: W_o loads before the wait");
     }
-}
-
-#[test]
-fn llama_projections_stream_weights_before_waiting() {
-    for name in ["llama_qkv", "llama_residual", "llama_gate_up", "llama_lm_head"] {
-        let text = entry(name);
-        assert!(text.contains(".maxntid 256, 1, 1") && text.contains(".minnctapersm 2"), "`{name}`: launch bounds");
-        let wait = text.find("griddepcontrol.wait;").unwrap_or_else(|| panic!("`{name}` never waits for its prerequisite"));
-        // All 16 of a lane's 16-byte weight loads go out before the wait, and the RMSNorm
-        // weights' vector where there is one.
-        let norm = usize::from(name != "llama_residual");
-        assert_eq!(text[..wait].matches("ld.global.nc.v4.b32").count(), 16 + norm, "`{name}`: weight loads before the wait");
-        assert!(text[..wait].contains("griddepcontrol.launch_dependents;"), "`{name}` lets its dependent launch before it waits");
-        assert!(!text.contains("atom."), "`{name}` must not use atomics");
-    }
-    let text = entry("llama_attention");
-    let wait = text.find("griddepcontrol.wait;").expect("the attention waits for the QKV kernel");
-    // Cached keys and values (written by the QKV kernels) through the coherent path.
-    assert!(text[..wait].contains("ld.global.v4.b32"), "`llama_attention`: no cached k, v load before the wait");
-    assert!(text.contains("ld.shared::cluster") && !text.contains("atom."), "`llama_attention`: DSMEM merge, no atomics");
-    // The blocks' merge: one barrier to publish their states, one to keep them until read.
-    assert_eq!(text.matches("barrier.cluster.arrive").count(), 2, "`llama_attention`: cluster barriers");
 }
 
 /// The GEMM kernels' entries, as (name, input type).

@@ -36,6 +36,9 @@ pub enum Error {
     /// A published buffer's tiling is impossible.
     #[error("invalid published buffer: {0}")]
     InvalidPublished(String),
+    /// A library kernel does not support the shape it was given: which and why.
+    #[error("{kernel} does not support this shape: {reason}")]
+    UnsupportedShape { kernel: &'static str, reason: String },
     /// A launch recording was started while one was already running on this device.
     #[error("a launch recording is already running on this device; finish it before starting another")]
     AlreadyRecording,

@@ -106,6 +106,14 @@ impl Gpu {
         }
     }
 
+    /// The device's multiprocessor count (132 on an H200), or None on the emulator.
+    pub fn multiprocessors(&self) -> Result<Option<usize>> {
+        self.cuda
+            .as_ref()
+            .map(|cuda| cuda.context.attribute(DevAttr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map(|sms| sms as usize).driver("cuDeviceGetAttribute", None))
+            .transpose()
+    }
+
     /// The cudarc context, for anything this crate does not wrap (None on the emulator).
     pub fn context(&self) -> Option<&Arc<CudaContext>> {
         self.cuda.as_ref().map(|cuda| &cuda.context)

@@ -21,9 +21,10 @@
 
 use clusterfuse::host::Gpu;
 use clusterfuse_examples::check::{gpu_or_skip, median_us_per_call, print_rows, Report};
-use clusterfuse_examples::llama_decode::host::{attention_config, projection_config, step, Buffers, Kernels, Model, Shape, TOLERANCE};
-use clusterfuse_examples::persistent_llama::host::{self as persistent, config as persistent_config};
-use clusterfuse_examples::persistent_llama::llama_step;
+use clusterfuse_kernels::llama::chain::host::{attention_config, projection_config, step, Buffers, Kernels};
+use clusterfuse_kernels::llama::{Model, Shape, TOLERANCE};
+use clusterfuse_kernels::llama::persistent::host::{self as persistent, config as persistent_config};
+use clusterfuse_kernels::llama::persistent::llama_step;
 use std::error::Error;
 use std::time::Instant;
 
@@ -134,7 +135,7 @@ fn main() -> Result<()> {
         eprintln!("{name}: {} blocks of {}, cluster {:?}, {} B dynamic shared memory", c.grid.x, c.block.x, c.cluster.map(|c| c.x), c.dynamic_smem_bytes);
     }
     let started = Instant::now();
-    let mut model = Model::random(shape, LENGTHS[0] - 1, 128_000);
+    let mut model = Model::random(shape, 1, LENGTHS[0] - 1, 128_000)?;
     eprintln!("{} parameters generated in {:.1} s", shape.parameters(), started.elapsed().as_secs_f64());
     let (mut rows, mut phase_tables) = (Vec::new(), Vec::new());
     for &len in lengths {

@@ -49,9 +49,10 @@ fn main() -> Result<(), Box<dyn Error>> {
             Batch::new(&gpu, &d, batch, &x)?.forward(gpu.stream(), &kernels, &model, Mode::Fused)?;
         }
         "llama" => {
-            use clusterfuse_examples::llama_decode::host::{step, Buffers, Kernels, Model, Shape};
+            use clusterfuse_kernels::llama::chain::host::{step, Buffers, Kernels};
+            use clusterfuse_kernels::llama::{Model, Shape};
             let kernels = Kernels::load(&gpu)?;
-            let model = Model::random(Shape::llama_3_2_1b(1024), 1023, 128_000);
+            let model = Model::random(Shape::llama_3_2_1b(1024), 1, 1023, 128_000)?;
             step(&kernels, gpu.stream(), &mut Buffers::upload(&gpu, &model)?, 16, true)?;
         }
         _ => return Err(USAGE.into()),

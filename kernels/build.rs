@@ -1,0 +1,3 @@
+fn main() -> Result<(), clusterfuse_build::Error> {
+    clusterfuse_build::build_kernels()
+}

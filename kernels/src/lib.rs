@@ -1,0 +1,24 @@
+//! clusterfuse's kernel library: kernels written with clusterfuse, as entry points a host
+//! program calls, with typed shapes, shape checks that return
+//! [`Error::UnsupportedShape`](clusterfuse::host::Error::UnsupportedShape), and f64 references to
+//! test against.
+//!
+//! - [`llama`]: a Llama-architecture decode step at batch 1 (bf16 weights and KV cache), as a
+//!   CUDA-graph-friendly chain of 82 fused launches ([`llama::chain`]) or as one persistent
+//!   launch ([`llama::persistent`]).
+// The kernels' docs explain their device code, private helpers included.
+#![allow(rustdoc::private_intra_doc_links)]
+
+clusterfuse::embed_ptx!();
+
+/// `body` once for each listed `$i`, unrolled, so that register arrays indexed by `$i` are
+/// indexed by constants (a run-time index sends them to local memory; LLVM leaves a loop with
+/// a large body rolled). Indices past a generic bound are skipped with `if $i < BOUND`, which
+/// each instantiation folds away.
+macro_rules! unroll {
+    ($i:ident in [$($n:literal)*] $body:block) => {{
+        $( { let $i: usize = $n; $body } )*
+    }};
+}
+
+pub mod llama;

@@ -1,0 +1,1135 @@
+//! A whole decode step of a Llama-3.2-1B-shaped model (16 layers, hidden 2048, 32 query
+//! and 8 key/value heads of 64, MLP 8192, vocabulary 128256 with the embedding tied to the LM
+//! head) at batch 1: bf16 weights and KV cache, f32 activations and arithmetic, built from six
+//! fused kernels chained by programmatic dependent launch and replayed from one CUDA graph.
+//!
+//! A step is 82 launches: [`fn@llama_embed`] (the new token's embedding row, widened to f32,
+//! becomes the residual stream `h`), then per layer
+//! 1. [`fn@llama_qkv`]: RMSNorm + the QKV projection + RoPE (rotate-half, θ = 500 000) + the
+//!    new k, v appended to the layer's cache at `position`;
+//! 2. [`fn@llama_attention`]: grouped-query flash-decoding, a cluster of `C` blocks per KV head
+//!    splitting the cached tokens, each block serving the head's 4 query heads; a warp's 4
+//!    lane groups merge by shuffles, the block's warps through shared memory, and rank 0
+//!    merges the blocks' states through DSMEM in rank order (all loads issued before any is
+//!    used), between two cluster barriers;
+//! 3. [`fn@llama_residual`]: `h += W_o · attn`;
+//! 4. [`fn@llama_gate_up`]: RMSNorm + gate and up projections, `act = silu(gate) · up`;
+//! 5. [`fn@llama_residual`]: `h += W_down · act` (K = 8192, split over the block's warps);
+//!
+//! then [`fn@llama_lm_head`]: the final RMSNorm and `logits = E · h` over the whole vocabulary.
+//!
+//! **The projections** (every weight byte of the step) share one plan, built to keep many
+//! bytes in flight: a warp owns a *pair* of rows and a chunk of up to 2048 columns of both,
+//! and each lane issues all of its 16 loads of 16 bytes (two rows × 8 vectors, 256 bytes)
+//! before anything else — before the kernel even waits for the previous one, since weights do
+//! not depend on it ([`grid::wait_for_prerequisites`] comes after the loads; every kernel calls
+//! [`grid::launch_dependents`] at once, so the next kernel's blocks take SM slots as soon as
+//! they free and put their own weight loads in flight; the QKV kernel's norm vector, position
+//! and RoPE factors load before the wait too, and the residual projections load `h` with the
+//! staging, not after the dot products). Blocks of 256 threads at ≤ 128 registers, two per
+//! SM: 128 KB of weights in flight per SM. A grid has at most two blocks per SM: a block
+//! takes a block's worth of row pairs (an *item*) after another, loading the next item's
+//! weights right after an item's epilogue, so that the gate/up, down and LM head projections
+//! run as one wave (no block ends, starts and stages its input again between items). Each
+//! block stages its input vector (the normalised `h`, `attn` or `act`, f32) in shared memory
+//! once, with RMSNorm's `1/rms` applied after the dot products so the staging needs no
+//! reduction first; warps reduce their two dot products with shuffles, and the block sums the
+//! chunks of a pair in chunk order (no atomics: every output is deterministic). Row pairs: `(r, r + 32)` of a
+//! head for the QKV projection (so that RoPE's rotate-half partners meet in one thread),
+//! `(g, 8192 + g)` for gate and up (so that one thread forms `silu(gate) · up`), `(2p, 2p + 1)`
+//! elsewhere.
+//!
+//! The attention reads cached tokens `0 .. position` (and starts loading them before waiting
+//! for the QKV kernel, which writes only token `position`); rank 0's first group starts its
+//! online softmax from the new token.
+//!
+//! Everything a kernel reads that another kernel of the step writes — `h`, `q`, `attn`, `act`,
+//! the caches — is an `Out` parameter read through the coherent path: with programmatic
+//! dependent launch the writer may still be running when the reader starts, which the
+//! read-only path's contract (nothing written while the kernel runs) does not allow. Weights
+//! and norms are written by the host alone: read-only path ([`global::load16_invariant`]).
+
+use clusterfuse::arch;
+use clusterfuse::global::Coherent;
+use clusterfuse::packed::{dot8, widen8, words};
+use clusterfuse::prelude::*;
+use core::ops::Range;
+
+/// Dimensions per head.
+pub const HEAD_DIM: usize = 64;
+/// ε of every RMSNorm.
+pub const EPS: f32 = 1e-5;
+/// RoPE's θ.
+pub const THETA: f64 = 500_000.0;
+/// Threads per block of every kernel.
+pub const BLOCK: u32 = 256;
+/// Warps per block.
+pub const WARPS: usize = BLOCK as usize / 32;
+/// 16-byte vectors a lane loads per row of its chunk.
+const V: usize = 8;
+/// 16-byte vectors (of 8 weights) per row chunk: a warp's 32 lanes × `V`.
+pub const CHUNK: usize = 32 * V;
+/// Query heads per key/value head, at most.
+pub const MAX_GROUP: usize = 4;
+/// 8-lane groups of the attention: a group covers one 64-dimension row in 16-byte vectors.
+const GROUPS: usize = BLOCK as usize / 8;
+/// Tokens per group per step of the flash-decoding loop (two steps' keys and values in
+/// registers: the next step's loads go out before this one's arithmetic).
+const TOKENS: usize = 2;
+/// Floats per query head of a block's merged attention state: `o` (64), `l`, `m`, padding.
+const STATE: usize = HEAD_DIM + 4;
+/// Blocks per cluster of the attention, at most (the non-portable limit).
+pub const MAX_CLUSTER: usize = 16;
+/// A score below any real one (finite, so that 2^(m − m) stays 1).
+const NO_SCORE: f32 = -1e30;
+/// log2(e) / √64: scores in `exp2` units.
+const Q_SCALE: f32 = core::f32::consts::LOG2_E * 0.125;
+/// Floats per staged 16-byte input vector: its 8 values and 4 of padding, so that lanes `c`
+/// and `c + 1` are 48 bytes apart and a quarter-warp's 16-byte shared loads hit 8 different
+/// bank groups.
+const STAGE: usize = 12;
+
+const _: () = assert!(V == 8 && TOKENS == 2 && MAX_GROUP == 4 && MAX_CLUSTER == 16 && GROUPS == 4 * WARPS, "the unrolled loops list 8, 2, 4 and 16 indices; 4 groups a warp");
+
+/// 16 bytes (8 bf16 values) as four raw words.
+pub(crate) type Vector = [u32; 4];
+
+/// Vector `i` of `input` (bf16), through the coherent path (bounds and alignment checked).
+#[inline(always)]
+fn load_vector(input: &Out<bf16>, i: usize) -> Vector {
+    // SAFETY: as in `words`; the view lives only for this load and no `&[bf16]` to the buffer exists.
+    let words = unsafe { Out::<u32>::from_raw_parts(input.as_mut_ptr().cast::<u32>(), input.len() / 2) };
+    words.load16::<4>(i)
+}
+
+/// Floats `8c .. 8c + 8` of `x`, through the coherent path.
+#[inline(always)]
+fn load8(x: &impl Coherent<f32>, c: usize) -> [f32; 8] {
+    let (lo, hi) = (x.load16::<4>(2 * c), x.load16::<4>(2 * c + 1));
+    [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+}
+
+/// Staged vector `c` (see [`STAGE`]).
+#[inline(always)]
+fn staged(stage: SharedSlice<f32>, c: usize) -> [f32; 8] {
+    let (lo, hi) = (stage.load16::<4>(3 * c), stage.load16::<4>(3 * c + 1));
+    [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+}
+
+/// Stages `vectors` vectors of `x` (f32) from vector `start` on, times `norm_w` when given, in
+/// `stage` (see [`STAGE`]); returns this thread's share of `Σ x²`. The caller synchronises
+/// the block.
+/// `norm_w` comes with its vector `thread::rank_in_block()`, loaded before the PDL wait.
+/// Without `norm_w`, a thread loads two vectors half the input apart before storing either,
+/// which halves the serial round trips to L2 of a long input (the down projection's 8192
+/// values: 2 per thread, not 4).
+#[inline(always)]
+fn stage_input(x: &impl Coherent<f32>, start: usize, vectors: usize, norm_w: Option<(&[bf16], Vector)>, stage: SharedSlice<f32>) -> f32 {
+    let half = if norm_w.is_some() { vectors } else { vectors.div_ceil(2) };
+    let mut squares = 0.0f32;
+    for first in block::stride_loop(0..half) {
+        let second = first + half;
+        let values = [load8(x, start + first), if second < vectors { load8(x, start + second) } else { [0.0; 8] }];
+        unroll!(k in [0 1] {
+            let c = first + k * half;
+            if c < vectors {
+                let mut v = values[k];
+                for &value in &v {
+                    squares = value.fma(value, squares);
+                }
+                if let Some((norm_w, mine)) = norm_w {
+                    // SAFETY: `norm_w` is a kernel argument, 256-byte aligned, written by the host alone.
+                    let g = widen8::<bf16>(if c == thread::rank_in_block() as usize { mine } else { unsafe { global::load16_invariant::<u32, 4>(words(norm_w), c) } });
+                    for j in 0..8 {
+                        v[j] *= g[j];
+                    }
+                }
+                stage.store16(3 * c, [v[0], v[1], v[2], v[3]]);
+                stage.store16(3 * c + 1, [v[4], v[5], v[6], v[7]]);
+            }
+        });
+    }
+    squares
+}
+
+/// Bytes of dynamic shared memory that stage an input of `k` values.
+pub const fn stage_bytes(k: usize) -> usize {
+    k / 8 * STAGE * 4
+}
+
+/// Chunks per row of `k` columns, and so warps per pair of rows.
+pub const fn chunks(k: usize) -> usize {
+    (k / 8).div_ceil(CHUNK)
+}
+
+/// Pairs of rows per block of a projection with `k` columns.
+pub const fn pairs_per_block(k: usize) -> usize {
+    WARPS / chunks(k)
+}
+
+/// A warp's weights: vectors `chunk · CHUNK + lane + 32 j` of both rows of its pair.
+type Tile = [[Vector; V]; 2];
+
+/// log2 of the chunks per row of `row_vectors` 16-byte vectors (shifts, not divisions: a
+/// 64-bit division is a long subroutine, ahead of the first weight load); traps unless the
+/// chunks are a power of two that divides the block's warps.
+#[inline(always)]
+fn chunk_shift(row_vectors: usize) -> u32 {
+    let chunks = (row_vectors as u32).div_ceil(CHUNK as u32);
+    if !chunks.is_power_of_two() || chunks > WARPS as u32 {
+        arch::trap();
+    }
+    chunks.trailing_zeros()
+}
+
+/// Loads this lane's share of `chunk` of rows `rows` of `w` (rows of `row_vectors` vectors):
+/// up to 16 loads of 16 bytes, all issued before any is used, bounds checked once for both rows.
+#[inline(always)]
+fn load_tile(w: &[bf16], rows: (usize, usize), row_vectors: usize, chunk: usize) -> Tile {
+    // SAFETY: `w` is a kernel argument, 256-byte aligned.
+    let w = unsafe { words(w) };
+    global::check16::<u32, 4>(w.as_ptr(), w.len(), (rows.0.max(rows.1) + 1) * row_vectors);
+    let first = chunk * CHUNK + warp::lane() as usize;
+    let mut tile = [[[0u32; 4]; V]; 2];
+    unroll!(j in [0 1 2 3 4 5 6 7] {
+        let c = first + 32 * j;
+        if c < row_vectors {
+            // SAFETY: vectors below `(max row + 1) · row_vectors` are in bounds (checked above),
+            // and `c < row_vectors`; weights are written by the host alone.
+            unsafe {
+                tile[0][j] = global::load16_invariant_unchecked::<u32, 4>(w, rows.0 * row_vectors + c);
+                tile[1][j] = global::load16_invariant_unchecked::<u32, 4>(w, rows.1 * row_vectors + c);
+            }
+        }
+    });
+    tile
+}
+
+/// The tile's two dot products with the staged input, summed over the warp (in every lane).
+#[inline(always)]
+fn tile_dot(tile: &Tile, stage: SharedSlice<f32>, row_vectors: usize, chunk: usize) -> [f32; 2] {
+    let first = chunk * CHUNK + warp::lane() as usize;
+    let mut acc = [0.0f32; 2];
+    unroll!(j in [0 1 2 3 4 5 6 7] {
+        let c = first + 32 * j;
+        if c < row_vectors {
+            let x = staged(stage, c);
+            acc[0] = dot8::<bf16>(tile[0][j], x, acc[0]);
+            acc[1] = dot8::<bf16>(tile[1][j], x, acc[1]);
+        }
+    });
+    [warp::reduce_sum(acc[0]), warp::reduce_sum(acc[1])]
+}
+
+/// Sums the warps' partial dot products over each pair's chunks (`1 << shift` of them), in
+/// chunk order, through `partial`: thread `t < WARPS >> shift` gets `[row a, row b]` of the
+/// block's `t`-th pair.
+#[inline(always)]
+fn combine(sums: [f32; 2], partial: SharedSlice<f32>, shift: u32) -> Option<[f32; 2]> {
+    let (warp, lane) = (warp::index_in_block() as usize, warp::lane());
+    if lane == 0 {
+        partial.store(2 * warp, sums[0]);
+        partial.store(2 * warp + 1, sums[1]);
+    }
+    block::sync();
+    let t = thread::rank_in_block() as usize;
+    if t >= WARPS >> shift {
+        return None;
+    }
+    let mut s = [0.0f32; 2];
+    for k in 0..1usize << shift {
+        let at = 2 * ((t << shift) + k);
+        s[0] += partial.load(at);
+        s[1] += partial.load(at + 1);
+    }
+    Some(s)
+}
+
+/// `norm_w`'s vector `thread::rank_in_block()` (the last one past the end), for
+/// [`stage_input`]: a read of the host's data, so it may precede the PDL wait.
+#[inline(always)]
+fn norm_vector(norm_w: &[bf16]) -> Vector {
+    let last = norm_w.len() / 8 - 1;
+    // SAFETY: `norm_w` is a kernel argument, 256-byte aligned, written by the host alone.
+    unsafe { global::load16_invariant::<u32, 4>(words(norm_w), (thread::rank_in_block() as usize).min(last)) }
+}
+
+/// A projection of `x` (elements `x_at` of what `input()` returns, f32, times `norm_w` when
+/// given) by `w`, row pairs `rows(p)` for `p < pairs`, in *items* of `WARPS / chunks` pairs (a
+/// block's worth), shared round robin from block `first` on ([`grid::round_robin`]), staging `x` once and
+/// loading each item's weights right after the previous item's epilogue (no block ends and no
+/// new one starts and stages between items; loading them before the epilogue spills: ptxas).
+/// The first item's weights, and `early(p)` of its pairs (the host's data an epilogue needs),
+/// load before the PDL wait and `input()` (the persistent step's wait for `x`); `late(p,
+/// early)` (an output of other blocks it needs) right after them or the previous item's
+/// epilogue; then `epilogue(p, [row a, row b], 1/rms(x), late)` in the pair's thread (1/rms
+/// is 1 without `norm_w`), and `done(pairs)` in every thread of the block once the item's
+/// pairs are written (the persistent step publishes them).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn project<X: Coherent<f32>, E: Copy, L: Copy>(
+    input: impl FnOnce() -> X,
+    x_at: Range<usize>,
+    norm_w: Option<&[bf16]>,
+    w: &[bf16],
+    pairs: usize,
+    rows: impl Fn(usize) -> (usize, usize),
+    early: impl Fn(usize) -> E,
+    late: impl Fn(usize, E) -> L,
+    epilogue: impl Fn(usize, [f32; 2], f32, L),
+    done: impl Fn(Range<usize>),
+    first: u32,
+) {
+    let (k, row_vectors) = (x_at.len(), x_at.len() / 8);
+    let shift = chunk_shift(row_vectors);
+    let per_item = WARPS >> shift;
+    // Item indices in 32 bits: fewer registers across the loop (64-bit ones spill).
+    let (items, step) = (pairs.div_ceil(per_item) as u32, grid::dim().x);
+    let mut item = grid::round_robin(items, first).next().unwrap_or(items);
+    if item >= items {
+        grid::launch_dependents();
+        return;
+    }
+    let (warp, t) = (warp::index_in_block() as usize, thread::rank_in_block() as usize);
+    let chunk = warp & ((1 << shift) - 1);
+    // This warp's pair in an item (the last pair past the end), and this thread's output pair.
+    let tile_pair = |item: u32| (item as usize * per_item + (warp >> shift)).min(pairs - 1);
+    let out_pair = |item: u32| Some(item as usize * per_item + t).filter(|&p| t < per_item && p < pairs);
+    let item_pairs = |item: u32| item as usize * per_item..((item as usize + 1) * per_item).min(pairs);
+    let mut tile = load_tile(w, rows(tile_pair(item)), row_vectors, chunk);
+    grid::launch_dependents();
+    let norm_w = norm_w.map(|n| (n, norm_vector(n)));
+    let mut early_values = out_pair(item).map(&early);
+    grid::wait_for_prerequisites();
+    let x = input();
+    let mut late_values = out_pair(item).zip(early_values).map(|(p, e)| late(p, e));
+    let stage = shared::dynamic().take::<f32>(row_vectors * STAGE);
+    let squares = stage_input(&x, x_at.start / 8, row_vectors, norm_w, stage);
+    // The reduction's barriers also order the staging before the dot products.
+    let rstd = if norm_w.is_some() {
+        math::rsqrt(block::reduce_sum(squares, shared!([f32; 32])) / k as f32 + EPS)
+    } else {
+        block::sync();
+        1.0
+    };
+    // Two buffers of partial sums, alternate items: an item's writes come after the previous
+    // item's barrier, which follows every read of the item before.
+    let (mut partial, mut other) = (shared!([f32; 2 * WARPS]), shared!([f32; 2 * WARPS]));
+    loop {
+        let sums = tile_dot(&tile, stage, row_vectors, chunk);
+        let combined = combine(sums, partial, shift);
+        if let (Some(p), Some(s), Some(l)) = (out_pair(item), combined, late_values) {
+            epilogue(p, s, rstd, l);
+        }
+        done(item_pairs(item));
+        (item, partial, other) = (item + step, other, partial);
+        if item >= items {
+            return;
+        }
+        tile = load_tile(w, rows(tile_pair(item)), row_vectors, chunk);
+        early_values = out_pair(item).map(&early);
+        late_values = out_pair(item).zip(early_values).map(|(p, e)| late(p, e));
+    }
+}
+
+/// `silu(gate) · up`.
+#[inline(always)]
+pub(crate) fn silu_gate(gate: f32, up: f32) -> f32 {
+    gate * math::rcp(1.0 + math::exp(-gate)) * up
+}
+
+/// Step kernel 1: `h = embedding[token]`, widened to f32; one block.
+#[kernel(launch_bounds(max_threads = 256))]
+pub fn llama_embed(embedding: &[bf16], token: &[u32], h: Out<f32>) {
+    let hidden = h.len();
+    let row = token[0] as usize * hidden;
+    grid::launch_dependents();
+    // The previous step's LM head reads `h`.
+    grid::wait_for_prerequisites();
+    for i in block::stride_loop(0..hidden) {
+        h.set(i, embedding[row + i].to_f32());
+    }
+}
+
+/// The QKV projection's pair `p` of rows `(r, r + 32)` of a head (so that RoPE's rotate-half
+/// partners meet in one thread): the head's first row, and `r`'s index in the head.
+#[inline(always)]
+pub(crate) fn head_rows(p: usize) -> (usize, usize) {
+    (p / (HEAD_DIM / 2) * HEAD_DIM, p % (HEAD_DIM / 2))
+}
+
+/// The rows of the QKV projection's pair `p`.
+#[inline(always)]
+pub(crate) fn qkv_rows(p: usize) -> (usize, usize) {
+    let (base, i) = head_rows(p);
+    (base + i, base + i + HEAD_DIM / 2)
+}
+
+/// RoPE's cosine and sine for the QKV projection's pair `p` at position `pos` (the table
+/// holds, per position, 32 cosines then 32 sines).
+#[inline(always)]
+pub(crate) fn rope_factors(rope: &[f32], pos: usize, p: usize) -> (f32, f32) {
+    let (_, i) = head_rows(p);
+    (rope[pos * HEAD_DIM + i], rope[pos * HEAD_DIM + HEAD_DIM / 2 + i])
+}
+
+/// The rotate-half pair `(a, b)` rotated by `(cos, sin)`.
+#[inline(always)]
+pub(crate) fn rotate(a: f32, b: f32, (cos, sin): (f32, f32)) -> (f32, f32) {
+    (a.fma(cos, -(b * sin)), b.fma(cos, a * sin))
+}
+
+/// Layer kernel 1: `q, k, v = W_qkv · RMSNorm(h)·norm_w`, RoPE on q and k (the table holds,
+/// per position, 32 cosines then 32 sines), q to `q` (f32), k and v rounded to bf16 into the
+/// caches (`kv heads × max_len × 64`) at `position[0]`. `w_qkv`: q, k, v heads' rows, each
+/// `hidden` long. Grid: blocks of 256, at most one per item of [`project`] (`pairs /
+/// pairs_per_block(hidden)`), `stage_bytes(hidden)` of dynamic shared memory; the same for the
+/// other projections.
+#[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
+#[allow(clippy::too_many_arguments)]
+pub fn llama_qkv(h: Out<f32>, norm_w: &[bf16], w_qkv: &[bf16], rope: &[f32], position: &[u32], q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, max_len: u32) {
+    let max_len = max_len as usize;
+    let (q_rows, kv_rows) = (q.len(), k_cache.len() / max_len);
+    // The position and RoPE factors are the host's: they load before the PDL wait.
+    let pos = position[0] as usize;
+    let early = |p: usize| rope_factors(rope, pos, p);
+    let epilogue = |p: usize, [a, b]: [f32; 2], rstd: f32, factors: (f32, f32)| {
+        let (base, i) = head_rows(p);
+        let (a, b) = (a * rstd, b * rstd);
+        let (lo, hi) = rotate(a, b, factors);
+        let cache_row = |kv_base: usize| (kv_base / HEAD_DIM * max_len + pos) * HEAD_DIM + i;
+        if base < q_rows {
+            q.set(base + i, lo);
+            q.set(base + i + HEAD_DIM / 2, hi);
+        } else if base < q_rows + kv_rows {
+            let row = cache_row(base - q_rows);
+            k_cache.set(row, bf16::from_f32(lo));
+            k_cache.set(row + HEAD_DIM / 2, bf16::from_f32(hi));
+        } else {
+            let row = cache_row(base - q_rows - kv_rows);
+            v_cache.set(row, bf16::from_f32(a));
+            v_cache.set(row + HEAD_DIM / 2, bf16::from_f32(b));
+        }
+    };
+    project(|| &h, 0..h.len(), Some(norm_w), w_qkv, (q_rows + 2 * kv_rows) / 2, qkv_rows, early, |_, e| e, epilogue, |_| (), 0);
+}
+
+/// Layer kernels 3 and 5: `h += w · x` (`w`: `h.len() × x.len()`).
+#[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
+pub fn llama_residual(x: Out<f32>, w: &[bf16], h: Out<f32>) {
+    // The residual's loads go out with the staging's (or the previous item's epilogue).
+    let late = |p: usize, ()| [h.get(2 * p), h.get(2 * p + 1)];
+    project(|| &x, 0..x.len(), None, w, h.len() / 2, |p| (2 * p, 2 * p + 1), |_| (), late, |p, [a, b], _, old: [f32; 2]| {
+        h.set(2 * p, old[0] + a);
+        h.set(2 * p + 1, old[1] + b);
+    }, |_| (), 0);
+}
+
+/// Layer kernel 4: `act = silu(gate) · up` with `[gate; up] = w_gate_up · RMSNorm(h)·norm_w`
+/// (`w_gate_up`: the gate rows, then the up rows).
+#[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
+pub fn llama_gate_up(h: Out<f32>, norm_w: &[bf16], w_gate_up: &[bf16], act: Out<f32>) {
+    let inter = act.len();
+    project(|| &h, 0..h.len(), Some(norm_w), w_gate_up, inter, |p| (p, inter + p), |_| (), |_, ()| (), |p, [gate, up], rstd, ()| {
+        act.set(p, silu_gate(gate * rstd, up * rstd));
+    }, |_| (), 0);
+}
+
+/// The last kernel: `logits = embedding · RMSNorm(h)·norm_w` (`embedding`: `vocab × hidden`,
+/// vocab even).
+#[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
+pub fn llama_lm_head(h: Out<f32>, norm_w: &[bf16], embedding: &[bf16], logits: Out<f32>) {
+    project(|| &h, 0..h.len(), Some(norm_w), embedding, logits.len() / 2, |p| (2 * p, 2 * p + 1), |_| (), |_, ()| (), |p, [a, b], rstd, ()| {
+        logits.set(2 * p, a * rstd);
+        logits.set(2 * p + 1, b * rstd);
+    }, |_| (), 0);
+}
+
+/// One query head's online softmax over the tokens a group has seen: the largest score `m`,
+/// `l = Σ 2^(s − m)`, and `o = Σ 2^(s − m)·v` for the lane's 8 dimensions.
+#[derive(Clone, Copy)]
+struct Softmax {
+    m: f32,
+    l: f32,
+    o: [f32; 8],
+}
+
+impl Softmax {
+    const EMPTY: Self = Self { m: NO_SCORE, l: 0.0, o: [0.0; 8] };
+}
+
+/// The lane's vectors of a group's `TOKENS` tokens' keys and values.
+type Rows = ([Vector; TOKENS], [Vector; TOKENS]);
+
+/// Layer kernel 2: attention of each query head over its KV head's cached tokens
+/// `0 ..= position[0]` (the last one just appended), written to `attn` (f32, head-major).
+/// Caches: `kv heads × max_len × 64`; `q`: `heads × 64`, `heads / kv heads ≤ 4`. Grid `kv
+/// heads × C` blocks of 256, clusters of `C`: block `r` of a cluster attends to the `r`-th
+/// `1/C` of tokens `0 .. position`, 32 groups of 8 lanes, `TOKENS` tokens per group in flight.
+#[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
+pub fn llama_attention(q: Out<f32>, k_cache: Out<bf16>, v_cache: Out<bf16>, position: &[u32], attn: Out<f32>, max_len: u32) {
+    let max_len = max_len as usize;
+    let kv_heads = k_cache.len() / (max_len * HEAD_DIM);
+    let group_size = q.len() / HEAD_DIM / kv_heads;
+    let kv_head = cluster::index_in_grid().x as usize;
+    let pos = position[0] as usize;
+    let first = kv_head * group_size * HEAD_DIM;
+    let ready = || {
+        grid::launch_dependents();
+        grid::wait_for_prerequisites();
+        // The QKV kernel appended the new token to the caches.
+        let new_token = |lane8| {
+            let at = cache_vector(kv_head, max_len, pos, lane8);
+            (load_vector(&k_cache, at), load_vector(&v_cache, at))
+        };
+        (&q, first, new_token)
+    };
+    attend(&k_cache, &v_cache, kv_head, max_len, pos, group_size, ready, |i, value| attn.set(first + i, value));
+}
+
+/// Vector `lane8` (dimensions `8·lane8 ..`) of token `tok` of cache head `head` (caches of
+/// heads × `max_len` × 64).
+#[inline(always)]
+pub(crate) fn cache_vector(head: usize, max_len: usize, tok: usize, lane8: usize) -> usize {
+    (head * max_len + tok) * (HEAD_DIM / 8) + lane8
+}
+
+/// The attention of the `group_size` query heads of cache head `cache_head` (the cluster's
+/// blocks splitting its tokens `0 .. pos`) to the tokens and the new one, `pos`: what
+/// [`fn@llama_attention`] and the persistent step's attention tasks run. The first cached
+/// tokens' loads go out before `ready()`, which waits for the rest and returns the group's
+/// query heads (`q` from element `first` on) and the new token's key and value vector
+/// `lane8`; rank 0 writes the output, element `h·64 + d` of the group's heads, with `out`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend<Q: Coherent<f32>, N: Fn(usize) -> (Vector, Vector)>(
+    k_cache: &Out<bf16>,
+    v_cache: &Out<bf16>,
+    cache_head: usize,
+    max_len: usize,
+    pos: usize,
+    group_size: usize,
+    ready: impl FnOnce() -> (Q, usize, N),
+    out: impl Fn(usize, f32),
+) {
+    if group_size == 0 || group_size > MAX_GROUP || cluster::size() as usize > MAX_CLUSTER {
+        arch::trap();
+    }
+    let (rank, blocks) = (cluster::block_rank() as usize, cluster::size() as usize);
+    let t = thread::rank_in_block() as usize;
+    let (group, lane8) = (t / 8, t % 8);
+    // Tokens `0 .. pos` are in the cache before this step (the step writes token `pos`
+    // only), so their first loads go out before the wait.
+    let (start, end) = (pos * rank / blocks, pos * (rank + 1) / blocks);
+    let vector = |tok: usize| cache_vector(cache_head, max_len, tok, lane8);
+    let load = |base: usize| -> Rows {
+        let mut rows = ([[0u32; 4]; TOKENS], [[0u32; 4]; TOKENS]);
+        unroll!(u in [0 1] {
+            // Past `end`, the last token again (ignored by the caller).
+            let tok = (base + group + GROUPS * u).min(end - 1);
+            rows.0[u] = load_vector(k_cache, vector(tok));
+            rows.1[u] = load_vector(v_cache, vector(tok));
+        });
+        rows
+    };
+    let mut rows = if start < end { load(start) } else { ([[0; 4]; TOKENS], [[0; 4]; TOKENS]) };
+    let (q, first, new_token) = ready();
+
+    // The group's query heads, scaled, in shared memory (registers hold keys and values).
+    let qs = shared!([f32; MAX_GROUP * HEAD_DIM]);
+    if t < group_size * HEAD_DIM / 4 {
+        qs.store16(t, q.load16::<4>(first / 4 + t).map(|v| v * Q_SCALE));
+    }
+    block::sync();
+    let query = |h: usize| -> [f32; 8] {
+        let (lo, hi) = (qs.load16::<4>(h * HEAD_DIM / 4 + 2 * lane8), qs.load16::<4>(h * HEAD_DIM / 4 + 2 * lane8 + 1));
+        [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+    };
+    let mut states = [Softmax::EMPTY; MAX_GROUP];
+    if rank == 0 && t < 32 {
+        // The whole warp shuffles; its first group keeps the result.
+        let (k_new, v_new) = new_token(lane8);
+        unroll!(h in [0 1 2 3] {
+            if h < group_size {
+                let score = warp::group_sum::<8, f32>(dot8::<bf16>(k_new, query(h), 0.0));
+                if group == 0 {
+                    states[h] = Softmax { m: score, l: 1.0, o: widen8::<bf16>(v_new) };
+                }
+            }
+        });
+    }
+    let mut base = start;
+    while base < end {
+        let (ks, vs) = rows;
+        let next = base + GROUPS * TOKENS;
+        if next < end {
+            rows = load(next);
+        }
+        unroll!(h in [0 1 2 3] {
+            if h < group_size {
+                let (state, q) = (&mut states[h], query(h));
+                let mut s = [NO_SCORE; TOKENS];
+                let mut m = state.m;
+                unroll!(u in [0 1] {
+                    let score = warp::group_sum::<8, f32>(dot8::<bf16>(ks[u], q, 0.0));
+                    if base + group + GROUPS * u < end {
+                        s[u] = score;
+                        m = m.max(score);
+                    }
+                });
+                let rescale = math::exp2(state.m - m);
+                state.l *= rescale;
+                for o in state.o.iter_mut() {
+                    *o *= rescale;
+                }
+                unroll!(u in [0 1] {
+                    let p = if base + group + GROUPS * u < end { math::exp2(s[u] - m) } else { 0.0 };
+                    state.l += p;
+                    for (o, &v) in state.o.iter_mut().zip(&widen8::<bf16>(vs[u])) {
+                        *o = p.fma(v, *o);
+                    }
+                });
+                state.m = m;
+            }
+        });
+        base = next;
+    }
+
+    // Merge the 4 groups of each warp through shuffles (lanes 8g .. 8g + 8 hold group g's
+    // dimensions; after the two rounds lanes 0 .. 8 hold the warp's state), then the block's
+    // warps through shared memory (in warp order), then the cluster's blocks (in rank order).
+    unroll!(h in [0 1 2 3] {
+        if h < group_size {
+            for mask in [8, 16] {
+                let state = &mut states[h];
+                let (m_other, l_other) = (warp::shuffle_xor(state.m, mask), warp::shuffle_xor(state.l, mask));
+                let m = state.m.max(m_other);
+                let (mine, theirs) = (math::exp2(state.m - m), math::exp2(m_other - m));
+                state.l = state.l.fma(mine, l_other * theirs);
+                for o in state.o.iter_mut() {
+                    let other = warp::shuffle_xor(*o, mask);
+                    *o = o.fma(mine, other * theirs);
+                }
+                state.m = m;
+            }
+        }
+    });
+    let parts = shared!([f32; WARPS * MAX_GROUP * HEAD_DIM]);
+    let (ms, ls) = (shared!([f32; WARPS * MAX_GROUP]), shared!([f32; WARPS * MAX_GROUP]));
+    let warp = warp::index_in_block() as usize;
+    if group == warp * 4 {
+        unroll!(h in [0 1 2 3] {
+            if h < group_size {
+                let o = states[h].o;
+                let at = ((warp * MAX_GROUP + h) * HEAD_DIM) / 4 + 2 * lane8;
+                parts.store16(at, [o[0], o[1], o[2], o[3]]);
+                parts.store16(at + 1, [o[4], o[5], o[6], o[7]]);
+                if lane8 == 0 {
+                    ms.store(warp * MAX_GROUP + h, states[h].m);
+                    ls.store(warp * MAX_GROUP + h, states[h].l);
+                }
+            }
+        });
+    }
+    block::sync();
+    // `merged`: per query head, the block's `o` (64), `l` and largest score `m`, `o` and `l`
+    // relative to `m`. One element of `o` per thread (a single pass when `group_size · 64 ≤
+    // 256`), each warp's maximum loaded before any is used; every thread forms its head's `l`
+    // too (broadcast loads), that of dimension 0 stores it and `m`.
+    let merged = shared!([f32; MAX_GROUP * STATE]);
+    for i in block::stride_loop(0..group_size * HEAD_DIM) {
+        let (h, d) = (i / HEAD_DIM, i % HEAD_DIM);
+        let maxima: [f32; WARPS] = core::array::from_fn(|w| ms.load(w * MAX_GROUP + h));
+        let largest = maxima.iter().fold(NO_SCORE, |a, &b| a.max(b));
+        let (mut o, mut l) = (0.0f32, 0.0f32);
+        for (w, &m) in maxima.iter().enumerate() {
+            let weight = math::exp2(m - largest);
+            o = weight.fma(parts.load((w * MAX_GROUP + h) * HEAD_DIM + d), o);
+            l = weight.fma(ls.load(w * MAX_GROUP + h), l);
+        }
+        merged.store(h * STATE + d, o);
+        if d == 0 {
+            merged.store(h * STATE + HEAD_DIM, l);
+            merged.store(h * STATE + HEAD_DIM + 1, largest);
+        }
+    }
+    // One cluster barrier publishes every block's state; rank 0 reads them all through DSMEM
+    // (in rank order; every block's loads issued before any is used) and writes the result; the
+    // trailing barrier keeps the peers resident until it has.
+    cluster::sync();
+    if rank == 0 {
+        for i in block::stride_loop(0..group_size * HEAD_DIM) {
+            let (h, d) = (i / HEAD_DIM, i % HEAD_DIM);
+            let mut peers = [[0.0f32, 0.0, NO_SCORE]; MAX_CLUSTER];
+            unroll!(r in [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15] {
+                if r < blocks {
+                    let state = merged.in_block(r as u32);
+                    peers[r] = [state.load(h * STATE + d), state.load(h * STATE + HEAD_DIM), state.load(h * STATE + HEAD_DIM + 1)];
+                }
+            });
+            let largest = peers.iter().fold(NO_SCORE, |a, p| a.max(p[2]));
+            let (mut o, mut l) = (0.0f32, 0.0f32);
+            for [o_r, l_r, m_r] in peers {
+                let weight = math::exp2(m_r - largest);
+                o = weight.fma(o_r, o);
+                l = weight.fma(l_r, l);
+            }
+            out(h * HEAD_DIM + d, o / l);
+        }
+    }
+    cluster::sync();
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+pub mod host {
+    //! The model on the host: shapes, random weights, the f64 reference of one step, device
+    //! buffers, and the step's 82 launches.
+
+    use super::*;
+    use clusterfuse::host::{Buffer, Error, Gpu, Result, Stream};
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    /// A Llama-shaped model's dimensions.
+    #[derive(Clone, Copy, Debug)]
+    pub struct Shape {
+        pub layers: usize,
+        pub hidden: usize,
+        pub heads: usize,
+        pub kv_heads: usize,
+        pub inter: usize,
+        pub vocab: usize,
+        /// Tokens each layer's cache holds.
+        pub max_len: usize,
+    }
+
+    impl Shape {
+        /// Llama-3.2-1B, with caches of `max_len` tokens.
+        pub fn llama_3_2_1b(max_len: usize) -> Self {
+            Self { layers: 16, hidden: 2048, heads: 32, kv_heads: 8, inter: 8192, vocab: 128_256, max_len }
+        }
+
+        /// The emulator's: 2 layers, hidden 256, 4 query / 2 KV heads, vocab 1000, 64 tokens; MLP
+        /// 4096, so that the down projection splits its rows over 2 chunks as the full model's
+        /// (8192: 4 chunks) does.
+        pub fn tiny() -> Self {
+            Self { layers: 2, hidden: 256, heads: 4, kv_heads: 2, inter: 4096, vocab: 1000, max_len: 64 }
+        }
+
+        /// Key (or value) rows of a layer: KV heads × 64.
+        pub fn kv_rows(&self) -> usize {
+            self.kv_heads * HEAD_DIM
+        }
+
+        /// Rows of a layer's QKV projection.
+        pub fn qkv_rows(&self) -> usize {
+            self.heads * HEAD_DIM + 2 * self.kv_rows()
+        }
+
+        /// Weights (parameters) of the whole model, the tied embedding counted once.
+        pub fn parameters(&self) -> usize {
+            let (h, i) = (self.hidden, self.inter);
+            self.vocab * h + h + self.layers * (self.qkv_rows() * h + h * h + 2 * i * h + h * i + 2 * h)
+        }
+
+        /// Bytes a step at `pos` must move: every weight once, every layer's cached keys and
+        /// values of tokens `0 ..= pos`, the embedding row and the logits.
+        pub fn step_bytes(&self, pos: usize) -> usize {
+            self.parameters() * 2 + self.layers * 2 * self.kv_rows() * (pos + 1) * 2 + self.hidden * 2 + self.vocab * 4
+        }
+
+        /// `Ok` when the kernels can run the shape; [`Error::UnsupportedShape`] says why not.
+        pub fn check(&self) -> Result<()> {
+            let unsupported = |reason: String| Err(Error::UnsupportedShape { kernel: "the Llama decode step", reason });
+            if self.hidden != self.heads * HEAD_DIM {
+                return unsupported(format!("hidden {} is not {} heads of {HEAD_DIM}", self.hidden, self.heads));
+            }
+            if self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) || self.heads / self.kv_heads > MAX_GROUP {
+                return unsupported(format!("{} query heads over {} KV heads: each KV head serves 1 to {MAX_GROUP} query heads", self.heads, self.kv_heads));
+            }
+            for k in [self.hidden, self.inter] {
+                if !k.is_multiple_of(8) || !WARPS.is_multiple_of(chunks(k)) {
+                    return unsupported(format!("{k} columns: not whole 8-value vectors, or chunks of {} that do not divide {WARPS} warps", 32 * 8));
+                }
+            }
+            if !self.vocab.is_multiple_of(2) {
+                return unsupported(format!("vocab {} is odd (the LM head takes rows in pairs)", self.vocab));
+            }
+            if self.max_len == 0 || self.layers == 0 {
+                return unsupported(String::from("no layers, or caches of no tokens"));
+            }
+            Ok(())
+        }
+    }
+
+    /// One layer's weights.
+    pub struct Layer {
+        pub norm1: Vec<bf16>,
+        /// q, k, v heads' rows.
+        pub w_qkv: Vec<bf16>,
+        pub w_o: Vec<bf16>,
+        pub norm2: Vec<bf16>,
+        /// Gate rows, then up rows.
+        pub w_gate_up: Vec<bf16>,
+        pub w_down: Vec<bf16>,
+    }
+
+    /// A model with random weights and caches, and the token and position of the step.
+    pub struct Model {
+        pub shape: Shape,
+        /// `vocab × hidden`, also the LM head.
+        pub embedding: Vec<bf16>,
+        pub layers: Vec<Layer>,
+        pub final_norm: Vec<bf16>,
+        /// Per layer, `kv heads × max_len × 64`; tokens from `position` on are NaN.
+        pub k_cache: Vec<Vec<bf16>>,
+        pub v_cache: Vec<Vec<bf16>>,
+        /// `max_len × 64`: per position, 32 cosines then 32 sines.
+        pub rope: Vec<f32>,
+        pub token: u32,
+        pub position: usize,
+        /// The first cache token that is NaN.
+        nan_from: usize,
+    }
+
+    fn uniform(seed: u64, len: usize, lo: f32, hi: f32) -> Vec<bf16> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        (0..len).map(|_| bf16::from_f32(rng.random_range(lo..hi))).collect()
+    }
+
+    /// cos then sin of `pos·θ^(−2i/64)`, `i < 32`, for every position.
+    pub fn rope_table(max_len: usize) -> Vec<f32> {
+        let mut table = Vec::with_capacity(max_len * HEAD_DIM);
+        for pos in 0..max_len {
+            let angles: Vec<f64> = (0..HEAD_DIM / 2).map(|i| pos as f64 * THETA.powf(-2.0 * i as f64 / HEAD_DIM as f64)).collect();
+            table.extend(angles.iter().map(|a| a.cos() as f32));
+            table.extend(angles.iter().map(|a| a.sin() as f32));
+        }
+        table
+    }
+
+    /// `y = W·x` for `W` row-major (`y.len() × x.len()`), in f64, over the host's threads.
+    fn matvec(w: &[bf16], x: &[f64]) -> Vec<f64> {
+        let rows = w.len() / x.len();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(rows.div_ceil(256));
+        let per = rows.div_ceil(threads);
+        let mut y = vec![0.0; rows];
+        std::thread::scope(|s| {
+            for (t, out) in y.chunks_mut(per).enumerate() {
+                s.spawn(move || {
+                    for (r, y) in out.iter_mut().enumerate() {
+                        let row = &w[(t * per + r) * x.len()..][..x.len()];
+                        *y = row.iter().zip(x).map(|(w, x)| w.to_f64() * x).sum();
+                    }
+                });
+            }
+        });
+        y
+    }
+
+    fn rms_norm(x: &[f64], w: &[bf16]) -> Vec<f64> {
+        let rstd = 1.0 / (x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64 + EPS as f64).sqrt();
+        x.iter().zip(w).map(|(x, w)| x * rstd * w.to_f64()).collect()
+    }
+
+    fn round(v: f64) -> f64 {
+        bf16::from_f32(v as f32).to_f64()
+    }
+
+    /// The step's results: the logits, and each layer's appended k then v (rounded to bf16).
+    pub struct Reference {
+        pub logits: Vec<f64>,
+        pub kv_new: Vec<f64>,
+    }
+
+    impl Model {
+        /// Random weights (one seed per matrix, drawn from `seed`, matrices generated in
+        /// parallel) scaled so that every projection's outputs have about unit variance,
+        /// caches of `max_len` tokens, the step at `position` for `token`: a model for tests and
+        /// benchmarks.
+        pub fn random(shape: Shape, seed: u64, position: usize, token: u32) -> Result<Self> {
+            shape.check()?;
+            let (h, i, kv) = (shape.hidden, shape.inter, shape.kv_rows());
+            let mut seeds_rng = StdRng::seed_from_u64(seed);
+            let seeds: Vec<u64> = (0..8 * shape.layers + 3).map(|_| seeds_rng.random()).collect();
+            let a = |k: usize| (3.0 / k as f32).sqrt();
+            let cache_len = kv * shape.max_len;
+            let (layers, (embedding, (k_cache, v_cache))) = std::thread::scope(|s| {
+                let layers: Vec<_> = (0..shape.layers)
+                    .map(|l| {
+                        let seed = &seeds[8 * l..][..8];
+                        s.spawn(move || {
+                            let layer = Layer {
+                                norm1: uniform(seed[0], h, 0.5, 1.5),
+                                w_qkv: uniform(seed[1], shape.qkv_rows() * h, -a(h), a(h)),
+                                w_o: uniform(seed[2], h * h, -a(h), a(h)),
+                                norm2: uniform(seed[3], h, 0.5, 1.5),
+                                w_gate_up: uniform(seed[4], 2 * i * h, -a(h), a(h)),
+                                w_down: uniform(seed[5], h * i, -a(i), a(i)),
+                            };
+                            (layer, (uniform(seed[6], cache_len, -1.7, 1.7), uniform(seed[7], cache_len, -1.7, 1.7)))
+                        })
+                    })
+                    .collect();
+                let embedding = uniform(seeds[8 * shape.layers], shape.vocab * h, -0.05, 0.05);
+                let (layers, caches): (Vec<_>, (Vec<_>, Vec<_>)) = layers.into_iter().map(|t| t.join().expect("generator thread")).unzip();
+                (layers, (embedding, caches))
+            });
+            let mut model = Self {
+                shape,
+                embedding,
+                layers,
+                final_norm: uniform(seeds[8 * shape.layers + 1], h, 0.5, 1.5),
+                k_cache,
+                v_cache,
+                rope: rope_table(shape.max_len),
+                token,
+                position,
+                nan_from: shape.max_len,
+            };
+            model.set_position(position);
+            Ok(model)
+        }
+
+        /// The same weights and caches for a step at `position`: cache tokens `position ..`
+        /// become NaN, so that the new token must be written and nothing past it read.
+        pub fn set_position(&mut self, position: usize) {
+            let s = self.shape;
+            assert!(position < s.max_len, "position {position} is past the cache ({})", s.max_len);
+            let nan = bf16::from_f32(f32::NAN);
+            for (c, cache) in self.k_cache.iter_mut().chain(self.v_cache.iter_mut()).enumerate() {
+                for head in 0..s.kv_heads {
+                    let rows = head * s.max_len * HEAD_DIM;
+                    if position > self.nan_from {
+                        // Tokens that were NaN become random again.
+                        let mut rng = StdRng::seed_from_u64((c * s.kv_heads + head) as u64);
+                        cache[rows + self.nan_from * HEAD_DIM..rows + position * HEAD_DIM].iter_mut().for_each(|v| *v = bf16::from_f32(rng.random_range(-1.7..1.7)));
+                    }
+                    cache[rows + position * HEAD_DIM..rows + s.max_len * HEAD_DIM].fill(nan);
+                }
+            }
+            (self.position, self.nan_from) = (position, position);
+        }
+
+        /// The whole step in f64 (the appended k and v rounded to bf16, as the cache stores them).
+        pub fn reference(&self) -> Reference {
+            let s = self.shape;
+            let (hd, pos) = (s.hidden, self.position);
+            let group = s.heads / s.kv_heads;
+            let rope = &self.rope[pos * HEAD_DIM..][..HEAD_DIM];
+            let rotate = |v: &[f64]| -> Vec<f64> {
+                let mut r = vec![0.0; HEAD_DIM];
+                for i in 0..HEAD_DIM / 2 {
+                    let (c, sn) = (rope[i] as f64, rope[HEAD_DIM / 2 + i] as f64);
+                    r[i] = v[i] * c - v[i + HEAD_DIM / 2] * sn;
+                    r[i + HEAD_DIM / 2] = v[i + HEAD_DIM / 2] * c + v[i] * sn;
+                }
+                r
+            };
+            let mut x: Vec<f64> = self.embedding[self.token as usize * hd..][..hd].iter().map(|v| v.to_f64()).collect();
+            let mut kv_new = Vec::new();
+            for (l, layer) in self.layers.iter().enumerate() {
+                let qkv = matvec(&layer.w_qkv, &rms_norm(&x, &layer.norm1));
+                let (q, kv) = qkv.split_at(hd);
+                let (k, v) = kv.split_at(s.kv_rows());
+                let ks: Vec<Vec<f64>> = k.chunks(HEAD_DIM).map(|k| rotate(k).into_iter().map(round).collect()).collect();
+                let vs: Vec<Vec<f64>> = v.chunks(HEAD_DIM).map(|v| v.iter().map(|&v| round(v)).collect()).collect();
+                let mut attn = Vec::with_capacity(hd);
+                for (head, q) in q.chunks(HEAD_DIM).enumerate() {
+                    let (q, kvh) = (rotate(q), head / group);
+                    let rows = kvh * s.max_len * HEAD_DIM;
+                    let cached = |cache: &[bf16], t: usize| -> Vec<f64> { cache[rows + t * HEAD_DIM..][..HEAD_DIM].iter().map(|v| v.to_f64()).collect() };
+                    let key = |t: usize| if t < pos { cached(&self.k_cache[l], t) } else { ks[kvh].clone() };
+                    let value = |t: usize| if t < pos { cached(&self.v_cache[l], t) } else { vs[kvh].clone() };
+                    let scores: Vec<f64> = (0..=pos).map(|t| key(t).iter().zip(&q).map(|(a, b)| a * b).sum::<f64>() / (HEAD_DIM as f64).sqrt()).collect();
+                    let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let p: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                    let total: f64 = p.iter().sum();
+                    let mut o = vec![0.0; HEAD_DIM];
+                    for (t, p) in p.iter().enumerate() {
+                        for (o, v) in o.iter_mut().zip(value(t)) {
+                            *o += p * v;
+                        }
+                    }
+                    attn.extend(o.into_iter().map(|o| o / total));
+                }
+                for (x, y) in x.iter_mut().zip(matvec(&layer.w_o, &attn)) {
+                    *x += y;
+                }
+                let gate_up = matvec(&layer.w_gate_up, &rms_norm(&x, &layer.norm2));
+                let (gate, up) = gate_up.split_at(s.inter);
+                let act: Vec<f64> = gate.iter().zip(up).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
+                for (x, y) in x.iter_mut().zip(matvec(&layer.w_down, &act)) {
+                    *x += y;
+                }
+                kv_new.extend(ks.into_iter().flatten());
+                kv_new.extend(vs.into_iter().flatten());
+            }
+            Reference { logits: matvec(&self.embedding, &rms_norm(&x, &self.final_norm)), kv_new }
+        }
+    }
+
+    impl Reference {
+        /// The logits, then the appended rows: the order of [`Buffers::results`].
+        pub fn all(&self) -> Vec<f64> {
+            self.logits.iter().chain(&self.kv_new).copied().collect()
+        }
+    }
+
+    /// One layer's weights and caches on a device.
+    pub struct DeviceLayer {
+        pub norm1: Buffer<bf16>,
+        pub w_qkv: Buffer<bf16>,
+        pub w_o: Buffer<bf16>,
+        pub norm2: Buffer<bf16>,
+        pub w_gate_up: Buffer<bf16>,
+        pub w_down: Buffer<bf16>,
+        pub k_cache: Buffer<bf16>,
+        pub v_cache: Buffer<bf16>,
+    }
+
+    /// A model's buffers on a device, with the step's activations (poisoned) and inputs.
+    pub struct Buffers {
+        pub shape: Shape,
+        pub embedding: Buffer<bf16>,
+        pub final_norm: Buffer<bf16>,
+        pub layers: Vec<DeviceLayer>,
+        pub rope: Buffer<f32>,
+        pub token: Buffer<u32>,
+        pub position: Buffer<u32>,
+        /// The residual stream.
+        pub h: Buffer<f32>,
+        pub q: Buffer<f32>,
+        pub attn: Buffer<f32>,
+        pub act: Buffer<f32>,
+        pub logits: Buffer<f32>,
+    }
+
+    impl Buffers {
+        /// Uploads `model`, activations and logits poisoned.
+        pub fn upload(gpu: &Gpu, model: &Model) -> Result<Self> {
+            model.shape.check()?;
+            let s = model.shape;
+            let layers = model
+                .layers
+                .iter()
+                .zip(model.k_cache.iter().zip(&model.v_cache))
+                .map(|(l, (k, v))| {
+                    Ok(DeviceLayer {
+                        norm1: gpu.upload(&l.norm1)?,
+                        w_qkv: gpu.upload(&l.w_qkv)?,
+                        w_o: gpu.upload(&l.w_o)?,
+                        norm2: gpu.upload(&l.norm2)?,
+                        w_gate_up: gpu.upload(&l.w_gate_up)?,
+                        w_down: gpu.upload(&l.w_down)?,
+                        k_cache: gpu.upload(k)?,
+                        v_cache: gpu.upload(v)?,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let nan = |len: usize| gpu.upload(&vec![f32::NAN; len]);
+            Ok(Self {
+                shape: s,
+                embedding: gpu.upload(&model.embedding)?,
+                final_norm: gpu.upload(&model.final_norm)?,
+                layers,
+                rope: gpu.upload(&model.rope)?,
+                token: gpu.upload(&[model.token])?,
+                position: gpu.upload(&[model.position as u32])?,
+                h: nan(s.hidden)?,
+                q: nan(s.hidden)?,
+                attn: nan(s.hidden)?,
+                act: nan(s.inter)?,
+                logits: nan(s.vocab)?,
+            })
+        }
+
+        /// Poisons the activations and logits again, in new buffers (a graph captured before
+        /// holds the old ones).
+        pub fn poison(&mut self, gpu: &Gpu) -> Result<()> {
+            let s = self.shape;
+            for (buffer, len) in [(&mut self.h, s.hidden), (&mut self.q, s.hidden), (&mut self.attn, s.hidden), (&mut self.act, s.inter), (&mut self.logits, s.vocab)] {
+                *buffer = gpu.upload(&vec![f32::NAN; len])?;
+            }
+            Ok(())
+        }
+
+        /// The logits, then each layer's cache rows at `position` (k, then v, every KV head).
+        pub fn results(&self, gpu: &Gpu, position: usize) -> Result<Vec<f32>> {
+            let s = self.shape;
+            let mut values = gpu.download(&self.logits)?;
+            for layer in &self.layers {
+                for cache in [&layer.k_cache, &layer.v_cache] {
+                    let cache = gpu.download(cache)?;
+                    for head in 0..s.kv_heads {
+                        values.extend(cache[(head * s.max_len + position) * HEAD_DIM..][..HEAD_DIM].iter().map(|v| v.to_f32()));
+                    }
+                }
+            }
+            Ok(values)
+        }
+    }
+
+    /// The six kernels, loaded, and how many projection blocks the device holds at once.
+    pub struct Kernels {
+        /// Two blocks per SM (on the emulator, 4 blocks: so that the tiny model's blocks
+        /// take several items each).
+        pub resident: u32,
+        embed: llama_embed::Kernel,
+        qkv: llama_qkv::Kernel,
+        attention: llama_attention::Kernel,
+        residual: llama_residual::Kernel,
+        gate_up: llama_gate_up::Kernel,
+        lm_head: llama_lm_head::Kernel,
+    }
+
+    impl Kernels {
+        /// Loads them on `gpu`.
+        pub fn load(gpu: &Gpu) -> Result<Self> {
+            let sms = gpu.multiprocessors()?.unwrap_or(2);
+            Ok(Self {
+                resident: 2 * sms as u32,
+                embed: llama_embed::load(gpu)?,
+                qkv: llama_qkv::load(gpu)?,
+                attention: llama_attention::load(gpu)?,
+                residual: llama_residual::load(gpu)?,
+                gate_up: llama_gate_up::load(gpu)?,
+                lm_head: llama_lm_head::load(gpu)?,
+            })
+        }
+    }
+
+    /// The launch of a projection over `pairs` row pairs of `k` columns: a block per item of
+    /// [`project`], at most `max_blocks`.
+    pub fn projection_config(pairs: usize, k: usize, max_blocks: u32, programmatic: bool) -> LaunchConfig {
+        let blocks = (pairs.div_ceil(pairs_per_block(k)) as u32).min(max_blocks);
+        LaunchConfig { grid: blocks.into(), block: BLOCK.into(), cluster: None, dynamic_smem_bytes: stage_bytes(k) as u32, programmatic, ..LaunchConfig::default() }
+    }
+
+    /// The attention's launch: a cluster of `cluster` (at most [`MAX_CLUSTER`]) blocks per KV head.
+    pub fn attention_config(shape: Shape, cluster: u32, programmatic: bool) -> LaunchConfig {
+        assert!(cluster as usize <= MAX_CLUSTER, "clusters of {cluster} blocks: the attention merges at most {MAX_CLUSTER}");
+        LaunchConfig { grid: (shape.kv_heads as u32 * cluster).into(), block: BLOCK.into(), cluster: Some(cluster.into()), programmatic, ..LaunchConfig::default() }
+    }
+
+    /// One decode step on `s`: 2 + 5 · layers launches, every one but the first launched
+    /// programmatically when `programmatic`; the attention with clusters of `cluster`.
+    pub fn step(k: &Kernels, s: &Stream, b: &mut Buffers, cluster: u32, programmatic: bool) -> Result<()> {
+        let shape = b.shape;
+        let (h, i, max_len) = (shape.hidden, shape.inter, shape.max_len as u32);
+        let embed = LaunchConfig { grid: 1.into(), block: BLOCK.into(), ..Default::default() };
+        k.embed.launch(s, &embed, &b.embedding, &b.token, &mut b.h)?;
+        let (p, r) = (programmatic, k.resident);
+        for layer in &mut b.layers {
+            k.qkv.launch(s, &projection_config(shape.qkv_rows() / 2, h, r, p), &mut b.h, &layer.norm1, &layer.w_qkv, &b.rope, &b.position, &mut b.q, &mut layer.k_cache, &mut layer.v_cache, max_len)?;
+            k.attention.launch(s, &attention_config(shape, cluster, p), &mut b.q, &mut layer.k_cache, &mut layer.v_cache, &b.position, &mut b.attn, max_len)?;
+            k.residual.launch(s, &projection_config(h / 2, h, r, p), &mut b.attn, &layer.w_o, &mut b.h)?;
+            k.gate_up.launch(s, &projection_config(i, h, r, p), &mut b.h, &layer.norm2, &layer.w_gate_up, &mut b.act)?;
+            k.residual.launch(s, &projection_config(h / 2, i, r, p), &mut b.act, &layer.w_down, &mut b.h)?;
+        }
+        k.lm_head.launch(s, &projection_config(shape.vocab / 2, h, r, p), &mut b.h, &b.final_norm, &b.embedding, &mut b.logits)
+    }
+
+    /// Relative error allowed against the f64 reference over the logits and the appended k, v.
+    pub const TOLERANCE: f64 = 1e-3;
+}
