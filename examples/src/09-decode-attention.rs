@@ -43,6 +43,15 @@
 //! attention runs; they call `grid::wait_for_prerequisites` before
 //! reading `attn`. Launched in stream order, the wait returns at once.
 //!
+//! **Persistent** ([`fn@decode_block_persistent_f16`] and bf16, batch 1): both stages in one
+//! `#[kernel(persistent)]` launch, `attn` a [`Published`] buffer in tiles of a head. The
+//! grid's clusters take heads round robin and run fused 1/2's stage; rank 0 publishes its
+//! head's output. Every block then takes items of the output projection (32 rows each, so
+//! that one wave of blocks holds them all) round robin, starting from the first block past
+//! the heads' clusters: blocks with no head issue their first `W_o` loads at once, before
+//! they wait for all heads' outputs, as fused 2/2's blocks do under PDL — but with no
+//! second launch, and no grid boundary between the heads' tail and the projection.
+//!
 //! Sizing at hidden 4096, clusters of 4 (`ptxas -v`, `attention_config`, `o_proj_config`):
 //! fused 1/2 uses 128 registers (`min_blocks = 2`), 25 KB of static and 6 KB of dynamic
 //! shared memory (the staged activations), so two blocks fit on an SM and all 32 clusters
@@ -93,6 +102,7 @@
 //! [`fn@decode_attend`] (the same flash-decoding and cluster merge) and [`fn@decode_o_proj_f16`].
 
 use clusterfuse::arch;
+use clusterfuse::global::Coherent;
 use clusterfuse::packed::{dot8, widen8, words, Packed};
 use clusterfuse::prelude::*;
 
@@ -450,11 +460,13 @@ fn qkv_row(r: usize, head: usize, hidden: usize) -> usize {
 /// `8·C`; `heads = hidden / 128`); `w_qkv`: `3·hidden × hidden`, row-major (out × in); `rope`:
 /// per sequence, cos then sin of `pos·θ^(−2i/128)`, 64 each; caches: `batch × heads ×
 /// max_len × 128`, sequence `s`'s tokens `0 .. positions[s]` valid, the new one written at
-/// `positions[s]`; `attn`: `batch × hidden`. Grid `heads × C` blocks of 256, cluster `C`,
-/// `(2B + 1) · hidden / C · 2` bytes of dynamic shared memory.
+/// `positions[s]`; `attn(i, value)` stores element `i` of `attn`, `batch × hidden` (rank 0
+/// stores its head's). Head `head` on this cluster of `C` blocks of 256, `(2B + 1) · hidden /
+/// C · 2` bytes of dynamic shared memory.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn attention_heads<T: Packed, const B: usize, const R: usize, const V: usize>(
+    head: usize,
     x: &[T],
     norm_w: &[T],
     w_qkv: &[T],
@@ -462,7 +474,7 @@ fn attention_heads<T: Packed, const B: usize, const R: usize, const V: usize>(
     positions: &[u32],
     k_cache: &Out<T>,
     v_cache: &Out<T>,
-    attn: &Out<f32>,
+    attn: impl Fn(usize, f32),
     max_len: u32,
 ) {
     let hidden = norm_w.len();
@@ -471,7 +483,7 @@ fn attention_heads<T: Packed, const B: usize, const R: usize, const V: usize>(
         // No token, or more than the tile holds: fail loudly rather than drop them.
         arch::trap();
     }
-    let (head, rank, blocks) = (cluster::index_in_grid().x as usize, cluster::block_rank(), cluster::size());
+    let (rank, blocks) = (cluster::block_rank(), cluster::size());
     let t = thread::rank_in_block() as usize;
     let (warp, lane) = (t / 32, t % 32);
     let row_vectors = hidden / 8;
@@ -634,17 +646,18 @@ fn attention_heads<T: Packed, const B: usize, const R: usize, const V: usize>(
     if rank == 0 {
         for i in block::stride_loop(0..batch * HEAD_DIM) {
             let (s, d) = (i / HEAD_DIM, i % HEAD_DIM);
-            attn.set(s * hidden + head * HEAD_DIM + d, states.load(s * STATE + d) / states.load(s * STATE + HEAD_DIM));
+            attn(s * hidden + head * HEAD_DIM + d, states.load(s * STATE + d) / states.load(s * STATE + HEAD_DIM));
         }
     }
 }
 
-/// `out = x + W_o · attn` for a batch tile of `B`: `R` rows per warp, `V` 16-byte vectors per
-/// lane per row per step; `attn` (f32) staged (see [`staged`]) in `(2B + 1) · hidden · 2` bytes
-/// of dynamic shared memory. Shapes: `attn`, `x`, `out`: `batch × hidden`; `w_o`: `hidden × hidden`. Grid
-/// `hidden / (8·R)` blocks of 256.
+/// `out = x + W_o · attn` for a batch tile of `B`, rows `8·R·item ..` of it: `R` rows per warp,
+/// `V` 16-byte vectors per lane per row per step; the item's first weights are in flight
+/// before `input()` (the wait for the attention) returns `attn` (f32), which is staged (see
+/// [`staged`]) in `(2B + 1) · hidden · 2` bytes of dynamic shared memory. Shapes: `attn`, `x`,
+/// `out`: `batch × hidden`; `w_o`: `hidden × hidden`.
 #[inline(always)]
-fn o_proj<T: Packed, const B: usize, const R: usize, const V: usize>(attn: &[f32], w_o: &[T], x: &[T], out: &Out<T>, batch: u32) {
+fn o_proj<T: Packed, X: Coherent<f32>, const B: usize, const R: usize, const V: usize>(item: usize, input: impl FnOnce() -> X, w_o: &[T], x: &[T], out: &Out<T>, batch: u32) {
     let batch = batch as usize;
     if batch > B {
         // As in `attention_heads`.
@@ -653,16 +666,16 @@ fn o_proj<T: Packed, const B: usize, const R: usize, const V: usize>(attn: &[f32
     let hidden = x.len() / batch;
     let row_vectors = hidden / 8;
     let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
-    let row0 = (block::index_x() as usize * WARPS + warp) * R;
+    let row0 = (item * WARPS + warp) * R;
     let rows = core::array::from_fn(|u| (row0 + u).min(hidden - 1));
-    // W_o does not depend on the attention kernel: the first item is in flight before `attn`
-    // is waited for.
+    // W_o does not depend on the attention: the first item is in flight before `attn` is
+    // waited for.
     let first = load_item::<T, R, V>(w_o, row_starts(rows, row_vectors), row_vectors, 0);
-    grid::wait_for_prerequisites();
+    let attn = input();
     let stage = shared::dynamic().take::<f32>(stage_units(B) * row_vectors * 4);
     for i in block::stride_loop(0..B * row_vectors) {
         let (s, c) = (i / row_vectors, i % row_vectors);
-        let v = if s < batch { [global::load16::<f32, 4>(attn, 2 * i), global::load16::<f32, 4>(attn, 2 * i + 1)] } else { [[0.0; 4]; 2] };
+        let v = if s < batch { [attn.load16::<4>(2 * i), attn.load16::<4>(2 * i + 1)] } else { [[0.0; 4]; 2] };
         store8(stage, staged::<B>(c, s), core::array::from_fn(|k| v[k / 4][k % 4]));
     }
     block::sync();
@@ -678,6 +691,57 @@ fn o_proj<T: Packed, const B: usize, const R: usize, const V: usize>(attn: &[f32
             }
         });
     });
+}
+
+/// The attention output of the persistent block, published a head at a time.
+pub const ATTN_TILE: u32 = HEAD_DIM as u32;
+
+/// Rows per warp of the persistent block's output projection: items of 32 rows (128 at hidden
+/// 4096), so that one wave of blocks takes them all.
+pub const PERSISTENT_O_ROWS: usize = 4;
+
+/// Points of a block's [`persistent_block`] timeline: its start, its heads done (0 without
+/// one), its output projection's input ready (0 without an item), its end.
+pub const PHASES: usize = 4;
+
+/// Stamps `%globaltimer` as this block's `point` of `timeline` (`blocks × PHASES` values, or
+/// one, when nothing is stamped).
+#[inline(always)]
+fn stamp(timeline: &Out<u64>, point: usize) {
+    if timeline.len() > 1 && thread::rank_in_block() == 0 {
+        timeline.set(block::index_x() as usize * PHASES + point, arch::globaltimer());
+    }
+}
+
+/// The persistent block at batch 1 (see the module docs): clusters take heads round robin
+/// ([`grid::cluster_round_robin`]), run [`attention_heads`] and publish the head's attention
+/// output; then blocks take the output projection's items round robin from the first block
+/// past the heads' clusters (so that blocks with no head start streaming `W_o` at once),
+/// each waiting for all heads' outputs. `timeline`: see [`PHASES`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn persistent_block<T: Packed>(x: &[T], norm_w: &[T], w_qkv: &[T], rope: &[f32], positions: &[u32], k_cache: &Out<T>, v_cache: &Out<T>, attn: &Published<f32>, w_o: &[T], out: &Out<T>, max_len: u32, timeline: &Out<u64>) {
+    stamp(timeline, 0);
+    let hidden = norm_w.len();
+    let heads = (hidden / HEAD_DIM) as u32;
+    for head in grid::cluster_round_robin(heads, 0) {
+        let head = head as usize;
+        attention_heads::<T, 1, { QKV_ITEM[0].0 }, { QKV_ITEM[0].1 }>(head, x, norm_w, w_qkv, rope, positions, k_cache, v_cache, |i, v| attn.set(i, v), max_len);
+        if cluster::block_rank() == 0 {
+            attn.publish(head..head + 1);
+        }
+        stamp(timeline, 1);
+    }
+    let items = (hidden / (WARPS * PERSISTENT_O_ROWS)) as u32;
+    for item in grid::round_robin(items, heads * cluster::size()) {
+        let input = || {
+            let ready = attn.wait(0..hidden);
+            stamp(timeline, 2);
+            ready
+        };
+        o_proj::<T, _, 1, PERSISTENT_O_ROWS, { O_VECTORS[0] }>(item as usize, input, w_o, x, out, 1);
+    }
+    stamp(timeline, 3);
 }
 
 /// 16-byte vectors per lane per row of an item of [`qkv_rope`]: with its 2 rows, 8 loads per
@@ -821,31 +885,42 @@ fn attend_appended<T: Packed>(q: &[f32], positions: &[u32], k_cache: &Out<T>, v_
 pub const O_ROWS: [usize; 2] = [2, 4];
 
 macro_rules! decode_kernels {
-    ($($t:ident: $attention:ident, $attention8:ident, $o_proj:ident, $o_proj8:ident, $qkv_rope:ident, $attend:ident;)*) => {$(
+    ($($t:ident: $attention:ident, $attention8:ident, $o_proj:ident, $o_proj8:ident, $qkv_rope:ident, $attend:ident, $persistent:ident;)*) => {$(
         #[doc = concat!("Fused 1/2, ", stringify!($t), ", batch 1: RMSNorm → QKV → RoPE → append → attention, a cluster per head (see the module docs).")]
         #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
         #[allow(clippy::too_many_arguments)]
         pub fn $attention(x: &[$t], norm_w: &[$t], w_qkv: &[$t], rope: &[f32], positions: &[u32], k_cache: Out<$t>, v_cache: Out<$t>, attn: Out<f32>, max_len: u32) {
-            attention_heads::<$t, 1, { QKV_ITEM[0].0 }, { QKV_ITEM[0].1 }>(x, norm_w, w_qkv, rope, positions, &k_cache, &v_cache, &attn, max_len);
+            let head = cluster::index_in_grid().x as usize;
+            attention_heads::<$t, 1, { QKV_ITEM[0].0 }, { QKV_ITEM[0].1 }>(head, x, norm_w, w_qkv, rope, positions, &k_cache, &v_cache, |i, v| attn.set(i, v), max_len);
         }
 
         #[doc = concat!("Fused 1/2, ", stringify!($t), ", batch 2-8: as the batch-1 kernel.")]
         #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
         #[allow(clippy::too_many_arguments)]
         pub fn $attention8(x: &[$t], norm_w: &[$t], w_qkv: &[$t], rope: &[f32], positions: &[u32], k_cache: Out<$t>, v_cache: Out<$t>, attn: Out<f32>, max_len: u32) {
-            attention_heads::<$t, 8, { QKV_ITEM[1].0 }, { QKV_ITEM[1].1 }>(x, norm_w, w_qkv, rope, positions, &k_cache, &v_cache, &attn, max_len);
+            let head = cluster::index_in_grid().x as usize;
+            attention_heads::<$t, 8, { QKV_ITEM[1].0 }, { QKV_ITEM[1].1 }>(head, x, norm_w, w_qkv, rope, positions, &k_cache, &v_cache, |i, v| attn.set(i, v), max_len);
         }
 
         #[doc = concat!("Fused 2/2 (and separate 5/5), ", stringify!($t), ", batch 1: `out = x + W_o · attn`; grid `hidden / 16` blocks of 256.")]
         #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
-        pub fn $o_proj(attn: &[f32], w_o: &[$t], x: &[$t], out: Out<$t>, batch: u32) {
-            o_proj::<$t, 1, { O_ROWS[0] }, { O_VECTORS[0] }>(attn, w_o, x, &out, batch);
+        pub fn $o_proj(attn: Out<f32>, w_o: &[$t], x: &[$t], out: Out<$t>, batch: u32) {
+            let input = || { grid::wait_for_prerequisites(); &attn };
+            o_proj::<$t, _, 1, { O_ROWS[0] }, { O_VECTORS[0] }>(block::index_x() as usize, input, w_o, x, &out, batch);
         }
 
         #[doc = concat!("Fused 2/2, ", stringify!($t), ", batch 2-8: `out = x + W_o · attn`; grid `hidden / 32` blocks of 256.")]
         #[kernel(launch_bounds(max_threads = 256))]
-        pub fn $o_proj8(attn: &[f32], w_o: &[$t], x: &[$t], out: Out<$t>, batch: u32) {
-            o_proj::<$t, 8, { O_ROWS[1] }, { O_VECTORS[1] }>(attn, w_o, x, &out, batch);
+        pub fn $o_proj8(attn: Out<f32>, w_o: &[$t], x: &[$t], out: Out<$t>, batch: u32) {
+            let input = || { grid::wait_for_prerequisites(); &attn };
+            o_proj::<$t, _, 8, { O_ROWS[1] }, { O_VECTORS[1] }>(block::index_x() as usize, input, w_o, x, &out, batch);
+        }
+
+        #[doc = concat!("The persistent block, ", stringify!($t), ", batch 1: both launches of the fused variant in one (see the module docs).")]
+        #[kernel(persistent, launch_bounds(max_threads = 256, min_blocks = 2))]
+        #[allow(clippy::too_many_arguments)]
+        pub fn $persistent(x: &[$t], norm_w: &[$t], w_qkv: &[$t], rope: &[f32], positions: &[u32], k_cache: Out<$t>, v_cache: Out<$t>, attn: Published<f32>, w_o: &[$t], out: Out<$t>, max_len: u32, timeline: Out<u64>) {
+            persistent_block::<$t>(x, norm_w, w_qkv, rope, positions, &k_cache, &v_cache, &attn, w_o, &out, max_len, &timeline);
         }
 
         #[doc = concat!("Spread 1/3, ", stringify!($t), ", batch 1: RMSNorm → QKV → RoPE → append over the whole GPU (see the module docs).")]
@@ -864,8 +939,8 @@ macro_rules! decode_kernels {
 }
 
 decode_kernels! {
-    f16: decode_attention_f16, decode_attention_f16_b8, decode_o_proj_f16, decode_o_proj_f16_b8, decode_qkv_rope_f16, decode_attend_appended_f16;
-    bf16: decode_attention_bf16, decode_attention_bf16_b8, decode_o_proj_bf16, decode_o_proj_bf16_b8, decode_qkv_rope_bf16, decode_attend_appended_bf16;
+    f16: decode_attention_f16, decode_attention_f16_b8, decode_o_proj_f16, decode_o_proj_f16_b8, decode_qkv_rope_f16, decode_attend_appended_f16, decode_block_persistent_f16;
+    bf16: decode_attention_bf16, decode_attention_bf16_b8, decode_o_proj_bf16, decode_o_proj_bf16_b8, decode_qkv_rope_bf16, decode_attend_appended_bf16, decode_block_persistent_bf16;
 }
 
 // The same block as five kernels, f16, batch 1, f32 intermediates in global memory.
@@ -967,7 +1042,7 @@ pub mod host {
     use super::*;
     use crate::check::{with_rng, Report};
     use clusterfuse::host::cudarc::driver::DeviceRepr;
-    use clusterfuse::host::{Buffer, Gpu, Result, Stream};
+    use clusterfuse::host::{Buffer, Gpu, LaunchPlan, Published, Result, Stream};
     use rand::Rng;
 
     /// An element type of the weights, activations and cache, with its fused kernels.
@@ -990,18 +1065,26 @@ pub mod host {
         /// of `cluster` and the output projection, both launched programmatically with
         /// `programmatic`.
         fn spread(kernels: &Self::Kernels, stream: &Stream, b: &mut Buffers<Self>, cluster: u32, programmatic: bool) -> Result<()>;
+        /// The persistent block (batch 1) on `stream`, launched with `config`
+        /// ([`persistent_config`]).
+        fn persistent(kernels: &Self::Kernels, stream: &Stream, b: &mut Buffers<Self>, config: &LaunchConfig) -> Result<()>;
+        /// The persistent block's launch plan for `config`, and most blocks of it resident at
+        /// once.
+        fn persistent_residency(kernels: &Self::Kernels, gpu: &Gpu, config: &LaunchConfig) -> Result<(LaunchPlan, u64)>;
         /// Most clusters of `cluster` blocks of fused 1/2 resident at once, at `batch`.
         fn max_active_clusters(kernels: &Self::Kernels, gpu: &Gpu, hidden: usize, batch: usize, cluster: u32) -> Result<u32>;
     }
 
-    /// The fused kernels of one type, batch 1 and batch tile 8, and spread 1/3 and 2/3.
-    pub struct Kernels<A1, A8, O1, O8, QR, AA> {
+    /// The fused kernels of one type, batch 1 and batch tile 8, spread 1/3 and 2/3, and the
+    /// persistent block.
+    pub struct Kernels<A1, A8, O1, O8, QR, AA, P> {
         attention: A1,
         attention8: A8,
         o_proj: O1,
         o_proj8: O8,
         qkv_rope: QR,
         attend: AA,
+        persistent: P,
     }
 
     fn config(grid: usize, block: u32, cluster: Option<u32>, dynamic_smem_bytes: usize) -> LaunchConfig {
@@ -1030,6 +1113,36 @@ pub mod host {
         config(hidden / rows, BLOCK, None, stage_units(tile(batch)) * hidden * 2)
     }
 
+    /// Where the persistent block's time goes, from a timeline of its blocks (see [`PHASES`]),
+    /// in µs from the first block's start: the last head done, the last output projection
+    /// input ready, the last end; and the mean time per block from input ready to end, over
+    /// blocks with an item.
+    pub fn persistent_phases(timeline: &[u64]) -> [f64; 4] {
+        let blocks: Vec<&[u64]> = timeline.chunks(PHASES).collect();
+        let origin = blocks.iter().map(|b| b[0]).filter(|&t| t > 0).min().unwrap_or(0);
+        let last = |point: usize| blocks.iter().map(|b| b[point]).max().unwrap_or(0).saturating_sub(origin) as f64 / 1e3;
+        let working: Vec<f64> = blocks.iter().filter(|b| b[2] > 0).map(|b| b[3].saturating_sub(b[2]) as f64 / 1e3).collect();
+        [last(1), last(2), last(3), working.iter().sum::<f64>() / working.len().max(1) as f64]
+    }
+
+    /// The persistent block's launch (batch 1): clusters of `cluster`, enough blocks for the
+    /// heads' clusters and the output projection's items together, at most those the GPU
+    /// holds at once (a whole number of clusters); dynamic shared memory for the larger of the
+    /// attention's and the output projection's staging.
+    pub fn persistent_config<T: DecodeType>(kernels: &T::Kernels, gpu: &Gpu, hidden: usize, cluster: u32) -> Result<LaunchConfig> {
+        let heads_blocks = attention_config(hidden, 1, cluster).grid.x;
+        let rows = WARPS * PERSISTENT_O_ROWS;
+        assert!(hidden.is_multiple_of(rows), "hidden {hidden} is not a multiple of {rows}");
+        let smem = stage_units(1) * hidden * 2;
+        // Residency asked of one cluster: the occupancy API's answer for a larger grid may
+        // exceed what that grid then gets.
+        let mut config = config(cluster as usize, BLOCK, Some(cluster), smem);
+        let (_, resident) = T::persistent_residency(kernels, gpu, &config)?;
+        let wanted = (heads_blocks as u64 + (hidden / rows) as u64).min(resident);
+        config.grid = ((wanted / cluster as u64 * cluster as u64) as u32).into();
+        Ok(config)
+    }
+
     /// Spread 1/3's launch: a pair of rows of `W_qkv` a warp, `x ⊙ norm_w` in dynamic shared
     /// memory.
     pub fn qkv_rope_config(hidden: usize) -> LaunchConfig {
@@ -1044,11 +1157,11 @@ pub mod host {
     }
 
     macro_rules! decode_type {
-        ($($t:ident, $name:literal, $tolerance:literal: $attention:ident, $attention8:ident, $o_proj:ident, $o_proj8:ident, $qkv_rope:ident, $attend:ident;)*) => {$(
+        ($($t:ident, $name:literal, $tolerance:literal: $attention:ident, $attention8:ident, $o_proj:ident, $o_proj8:ident, $qkv_rope:ident, $attend:ident, $persistent:ident;)*) => {$(
             impl DecodeType for $t {
                 const NAME: &'static str = $name;
                 const TOLERANCE: f64 = $tolerance;
-                type Kernels = Kernels<$attention::Kernel, $attention8::Kernel, $o_proj::Kernel, $o_proj8::Kernel, $qkv_rope::Kernel, $attend::Kernel>;
+                type Kernels = Kernels<$attention::Kernel, $attention8::Kernel, $o_proj::Kernel, $o_proj8::Kernel, $qkv_rope::Kernel, $attend::Kernel, $persistent::Kernel>;
 
                 fn load(gpu: &Gpu) -> Result<Self::Kernels> {
                     Ok(Kernels {
@@ -1058,24 +1171,25 @@ pub mod host {
                         o_proj8: $o_proj8::load(gpu)?,
                         qkv_rope: $qkv_rope::load(gpu)?,
                         attend: $attend::load(gpu)?,
+                        persistent: $persistent::load(gpu)?,
                     })
                 }
 
                 fn attention(k: &Self::Kernels, s: &Stream, b: &mut Buffers<Self>, cluster: u32) -> Result<()> {
                     let (c, max_len) = (attention_config(b.hidden, b.batch, cluster), b.max_len as u32);
                     if b.batch == 1 {
-                        k.attention.launch(s, &c, &b.x, &b.norm_w, &b.w_qkv, &b.rope, &b.positions, &mut b.k_cache, &mut b.v_cache, &mut b.attn, max_len)
+                        k.attention.launch(s, &c, &b.x, &b.norm_w, &b.w_qkv, &b.rope, &b.positions, &mut b.k_cache, &mut b.v_cache, b.attn.data_mut(), max_len)
                     } else {
-                        k.attention8.launch(s, &c, &b.x, &b.norm_w, &b.w_qkv, &b.rope, &b.positions, &mut b.k_cache, &mut b.v_cache, &mut b.attn, max_len)
+                        k.attention8.launch(s, &c, &b.x, &b.norm_w, &b.w_qkv, &b.rope, &b.positions, &mut b.k_cache, &mut b.v_cache, b.attn.data_mut(), max_len)
                     }
                 }
 
                 fn o_proj(k: &Self::Kernels, s: &Stream, b: &mut Buffers<Self>, programmatic: bool) -> Result<()> {
                     let (c, batch) = (LaunchConfig { programmatic, ..o_proj_config(b.hidden, b.batch) }, b.batch as u32);
                     if b.batch == 1 {
-                        k.o_proj.launch(s, &c, &b.attn, &b.w_o, &b.x, &mut b.out, batch)
+                        k.o_proj.launch(s, &c, b.attn.data_mut(), &b.w_o, &b.x, &mut b.out, batch)
                     } else {
-                        k.o_proj8.launch(s, &c, &b.attn, &b.w_o, &b.x, &mut b.out, batch)
+                        k.o_proj8.launch(s, &c, b.attn.data_mut(), &b.w_o, &b.x, &mut b.out, batch)
                     }
                 }
 
@@ -1083,8 +1197,20 @@ pub mod host {
                     assert_eq!(b.batch, 1, "the spread variant runs batch 1");
                     let max_len = b.max_len as u32;
                     k.qkv_rope.launch(s, &qkv_rope_config(b.hidden), &b.x, &b.norm_w, &b.w_qkv, &b.rope, &b.positions, &mut b.q, &mut b.k_cache, &mut b.v_cache, max_len)?;
-                    k.attend.launch(s, &attend_config(b.hidden, cluster, programmatic), &b.q, &b.positions, &mut b.k_cache, &mut b.v_cache, &mut b.attn, max_len)?;
+                    k.attend.launch(s, &attend_config(b.hidden, cluster, programmatic), &b.q, &b.positions, &mut b.k_cache, &mut b.v_cache, b.attn.data_mut(), max_len)?;
                     Self::o_proj(k, s, b, programmatic)
+                }
+
+                fn persistent(k: &Self::Kernels, s: &Stream, b: &mut Buffers<Self>, config: &LaunchConfig) -> Result<()> {
+                    assert_eq!(b.batch, 1, "the persistent block runs batch 1");
+                    let max_len = b.max_len as u32;
+                    k.persistent.launch(s, config, &b.x, &b.norm_w, &b.w_qkv, &b.rope, &b.positions, &mut b.k_cache, &mut b.v_cache, &mut b.attn, &b.w_o, &mut b.out, max_len, &mut b.timeline)
+                }
+
+                fn persistent_residency(k: &Self::Kernels, gpu: &Gpu, config: &LaunchConfig) -> Result<(LaunchPlan, u64)> {
+                    let plan = k.persistent.raw().plan(config)?;
+                    let resident = k.persistent.raw().max_resident_blocks(gpu.stream(), &plan)?;
+                    Ok((plan, resident))
                 }
 
                 fn max_active_clusters(k: &Self::Kernels, gpu: &Gpu, hidden: usize, batch: usize, cluster: u32) -> Result<u32> {
@@ -1096,8 +1222,8 @@ pub mod host {
     }
 
     decode_type! {
-        f16, "f16", 2e-3: decode_attention_f16, decode_attention_f16_b8, decode_o_proj_f16, decode_o_proj_f16_b8, decode_qkv_rope_f16, decode_attend_appended_f16;
-        bf16, "bf16", 5e-3: decode_attention_bf16, decode_attention_bf16_b8, decode_o_proj_bf16, decode_o_proj_bf16_b8, decode_qkv_rope_bf16, decode_attend_appended_bf16;
+        f16, "f16", 2e-3: decode_attention_f16, decode_attention_f16_b8, decode_o_proj_f16, decode_o_proj_f16_b8, decode_qkv_rope_f16, decode_attend_appended_f16, decode_block_persistent_f16;
+        bf16, "bf16", 5e-3: decode_attention_bf16, decode_attention_bf16_b8, decode_o_proj_bf16, decode_o_proj_bf16_b8, decode_qkv_rope_bf16, decode_attend_appended_bf16, decode_block_persistent_bf16;
     }
 
     /// One decode step's inputs for a batch of sequences. Cache tokens `pos ..` of each
@@ -1269,10 +1395,13 @@ pub mod host {
         pub k_cache: Buffer<T>,
         pub v_cache: Buffer<T>,
         pub out: Buffer<T>,
-        /// The heads' attention outputs, `batch × hidden` (f32).
-        pub attn: Buffer<f32>,
+        /// The heads' attention outputs, `batch × hidden` (f32), in tiles of a head (the
+        /// persistent block publishes them; the other variants use the data alone).
+        pub attn: Published<f32>,
         /// The spread variant's rotated q, `batch × hidden` (f32).
         pub q: Buffer<f32>,
+        /// The persistent block's timeline (see [`PHASES`]): one value, when off.
+        pub timeline: Buffer<u64>,
     }
 
     impl<T: DecodeType> Buffers<T> {
@@ -1294,15 +1423,23 @@ pub mod host {
                 k_cache: gpu.upload(&step.k_cache)?,
                 v_cache: gpu.upload(&step.v_cache)?,
                 out: gpu.upload(&vec![T::from_f32(f32::NAN); batch * h])?,
-                attn: gpu.upload(&vec![f32::NAN; batch * h])?,
+                attn: Published::new(gpu, gpu.upload(&vec![f32::NAN; batch * h])?, ATTN_TILE)?,
                 q: gpu.upload(&vec![f32::NAN; batch * h])?,
+                timeline: gpu.upload(&[0u64])?,
             })
+        }
+
+        /// Stamps the persistent block's phases in the next launches of `blocks` blocks (see
+        /// [`PHASES`]), or stops with `blocks == 0`.
+        pub fn record_timeline(&mut self, gpu: &Gpu, blocks: u32) -> Result<()> {
+            self.timeline = gpu.upload(&vec![0u64; (blocks as usize * PHASES).max(1)])?;
+            Ok(())
         }
 
         /// Poisons `out`, `attn` and `q` again.
         pub fn poison(&mut self, gpu: &Gpu) -> Result<()> {
             self.out = gpu.upload(&vec![T::from_f32(f32::NAN); self.out.len()])?;
-            self.attn = gpu.upload(&vec![f32::NAN; self.attn.len()])?;
+            self.attn = Published::new(gpu, gpu.upload(&vec![f32::NAN; self.attn.data().len()])?, ATTN_TILE)?;
             self.q = gpu.upload(&vec![f32::NAN; self.q.len()])?;
             Ok(())
         }
@@ -1372,8 +1509,8 @@ pub mod host {
             self.rope_append.launch(s, &config(heads, HEAD_DIM as u32, None, 0), &self.qkv_out, &b.rope, &mut self.q, &mut b.k_cache,
                                     &mut b.v_cache, pos, b.max_len as u32)?;
             self.attend.launch(s, &config(heads * cluster as usize, BLOCK, Some(cluster), 0), &self.q, &b.k_cache, &b.v_cache,
-                               &mut b.attn, pos + 1, b.max_len as u32)?;
-            self.o_proj.launch(s, &o_proj_config(h, 1), &b.attn, &b.w_o, &b.x, &mut b.out, 1)
+                               b.attn.data_mut(), pos + 1, b.max_len as u32)?;
+            self.o_proj.launch(s, &o_proj_config(h, 1), b.attn.data_mut(), &b.w_o, &b.x, &mut b.out, 1)
         }
     }
 
@@ -1402,6 +1539,17 @@ pub mod host {
                 let mut b = Buffers::upload(gpu, &step)?;
                 spread(&kernels, gpu.stream(), &mut b, cluster, programmatic)?;
                 outs.extend(b.results(gpu, &step)?);
+                refs.extend(reference.iter().copied());
+                // The persistent block, launched twice: bitwise-equal outputs, or a failure.
+                let mut b = Buffers::upload(gpu, &step)?;
+                let config = persistent_config::<T>(&kernels, gpu, hidden, cluster)?;
+                T::persistent(&kernels, gpu.stream(), &mut b, &config)?;
+                let first = b.results(gpu, &step)?;
+                b.poison(gpu)?;
+                T::persistent(&kernels, gpu.stream(), &mut b, &config)?;
+                let second = b.results(gpu, &step)?;
+                let same = first.iter().zip(&second).all(|(a, b)| a.to_bits() == b.to_bits());
+                outs.extend(if same { first } else { vec![f32::NAN; second.len()] });
                 refs.extend(reference.iter().copied());
             }
             if separate && batch == 1 {

@@ -165,6 +165,9 @@ fn every_kernel_assembles_without_spills() {
         ("decode_qkv_rope_bf16", 32),
         ("decode_attend_appended_f16", 8896),
         ("decode_attend_appended_bf16", 8896),
+        // The persistent block: fused 1/2's arrays (the output projection's staging is dynamic).
+        ("decode_block_persistent_f16", 25152),
+        ("decode_block_persistent_bf16", 25152),
         ("mma_tile", 3 * 512),
         ("gemm_f16", 0),
         ("gemm_f16_bias", 0),
@@ -210,7 +213,11 @@ fn every_kernel_assembles_without_spills() {
     assert_eq!(kernels.len(), expected_smem.len(), "kernels: {:?}", kernels.keys());
     for (name, smem) in expected_smem {
         let r = &kernels[name];
-        if name.starts_with("decode_attention_") && name.ends_with("_b8") {
+        if name.starts_with("decode_block_persistent_") {
+            // The persistent block spills at 128 registers (results/decode-h200.md): a bound,
+            // so that it cannot grow unseen.
+            assert!(r.spill_store_bytes <= 896 && r.spill_load_bytes <= 896 && r.stack_frame_bytes <= 448, "`{name}` spills: {r:?}");
+        } else if name.starts_with("decode_attention_") && name.ends_with("_b8") {
             // The batch-8 tile at 128 registers: two values spilled at entry and reloaded
             // outside the streaming loops (16 bytes; `cuobjdump -sass` shows where).
             assert!(r.spill_store_bytes <= 16 && r.spill_load_bytes <= 16 && r.stack_frame_bytes <= 8, "`{name}` spills: {r:?}");

@@ -6,8 +6,10 @@
 //! launches: the QKV projection with RMSNorm and RoPE over the whole GPU, the attention a
 //! cluster of 4 per head, the output projection; the same four launch modes, and clusters of
 //! 8 launched with and without PDL; f16 and bf16, batch 1), the same stages as five separate
-//! kernels (f16, batch 1), the fused kernels on bf16, and at batch 8 (eight sequences, each
-//! with its own cache, all at the same length).
+//! kernels (f16, batch 1), the persistent block (one launch: the fused variant's two stages,
+//! the output projection waiting on the heads' published outputs; clusters of 4 and 8, f16,
+//! and 4, bf16; launched and from a graph), the fused kernels on bf16, and at batch 8 (eight
+//! sequences, each with its own cache, all at the same length).
 //!
 //! Every variant is first checked at every length against the f64 reference of the whole
 //! block (fresh random weights and caches each run; `out` poisoned; relative error over
@@ -27,7 +29,7 @@
 use clusterfuse::host::{Gpu, Stream};
 use clusterfuse::{bf16, f16};
 use clusterfuse_examples::check::{gpu_or_skip, median_us_per_call, print_rows, Report};
-use clusterfuse_examples::decode_attention::host::{attend_config, attention_config, fused, o_proj_config, qkv_rope_config, spread, Buffers, DecodeType, Separate, Step};
+use clusterfuse_examples::decode_attention::host::{attend_config, attention_config, fused, o_proj_config, persistent_config, persistent_phases, qkv_rope_config, spread, Buffers, DecodeType, Separate, Step};
 use clusterfuse_examples::decode_attention::{EPS, HEAD_DIM, THETA};
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -179,6 +181,31 @@ fn variant_rows<T: DecodeType>(
     Ok(first_results)
 }
 
+/// Rows of the persistent block of `T` (one launch, batch 1) at `step`'s length, one per
+/// cluster size in `clusters`, launched and replayed from a CUDA graph of one step.
+fn persistent_rows<T: DecodeType>(gpu: &Gpu, kernels: &T::Kernels, step: &Step<T>, expected: &[f64], clusters: &[u32], rows: &mut Vec<String>) -> Result<()> {
+    for &cluster in clusters {
+        let config = persistent_config::<T>(kernels, gpu, step.hidden, cluster)?;
+        for graph in [false, true] {
+            let how = if graph { ", CUDA graph" } else { "" };
+            let label = format!("clusterfuse persistent ({} blocks in clusters of {cluster}{how}), {}, batch 1", config.grid.x, T::NAME);
+            let row = Row { gpu, step, expected, label, kernels: 1, graph };
+            rows.push(row.measure(|s, b| T::persistent(kernels, s, b, &config))?.0);
+        }
+        // One more launch with the timeline on: where the time goes.
+        let mut b = Buffers::upload(gpu, step)?;
+        b.record_timeline(gpu, config.grid.x)?;
+        T::persistent(kernels, gpu.stream(), &mut b, &config)?;
+        let [heads, ready, end, work] = persistent_phases(&gpu.download(&b.timeline)?);
+        eprintln!(
+            "persistent, {}, L {}, clusters of {cluster}: last head done {heads:.1} µs, all heads' outputs seen {ready:.1}, last end {end:.1} (µs from the first block's start); output projection {work:.1} µs a block from input to end",
+            T::NAME,
+            step.positions[0] + 1
+        );
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let dump_dir: Option<PathBuf> = args.iter().position(|a| a == "--dump").map(|i| args.get(i + 1).expect("--dump needs a directory").into());
@@ -211,6 +238,7 @@ fn main() -> Result<()> {
         let expected = f16_step.reference().all();
         let first = variant_rows(&gpu, &f16_kernels, fused_variant(), &f16_step, &expected, &CLUSTERS[..1], true, true, &mut rows)?;
         variant_rows(&gpu, &f16_kernels, fused_variant(), &f16_step, &expected, &CLUSTERS[1..], false, false, &mut rows)?;
+        persistent_rows(&gpu, &f16_kernels, &f16_step, &expected, &CLUSTERS, &mut rows)?;
         let spread_first = variant_rows(&gpu, &f16_kernels, spread_variant(), &f16_step, &expected, &CLUSTERS[..1], true, true, &mut rows)?;
         variant_rows(&gpu, &f16_kernels, spread_variant(), &f16_step, &expected, &CLUSTERS[1..], false, true, &mut rows)?;
         if let (Some(dir), 1024) = (&dump_dir, len) {
@@ -227,6 +255,7 @@ fn main() -> Result<()> {
         bf16_step.set_positions(&[len - 1]);
         let expected = bf16_step.reference().all();
         variant_rows(&gpu, &bf16_kernels, fused_variant(), &bf16_step, &expected, &CLUSTERS[..1], false, false, &mut rows)?;
+        persistent_rows(&gpu, &bf16_kernels, &bf16_step, &expected, &CLUSTERS[..1], &mut rows)?;
         variant_rows(&gpu, &bf16_kernels, spread_variant(), &bf16_step, &expected, &CLUSTERS[..1], true, true, &mut rows)?;
 
         batch_step.set_positions(&[len - 1; BATCH]);
