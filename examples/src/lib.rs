@@ -35,6 +35,7 @@ pub mod cluster_primitive;
 
 #[path = "08-fused-norms.rs"]
 pub mod fused_norms;
+#[cfg(not(target_arch = "nvptx64"))]
 #[path = "09-decode-attention.rs"]
 pub mod decode_attention;
 #[path = "10-gemm.rs"]

@@ -6,7 +6,7 @@
 //! (`wgmma.mma_async`, TMA, `setmaxnreg` in the PTX; `HGMMA`, `UTMALDG` in the SASS); BERT's
 //! batch-1 projections one block an SM by registers.
 
-use clusterfuse_build::{home, KernelResources};
+use clusterfuse_build::KernelResources;
 use clusterfuse_examples::__CLUSTERFUSE_PTX as PTX;
 use std::collections::BTreeMap;
 
@@ -148,26 +148,6 @@ fn every_kernel_assembles_without_spills() {
         ("gelu_kernel", 0),
         ("add_residual", 0),
         ("rms_norm", 32),
-        ("decode_attention_f16", 25152),
-        ("decode_attention_f16_b8", 25152),
-        ("decode_attention_bf16", 25152),
-        ("decode_attention_bf16_b8", 25152),
-        ("decode_o_proj_f16", 0),
-        ("decode_o_proj_f16_b8", 0),
-        ("decode_o_proj_bf16", 0),
-        ("decode_o_proj_bf16_b8", 0),
-        ("decode_rms_norm", 128),
-        ("decode_qkv", 0),
-        ("decode_rope_append", 0),
-        ("decode_attend", 8896),
-        // The spread variant: the RMSNorm reduction's scratch; the attention's merge states.
-        ("decode_qkv_rope_f16", 32),
-        ("decode_qkv_rope_bf16", 32),
-        ("decode_attend_appended_f16", 8896),
-        ("decode_attend_appended_bf16", 8896),
-        // The persistent block: fused 1/2's arrays (the output projection's staging is dynamic).
-        ("decode_block_persistent_f16", 25152),
-        ("decode_block_persistent_bf16", 25152),
         ("mma_tile", 3 * 512),
         ("gemm_f16", 0),
         ("gemm_f16_bias", 0),
@@ -213,75 +193,11 @@ fn every_kernel_assembles_without_spills() {
     assert_eq!(kernels.len(), expected_smem.len(), "kernels: {:?}", kernels.keys());
     for (name, smem) in expected_smem {
         let r = &kernels[name];
-        if name.starts_with("decode_block_persistent_") {
-            // The persistent block spills at 128 registers (results/decode-h200.md): a bound,
-            // so that it cannot grow unseen.
-            assert!(r.spill_store_bytes <= 896 && r.spill_load_bytes <= 896 && r.stack_frame_bytes <= 448, "`{name}` spills: {r:?}");
-        } else if name.starts_with("decode_attention_") && name.ends_with("_b8") {
-            // The batch-8 tile at 128 registers: two values spilled at entry and reloaded
-            // outside the streaming loops (16 bytes; `cuobjdump -sass` shows where).
-            assert!(r.spill_store_bytes <= 16 && r.spill_load_bytes <= 16 && r.stack_frame_bytes <= 8, "`{name}` spills: {r:?}");
-        } else {
-            assert_eq!((r.spill_store_bytes, r.spill_load_bytes, r.stack_frame_bytes), (0, 0, 0), "`{name}` spills: {r:?}");
-        }
+        assert_eq!((r.spill_store_bytes, r.spill_load_bytes, r.stack_frame_bytes), (0, 0, 0), "`{name}` spills: {r:?}");
         assert_eq!(r.static_smem_bytes, smem, "`{name}` static shared memory: {r:?}");
     }
     assert_eq!(kernels["block_sum"].barriers, 1);
     assert_eq!(argmax_scratch, 48 * 8, "argmax declares `shared(scratch: [u64; 48])`");
-    // Two blocks of 256 threads per SM, so that clusters of 4 over 32 heads are resident at
-    // once; the batch-1 output projection and the spread variant's kernels fit two blocks per
-    // SM as well.
-    for name in [
-        "decode_attention_f16",
-        "decode_attention_f16_b8",
-        "decode_attention_bf16",
-        "decode_attention_bf16_b8",
-        "decode_o_proj_f16",
-        "decode_o_proj_bf16",
-        "decode_qkv_rope_f16",
-        "decode_qkv_rope_bf16",
-        "decode_attend_appended_f16",
-        "decode_attend_appended_bf16",
-    ] {
-        assert!(kernels[name].registers <= 128, "{name}: {:?}", kernels[name]);
-    }
-}
-
-#[test]
-fn decode_attention_streams_16_byte_vectors() {
-    for name in ["decode_attention_f16", "decode_attention_bf16_b8"] {
-        let text = entry(name);
-        assert!(text.contains(".maxntid 256, 1, 1") && text.contains(".minnctapersm 2"), "`{name}`: launch bounds");
-        // Weights through the read-only path into registers (no bulk copies: a ring of them
-        // in shared memory halved this kernel's speed), the cache (written by this kernel)
-        // coherently.
-        assert!(text.contains("ld.global.nc.v4.b32"), "`{name}`: weights are not loaded 16 bytes at a time");
-        assert!(!text.contains(BULK_LOAD), "`{name}`: W_qkv is streamed by bulk copies");
-        assert!(text.contains("ld.global.v4.b32"), "`{name}`: the cache is not loaded 16 bytes at a time");
-        assert!(text.contains("ld.shared::cluster.v4.b32"), "`{name}`: the cluster reduction does not move 16-byte vectors");
-        // The sum over heads is the second launch's: no atomics, so the output is deterministic.
-        assert!(!text.contains("atom."), "`{name}` must not use atomics");
-    }
-    // The output projection streams W_o the same way (through registers: with a ring of bulk
-    // copies it took 14.2-14.7 µs alone on the H200, 12.5 µs so).
-    let text = entry("decode_o_proj_f16");
-    assert!(!text.contains(BULK_LOAD) && !text.contains("atom."), "`decode_o_proj_f16`: W_o through registers, no atomics");
-}
-
-/// A bulk copy from global to shared memory, completing on an mbarrier.
-const BULK_LOAD: &str = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes";
-
-#[test]
-fn decode_o_proj_loads_w_o_before_waiting_for_the_attention() {
-    for name in ["decode_attention_f16", "decode_attention_bf16_b8"] {
-        assert_eq!(entry(name).matches("griddepcontrol.launch_dependents;").count(), 1, "`{name}` triggers its dependent once");
-    }
-    for name in ["decode_o_proj_f16", "decode_o_proj_bf16_b8"] {
-        let text = entry(name);
-        let wait = text.find("griddepcontrol.wait;").unwrap_or_else(|| panic!("`{name}` never waits for its prerequisite"));
-        // The first item of W_o (R rows × V vectors a lane: 2 × 4 at batch 1, 4 × 2 at tile 8).
-        assert_eq!(text[..wait].matches("ld.global.nc.v4.b32").count(), 8, "`{name}`: W_o loads before the wait");
-    }
 }
 
 /// The GEMM kernels' entries, as (name, input type).
@@ -310,26 +226,10 @@ fn gemm_runs_on_the_tensor_cores_from_a_cp_async_pipeline() {
     }
 }
 
-/// The examples assembled for sm_90a, and a function disassembling one kernel's SASS; the
-/// scratch folder (named after `test`, so that tests in parallel do not share it) to remove
-/// afterwards.
-fn sass_of_examples(test: &str) -> (impl Fn(&str) -> String, std::path::PathBuf) {
-    let bin = home().join("bin");
-    let (ptxas, cuobjdump) = (bin.join("ptxas"), bin.join("cuobjdump"));
-    assert!(cuobjdump.exists(), "cuobjdump not found at {}: run scripts/setup.sh", cuobjdump.display());
-    let dir = std::env::temp_dir().join(format!("clusterfuse-sass-{test}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (ptx, cubin) = (dir.join("examples.ptx"), dir.join("examples.cubin"));
-    std::fs::write(&ptx, PTX.text).unwrap();
-    let status = std::process::Command::new(&ptxas).args(["-arch=sm_90a", "-o"]).arg(&cubin).arg(&ptx).status().unwrap();
-    assert!(status.success(), "ptxas failed");
-    let path = std::env::join_paths(std::iter::once(bin.clone()).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()))).unwrap();
-    let sass = move |kernel: &str| {
-        let output = std::process::Command::new(&cuobjdump).env("PATH", &path).args(["--dump-sass", "-fun", kernel]).arg(&cubin).output().unwrap();
-        assert!(output.status.success(), "cuobjdump: {}", String::from_utf8_lossy(&output.stderr));
-        String::from_utf8_lossy(&output.stdout).into_owned()
-    };
-    (sass, dir)
+/// The examples assembled for sm_90a, and a function disassembling one kernel's SASS.
+fn sass_of_examples() -> impl Fn(&str) -> String {
+    let sass = clusterfuse_build::Sass::new(PTX.text).unwrap_or_else(|e| panic!("{e}"));
+    move |kernel: &str| sass.of(kernel).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// `cluster::reduce` sums a vector's peers four at a time: the four 16-byte DSMEM loads
@@ -341,11 +241,10 @@ fn sass_of_examples(test: &str) -> (impl Fn(&str) -> String, std::path::PathBuf)
 /// first value after two loads.
 #[test]
 fn cluster_reduce_issues_four_dsmem_loads_before_using_one() {
-    let (sass, dir) = sass_of_examples("dsmem-loads");
+    let sass = sass_of_examples();
     for kernel in ["cluster_reduce", "bench_reduce"] {
         assert!(four_loads_in_flight(&sass(kernel)), "`{kernel}`: no four `LD.E.128` in flight before the first is used");
     }
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// Whether the SASS has four `LD.E.128` such that nothing between the first and the fourth
@@ -364,7 +263,7 @@ fn four_loads_in_flight(sass: &str) -> bool {
 
 #[test]
 fn gemm_sass_has_hmma_ldsm_and_ldgsts() {
-    let (sass, dir) = sass_of_examples("hmma");
+    let sass = sass_of_examples();
     for (kernel, t) in gemm_kernels() {
         let sass = sass(&kernel);
         let hmma = format!("HMMA.16816.F32{}", if t == "bf16" { ".BF16" } else { " " });
@@ -373,7 +272,6 @@ fn gemm_sass_has_hmma_ldsm_and_ldgsts() {
         assert!(sass.contains("LDGSTS.E.BYPASS.128"), "`{kernel}` lacks 16-byte LDGSTS");
         assert!(!sass.contains("LDL") && !sass.contains("STL"), "`{kernel}` touches local memory");
     }
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// The wgmma GEMM kernels, as (name, input type).
@@ -511,7 +409,7 @@ fn wgmma_gemm_uses_tma_wgmma_and_setmaxnreg() {
 
 #[test]
 fn wgmma_gemm_sass_has_hgmma_and_utmaldg() {
-    let (sass, dir) = sass_of_examples("hgmma");
+    let sass = sass_of_examples();
     for (kernel, t) in WGMMA_KERNELS {
         let sass = sass(kernel);
         // Four m64n256k16 per k-step of 64, and the two tile loads.
@@ -521,7 +419,6 @@ fn wgmma_gemm_sass_has_hgmma_and_utmaldg() {
         assert!(sass.contains("USETMAXREG"), "`{kernel}` lacks setmaxnreg");
         assert!(!sass.contains("LDL") && !sass.contains("STL"), "`{kernel}` touches local memory");
     }
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// A tile inside C takes the unchecked epilogue: after the last wgmma, one branch (to the
@@ -530,7 +427,7 @@ fn wgmma_gemm_sass_has_hgmma_and_utmaldg() {
 /// main loop, the residual in 4-byte loads among the stores.
 #[test]
 fn wgmma_gemm_epilogue_is_straight_line() {
-    let (sass, dir) = sass_of_examples("epilogue");
+    let sass = sass_of_examples();
     for (kernel, _) in WGMMA_KERNELS {
         let sass = sass(kernel);
         let lines: Vec<&str> = sass.lines().collect();
@@ -546,35 +443,14 @@ fn wgmma_gemm_epilogue_is_straight_line() {
         let bias = kernel.ends_with("bias") || kernel.ends_with("bias_gelu");
         assert!(!bias || prefetch >= 32, "`{kernel}`: {prefetch} 4-byte loads before the main loop's end");
     }
-    std::fs::remove_dir_all(&dir).ok();
 }
 
-/// No kernel reads global memory ahead of its programmatic wait more than its PTX does:
-/// ptxas may issue a read-only load (`ld.global.nc`, which it takes to be invariant for the
-/// whole kernel) before `griddepcontrol.wait` (`ACQBULK`), and under programmatic dependent
-/// launch that load reads what the previous kernel may still be writing. It did so with x in
-/// `layernorm_gelu` and `bias_layer_norm` until activations took the coherent path
-/// (`global::load16`); loads a kernel issues before its wait on purpose (weights) are its
-/// PTX's. The PTX count is textual, an upper bound for the loads the wait can precede.
+/// No kernel reads global memory ahead of its programmatic wait more than its PTX does
+/// ([`clusterfuse_build::check_programmatic_waits`]): ptxas issued x's loads ahead of the
+/// wait in `layernorm_gelu` and `bias_layer_norm` until activations took the coherent path
+/// (`global::load16`).
 #[test]
 fn no_global_load_moves_ahead_of_the_programmatic_wait() {
-    let (sass, dir) = sass_of_examples("pdl");
-    let waiting: Vec<&str> = PTX
-        .text
-        .split(".entry ")
-        .skip(1)
-        .filter_map(|e| e.split_once('(').map(|(name, _)| name))
-        .filter(|name| entry(name).contains("griddepcontrol.wait;"))
-        .collect();
-    assert!(waiting.len() >= 40, "only {} kernels wait for a prerequisite", waiting.len());
-    for name in waiting {
-        let text = entry(name);
-        let in_ptx = text[..text.find("griddepcontrol.wait;").unwrap()].matches("ld.global").count();
-        let sass = sass(name);
-        let wait = sass.find("ACQBULK").unwrap_or_else(|| panic!("`{name}`: no ACQBULK in the SASS"));
-        let is_load = |l: &&str| l.split_whitespace().any(|t| t == "LDG" || t.starts_with("LDG."));
-        let in_sass = sass[..wait].lines().filter(is_load).count();
-        assert!(in_sass <= in_ptx, "`{name}`: {in_sass} global loads before ACQBULK in the SASS, {in_ptx} before the wait in the PTX");
-    }
-    std::fs::remove_dir_all(&dir).ok();
+    let waiting = clusterfuse_build::check_programmatic_waits(PTX.text).unwrap_or_else(|e| panic!("{e}"));
+    assert!(waiting >= 30, "only {waiting} kernels wait for a prerequisite");
 }

@@ -3,6 +3,9 @@
 //! [`Error::UnsupportedShape`](clusterfuse::host::Error::UnsupportedShape), and f64 references to
 //! test against.
 //!
+//! - [`decode`]: the decode step of a Llama attention block (RMSNorm, QKV, RoPE, the KV-cache
+//!   append, flash-decoding, the output projection), f16 or bf16, batch 1-8: two launches (a
+//!   cluster per head, then the projection), three, five, or one persistent launch.
 //! - [`llama`]: a Llama-architecture decode step at batch 1 (bf16 weights and KV cache), as a
 //!   CUDA-graph-friendly chain of 82 fused launches ([`llama::chain`]) or as one persistent
 //!   launch ([`llama::persistent`]).
@@ -21,4 +24,5 @@ macro_rules! unroll {
     }};
 }
 
+pub mod decode;
 pub mod llama;

@@ -1,7 +1,7 @@
 //! The library's PTX, checked without a GPU: every kernel assembled by `ptxas -arch=sm_90a`
-//! with the shared memory it should use and its spills bounded, the Llama projections'
-//! weight loads issued before they wait for the previous kernel, and the attention's merge
-//! through DSMEM without atomics.
+//! with the shared memory it should use and its spills bounded; the decode block's and the
+//! Llama projections' weights streamed 16 bytes at a time through registers and issued before
+//! they wait for the previous kernel; the attention merges through DSMEM without atomics.
 
 use clusterfuse_kernels::__CLUSTERFUSE_PTX as PTX;
 
@@ -26,11 +26,39 @@ fn every_kernel_assembles_with_its_shared_memory_and_bounded_spills() {
         // reduction scratch, one set for all its projection stages (a `shared!` array is one
         // per call site, and the stages share `project`'s).
         ("llama_step", 8 * 4 * 66 * 4 + 4 * 68 * 4 + 4 * 64 * 4 + 256),
+        ("decode_attention_f16", 25152),
+        ("decode_attention_f16_b8", 25152),
+        ("decode_attention_bf16", 25152),
+        ("decode_attention_bf16_b8", 25152),
+        ("decode_o_proj_f16", 0),
+        ("decode_o_proj_f16_b8", 0),
+        ("decode_o_proj_bf16", 0),
+        ("decode_o_proj_bf16_b8", 0),
+        ("decode_rms_norm", 128),
+        ("decode_qkv", 0),
+        ("decode_rope_append", 0),
+        ("decode_attend", 8896),
+        // The spread variant: the RMSNorm reduction's scratch; the attention's merge states.
+        ("decode_qkv_rope_f16", 32),
+        ("decode_qkv_rope_bf16", 32),
+        ("decode_attend_appended_f16", 8896),
+        ("decode_attend_appended_bf16", 8896),
+        // The persistent block: fused 1/2's arrays (the output projection's staging is dynamic).
+        ("decode_block_persistent_f16", 25152),
+        ("decode_block_persistent_bf16", 25152),
     ];
     assert_eq!(kernels.len(), expected_smem.len(), "kernels: {:?}", kernels.keys());
     for &(name, smem) in expected_smem {
         let r = &kernels[name];
-        if name == "llama_step" {
+        if name.starts_with("decode_block_persistent_") {
+            // The persistent block spills at 128 registers (results/decode-h200.md): a bound,
+            // so that it cannot grow unseen.
+            assert!(r.spill_store_bytes <= 896 && r.spill_load_bytes <= 896 && r.stack_frame_bytes <= 448, "`{name}` spills: {r:?}");
+        } else if name.starts_with("decode_attention_") && name.ends_with("_b8") {
+            // The batch-8 tile at 128 registers: two values spilled at entry and reloaded
+            // outside the streaming loops (16 bytes; `cuobjdump -sass` shows where).
+            assert!(r.spill_store_bytes <= 16 && r.spill_load_bytes <= 16 && r.stack_frame_bytes <= 8, "`{name}` spills: {r:?}");
+        } else if name == "llama_step" {
             // The persistent step's stages spill (results/llama-h200.md): a bound, so that it
             // cannot grow unseen.
             assert!(r.spill_store_bytes <= 768 && r.spill_load_bytes <= 1152 && r.stack_frame_bytes <= 1152, "`{name}` spills: {r:?}");
@@ -43,9 +71,24 @@ fn every_kernel_assembles_with_its_shared_memory_and_bounded_spills() {
         }
         assert_eq!(r.static_smem_bytes, smem, "`{name}` static shared memory: {r:?}");
     }
-    // Two blocks of 256 threads per SM, so that the attention's clusters fit beside the QKV
-    // kernel's blocks.
-    assert!(kernels["llama_attention"].registers <= 128, "{:?}", kernels["llama_attention"]);
+    // Two blocks of 256 threads per SM, so that clusters of 4 over 32 heads are resident at
+    // once; the batch-1 output projection and the spread variant's kernels fit two blocks per
+    // SM as well; the Llama attention, so that its clusters fit beside the QKV kernel's blocks.
+    for name in [
+        "decode_attention_f16",
+        "decode_attention_f16_b8",
+        "decode_attention_bf16",
+        "decode_attention_bf16_b8",
+        "decode_o_proj_f16",
+        "decode_o_proj_bf16",
+        "decode_qkv_rope_f16",
+        "decode_qkv_rope_bf16",
+        "decode_attend_appended_f16",
+        "decode_attend_appended_bf16",
+        "llama_attention",
+    ] {
+        assert!(kernels[name].registers <= 128, "{name}: {:?}", kernels[name]);
+    }
 }
 
 #[test]
@@ -70,3 +113,47 @@ fn llama_projections_stream_weights_before_waiting() {
     assert_eq!(text.matches("barrier.cluster.arrive").count(), 2, "`llama_attention`: cluster barriers");
 }
 
+#[test]
+fn decode_attention_streams_16_byte_vectors() {
+    for name in ["decode_attention_f16", "decode_attention_bf16_b8"] {
+        let text = entry(name);
+        assert!(text.contains(".maxntid 256, 1, 1") && text.contains(".minnctapersm 2"), "`{name}`: launch bounds");
+        // Weights through the read-only path into registers (no bulk copies: a ring of them
+        // in shared memory halved this kernel's speed), the cache (written by this kernel)
+        // coherently.
+        assert!(text.contains("ld.global.nc.v4.b32"), "`{name}`: weights are not loaded 16 bytes at a time");
+        assert!(!text.contains(BULK_LOAD), "`{name}`: W_qkv is streamed by bulk copies");
+        assert!(text.contains("ld.global.v4.b32"), "`{name}`: the cache is not loaded 16 bytes at a time");
+        assert!(text.contains("ld.shared::cluster.v4.b32"), "`{name}`: the cluster reduction does not move 16-byte vectors");
+        // The sum over heads is the second launch's: no atomics, so the output is deterministic.
+        assert!(!text.contains("atom."), "`{name}` must not use atomics");
+    }
+    // The output projection streams W_o the same way (through registers: with a ring of bulk
+    // copies it took 14.2-14.7 µs alone on the H200, 12.5 µs so).
+    let text = entry("decode_o_proj_f16");
+    assert!(!text.contains(BULK_LOAD) && !text.contains("atom."), "`decode_o_proj_f16`: W_o through registers, no atomics");
+}
+
+/// A bulk copy from global to shared memory, completing on an mbarrier.
+const BULK_LOAD: &str = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes";
+
+#[test]
+fn decode_o_proj_loads_w_o_before_waiting_for_the_attention() {
+    for name in ["decode_attention_f16", "decode_attention_bf16_b8"] {
+        assert_eq!(entry(name).matches("griddepcontrol.launch_dependents;").count(), 1, "`{name}` triggers its dependent once");
+    }
+    for name in ["decode_o_proj_f16", "decode_o_proj_bf16_b8"] {
+        let text = entry(name);
+        let wait = text.find("griddepcontrol.wait;").unwrap_or_else(|| panic!("`{name}` never waits for its prerequisite"));
+        // The first item of W_o (R rows × V vectors a lane: 2 × 4 at batch 1, 4 × 2 at tile 8).
+        assert_eq!(text[..wait].matches("ld.global.nc.v4.b32").count(), 8, "`{name}`: W_o loads before the wait");
+    }
+}
+
+/// No kernel reads global memory ahead of its programmatic wait more than its PTX does
+/// ([`clusterfuse_build::check_programmatic_waits`]).
+#[test]
+fn no_global_load_moves_ahead_of_the_programmatic_wait() {
+    let waiting = clusterfuse_build::check_programmatic_waits(PTX.text).unwrap_or_else(|e| panic!("{e}"));
+    assert!(waiting >= 10, "only {waiting} kernels wait for a prerequisite");
+}

@@ -28,9 +28,10 @@
 
 use clusterfuse::host::{Gpu, Stream};
 use clusterfuse::{bf16, f16};
-use clusterfuse_examples::check::{gpu_or_skip, median_us_per_call, print_rows, Report};
-use clusterfuse_examples::decode_attention::host::{attend_config, attention_config, fused, o_proj_config, persistent_config, persistent_phases, qkv_rope_config, spread, Buffers, DecodeType, Separate, Step};
-use clusterfuse_examples::decode_attention::{EPS, HEAD_DIM, THETA};
+use clusterfuse_examples::check::{gpu_or_skip, median_us_per_call, print_rows, with_rng, Report};
+use rand::Rng;
+use clusterfuse_kernels::decode::host::{attend_config, attention_config, fused, o_proj_config, persistent_config, persistent_phases, qkv_rope_config, spread, Buffers, DecodeType, Separate, Step};
+use clusterfuse_kernels::decode::{EPS, HEAD_DIM, THETA};
 use std::error::Error;
 use std::path::{Path, PathBuf};
 
@@ -228,9 +229,10 @@ fn main() -> Result<()> {
     eprintln!("spread 1/3: {} blocks of {}, {} B dynamic shared memory a block; spread 2/3: {} blocks in clusters of {}", q.grid.x, q.block.x, q.dynamic_smem_bytes, a.grid.x, CLUSTERS[0]);
     let max_len = LENGTHS[LENGTHS.len() - 1];
     eprintln!("generating weights and {max_len}-token caches (f16 batch 1 and {BATCH}, bf16 batch 1) ...");
-    let mut f16_step = Step::<f16>::random(HIDDEN, max_len, &[max_len - 1]);
-    let mut bf16_step = Step::<bf16>::random(HIDDEN, max_len, &[max_len - 1]);
-    let mut batch_step = Step::<f16>::random(HIDDEN, max_len, &[max_len - 1; BATCH]);
+    let seed = || -> u64 { with_rng(|rng| rng.random()) };
+    let mut f16_step = Step::<f16>::random(seed(), HIDDEN, max_len, &[max_len - 1]);
+    let mut bf16_step = Step::<bf16>::random(seed(), HIDDEN, max_len, &[max_len - 1]);
+    let mut batch_step = Step::<f16>::random(seed(), HIDDEN, max_len, &[max_len - 1; BATCH]);
     let mut rows = Vec::new();
     for len in LENGTHS {
         eprintln!("L = {len}: f64 references and runs ...");

@@ -1,10 +1,11 @@
 //! A whole decode step of a Llama-3.2-1B-shaped model (16 layers, hidden 2048, 32 query / 8 KV
 //! heads of 64, MLP 8192, vocabulary 128256, tied embedding; random bf16 weights, 2.47 GB) at
-//! batch 1 and KV lengths 1024 and 4096, side by side in one run: example 14's persistent
-//! kernel, one launch a step (replayed from a CUDA graph of one node), its grid in clusters of
-//! 4, 8 and 16; and example 13's six kernels, 82 launches a step with programmatic dependent
-//! launch ("PDL") from a CUDA graph, the attention with clusters of 8 and 16 blocks per KV head.
-//! `--all` adds example 13's other variants: in stream order, launched directly, clusters of
+//! batch 1 and KV lengths 1024 and 4096, side by side in one run, through the kernel library's
+//! entry points (`clusterfuse_kernels::llama`): the persistent step, one launch a step
+//! (replayed from a CUDA graph of one node), its grid in clusters of 4, 8 and 16; and the
+//! chain's six kernels, 82 launches a step with programmatic dependent launch ("PDL") from a
+//! CUDA graph, the attention with clusters of 8 and 16 blocks per KV head. `--all` adds the
+//! chain's other variants: in stream order, launched directly, clusters of
 //! 4, and a projection block per item instead of at most two per SM; `--quick` runs only L =
 //! 1024 and clusters of 16.
 //!
@@ -20,7 +21,8 @@
 //! `cargo run --release -p clusterfuse-examples --bin llama-bench`
 
 use clusterfuse::host::Gpu;
-use clusterfuse_examples::check::{gpu_or_skip, median_us_per_call, print_rows, Report};
+use clusterfuse_examples::check::{gpu_or_skip, median_us_per_call, print_rows, with_rng, Report};
+use rand::Rng;
 use clusterfuse_kernels::llama::chain::host::{attention_config, projection_config, step, Buffers, Kernels};
 use clusterfuse_kernels::llama::{Model, Shape, TOLERANCE};
 use clusterfuse_kernels::llama::persistent::host::{self as persistent, config as persistent_config};
@@ -135,7 +137,7 @@ fn main() -> Result<()> {
         eprintln!("{name}: {} blocks of {}, cluster {:?}, {} B dynamic shared memory", c.grid.x, c.block.x, c.cluster.map(|c| c.x), c.dynamic_smem_bytes);
     }
     let started = Instant::now();
-    let mut model = Model::random(shape, 1, LENGTHS[0] - 1, 128_000)?;
+    let mut model = Model::random(shape, with_rng(|rng| rng.random()), LENGTHS[0] - 1, 128_000)?;
     eprintln!("{} parameters generated in {:.1} s", shape.parameters(), started.elapsed().as_secs_f64());
     let (mut rows, mut phase_tables) = (Vec::new(), Vec::new());
     for &len in lengths {

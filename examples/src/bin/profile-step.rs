@@ -16,7 +16,7 @@
 
 use clusterfuse::f16;
 use clusterfuse_examples::check::{gpu_or_skip, random};
-use clusterfuse_examples::decode_attention::host::{fused, spread, Buffers, DecodeType, Step};
+use clusterfuse_kernels::decode::host::{fused, spread, Buffers, DecodeType, Step};
 use std::error::Error;
 
 const USAGE: &str = "usage: profile-step decode [L] | bert [BATCH] | llama";
@@ -31,7 +31,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         "decode" => {
             let len = size.unwrap_or(1024);
             let kernels = <f16 as DecodeType>::load(&gpu)?;
-            let step = Step::<f16>::random(4096, len, &[len - 1]);
+            let step = Step::<f16>::random(1, 4096, len, &[len - 1]);
             let mut b = Buffers::upload(&gpu, &step)?;
             for _ in 0..3 {
                 spread::<f16>(&kernels, gpu.stream(), &mut b, 4, true)?;
