@@ -78,6 +78,8 @@ pub fn run_batch(gpu: &Gpu) -> Result<Report> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clusterfuse_kernels::decode::host::persistent_phases;
+    use clusterfuse_kernels::decode::PHASES;
 
     /// The spread variant at Llama-2-7B's hidden 4096 on the emulator (a short cache), so
     /// that spread 1/3's warps run all four items of a row pair, not the one of the
@@ -91,5 +93,33 @@ mod tests {
         spread(&kernels, gpu.stream(), &mut b, 4, true).unwrap();
         let report = Report::new("spread, hidden 4096".into(), &b.results(&gpu, &step).unwrap(), &step.reference().all(), f16::TOLERANCE);
         assert!(report.passed(), "{report:?}");
+    }
+
+    /// The persistent block's timeline: every block stamps its start and end, blocks of a
+    /// head's cluster their heads, blocks with an output projection item its input, in order.
+    #[test]
+    fn the_persistent_timeline_stamps_every_block_in_order() {
+        let gpu = Gpu::emulator();
+        let kernels = <f16 as DecodeType>::load(&gpu).unwrap();
+        let step = Step::<f16>::random(3, 256, 40, &[17]);
+        let mut b = Buffers::upload(&gpu, &step).unwrap();
+        let config = persistent_config::<f16>(&kernels, &gpu, 256, 2).unwrap();
+        b.record_timeline(&gpu, config.grid.x).unwrap();
+        f16::persistent(&kernels, gpu.stream(), &mut b, &config).unwrap();
+        let timeline = gpu.download(&b.timeline).unwrap();
+        let (mut heads, mut items) = (0, 0);
+        for stamps in timeline.chunks(PHASES) {
+            let [start, head, ready, end] = [stamps[0], stamps[1], stamps[2], stamps[3]];
+            assert!(start > 0 && end >= start, "{stamps:?}");
+            for t in [head, ready].into_iter().filter(|&t| t > 0) {
+                assert!(start <= t && t <= end, "{stamps:?}");
+            }
+            assert!(head == 0 || ready == 0 || head <= ready, "{stamps:?}");
+            (heads, items) = (heads + usize::from(head > 0), items + usize::from(ready > 0));
+        }
+        // Hidden 256: 2 heads on clusters of 2, 8 items of 32 rows.
+        assert_eq!((heads, items), (4, 8.min(config.grid.x as usize)), "{timeline:?}");
+        let [heads_done, all_ready, last_end, _] = persistent_phases(&timeline);
+        assert!(heads_done <= all_ready && all_ready <= last_end, "{heads_done} {all_ready} {last_end}");
     }
 }

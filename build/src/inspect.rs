@@ -1,0 +1,112 @@
+//! What a test asks of a kernel crate's PTX: one entry's text, every kernel's resources
+//! (`ptxas -v`), its SASS (`cuobjdump`), and whether loads stay behind programmatic waits.
+
+use crate::{assemble, home, io, parse_report, Error, KernelResources, ARCH};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+use std::{env, fs};
+
+/// The text of `name`'s `.entry` in `ptx`, from its header to its closing brace, for tests that
+/// check what a kernel's PTX does (loads before a wait, no atomics, ..).
+pub fn entry<'p>(ptx: &'p str, name: &str) -> Option<&'p str> {
+    let body = &ptx[ptx.find(&format!(".entry {name}("))?..];
+    Some(&body[..body.find("\n}\n")?])
+}
+
+/// Every kernel's resources in `ptx` (registers, spills, shared memory), and ptxas's whole
+/// report (its performance warnings included): `ptx` assembled for [`ARCH`] by the installed
+/// `ptxas`, for tests that bound a kernel's spills and shared memory.
+pub fn resources(ptx: &str) -> Result<(BTreeMap<String, KernelResources>, String), Error> {
+    let ptxas = home().join("bin/ptxas");
+    if !ptxas.exists() {
+        return Err(Error::MissingTool { tool: String::from("ptxas"), path: ptxas });
+    }
+    // A file per call: tests run in parallel.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let file = env::temp_dir().join(format!("clusterfuse-{}-{call}.ptx", std::process::id()));
+    fs::write(&file, ptx).map_err(io("cannot write", &file))?;
+    let report = assemble(&ptxas, &file);
+    fs::remove_file(&file).ok();
+    let report = report?;
+    Ok((parse_report(&report), report))
+}
+
+/// The SASS of a PTX module's kernels, for tests of what ptxas made of them: the module
+/// assembled for [`ARCH`] into a temporary directory (removed on drop), each kernel
+/// disassembled on demand by the installed `cuobjdump`.
+pub struct Sass {
+    dir: PathBuf,
+    cubin: PathBuf,
+    bin: PathBuf,
+}
+
+impl Sass {
+    /// Assembles `ptx`.
+    pub fn new(ptx: &str) -> Result<Self, Error> {
+        let bin = home().join("bin");
+        for tool in ["ptxas", "cuobjdump"] {
+            if !bin.join(tool).exists() {
+                return Err(Error::MissingTool { tool: tool.into(), path: bin.join(tool) });
+            }
+        }
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = env::temp_dir().join(format!("clusterfuse-sass-{}-{call}", std::process::id()));
+        fs::create_dir_all(&dir).map_err(io("cannot create", &dir))?;
+        let (file, cubin) = (dir.join("module.ptx"), dir.join("module.cubin"));
+        fs::write(&file, ptx).map_err(io("cannot write", &file))?;
+        let output = Command::new(bin.join("ptxas")).arg(format!("-arch={ARCH}")).arg("-o").arg(&cubin).arg(&file).output().map_err(io("cannot run ptxas on", &file))?;
+        if !output.status.success() {
+            return Err(Error::Ptxas { report: String::from_utf8_lossy(&output.stderr).into_owned() });
+        }
+        Ok(Self { dir, cubin, bin })
+    }
+
+    /// `kernel`'s SASS (`cuobjdump --dump-sass -fun kernel`).
+    pub fn of(&self, kernel: &str) -> Result<String, Error> {
+        // cuobjdump runs nvdisasm, which it looks for on the PATH.
+        let path = env::join_paths(std::iter::once(self.bin.clone()).chain(env::split_paths(&env::var_os("PATH").unwrap_or_default()))).map_err(|e| Error::Io(e.to_string()))?;
+        let output = Command::new(self.bin.join("cuobjdump")).env("PATH", path).args(["--dump-sass", "-fun", kernel]).arg(&self.cubin).output().map_err(io("cannot run cuobjdump on", &self.cubin))?;
+        if !output.status.success() {
+            return Err(Error::Ptx(format!("cuobjdump: {}", String::from_utf8_lossy(&output.stderr))));
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+}
+
+impl Drop for Sass {
+    fn drop(&mut self) {
+        fs::remove_dir_all(&self.dir).ok();
+    }
+}
+
+/// Checks that no kernel of `ptx` reads global memory ahead of its programmatic wait more than
+/// its PTX does, and returns how many kernels wait: ptxas may issue a read-only load
+/// (`ld.global.nc`, which it takes to be invariant for the whole kernel) before
+/// `griddepcontrol.wait` (`ACQBULK`), and under programmatic dependent launch that load reads
+/// what the previous kernel may still be writing. Loads a kernel issues before its wait on
+/// purpose (weights) are its PTX's; the PTX count is textual, an upper bound for the loads
+/// the wait can precede.
+pub fn check_programmatic_waits(ptx: &str) -> Result<usize, Error> {
+    let sass = Sass::new(ptx)?;
+    let waiting: Vec<(&str, &str)> = ptx
+        .split(".entry ")
+        .skip(1)
+        .filter_map(|e| e.split_once('(').map(|(name, _)| name))
+        .filter_map(|name| entry(ptx, name).map(|text| (name, text)))
+        .filter(|(_, text)| text.contains("griddepcontrol.wait;"))
+        .collect();
+    for &(name, text) in &waiting {
+        let in_ptx = text[..text.find("griddepcontrol.wait;").unwrap_or(0)].matches("ld.global").count();
+        let code = sass.of(name)?;
+        let wait = code.find("ACQBULK").ok_or_else(|| Error::Ptx(format!("`{name}`: no ACQBULK in the SASS")))?;
+        let is_load = |l: &&str| l.split_whitespace().any(|t| t == "LDG" || t.starts_with("LDG."));
+        let in_sass = code[..wait].lines().filter(is_load).count();
+        if in_sass > in_ptx {
+            return Err(Error::Ptx(format!("`{name}`: {in_sass} global loads before ACQBULK in the SASS, {in_ptx} before the wait in the PTX")));
+        }
+    }
+    Ok(waiting.len())
+}
