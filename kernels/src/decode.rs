@@ -100,6 +100,26 @@
 //! **Separate** (five launches, f16, batch 1, f32 intermediates in global memory, as a
 //! framework would): [`fn@decode_rms_norm`], [`fn@decode_qkv`], [`fn@decode_rope_append`],
 //! [`fn@decode_attend`] (the same flash-decoding and cluster merge) and [`fn@decode_o_proj_f16`].
+//!
+//! On the host ([`host`]):
+//!
+//! ```no_run
+//! # fn main() -> clusterfuse::host::Result<()> {
+//! use clusterfuse::f16;
+//! use clusterfuse::host::Gpu;
+//! use clusterfuse_kernels::decode::host::{fused, persistent_config, Buffers, DecodeType, Step};
+//!
+//! let gpu = Gpu::new(0)?;
+//! // Random weights and a 1024-token cache (seed, hidden, cache length, each sequence's position).
+//! let step = Step::<f16>::random(1, 4096, 1024, &[1023]);
+//! let kernels = <f16 as DecodeType>::load(&gpu)?;
+//! let mut buffers = Buffers::upload(&gpu, &step)?;
+//! fused(&kernels, gpu.stream(), &mut buffers, 4, true)?; // two launches: clusters of 4, PDL
+//! let config = persistent_config::<f16>(&kernels, &gpu, 4096, 4)?;
+//! f16::persistent(&kernels, gpu.stream(), &mut buffers, &config)?; // one launch
+//! let out = buffers.results(&gpu, &step)?; // `out`, then the appended k and v
+//! # let _ = (out, step.reference()); Ok(()) }
+//! ```
 
 use clusterfuse::arch;
 use clusterfuse::global::Coherent;
