@@ -20,6 +20,10 @@ pub mod rms_norm_residual {
 
     #[stage(thread)]
     fn fetch(x: Global<&[f32]>, cols: u32) -> Registers<Row> {
+        if cols as usize > 256 * PER_THREAD {
+            // A row longer than the block holds: fail loudly rather than drop values.
+            clusterfuse::arch::trap();
+        }
         let start = block::index_x() as usize * cols as usize;
         let mut row = [0.0; PER_THREAD];
         for (j, v) in row.iter_mut().enumerate() {

@@ -5,10 +5,13 @@ use clusterfuse::host::{Gpu, Result};
 use my_kernels::rms_norm_residual;
 
 fn main() -> Result<()> {
-    let gpu = Gpu::new(0).or_else(|err| {
-        eprintln!("no GPU ({err}): running on the CPU emulator");
-        Ok::<_, clusterfuse::host::Error>(Gpu::emulator())
-    })?;
+    let gpu = match Gpu::new(0) {
+        Ok(gpu) => gpu,
+        Err(err) => {
+            eprintln!("no GPU ({err}): running on the CPU emulator");
+            Gpu::emulator()
+        }
+    };
     let (rows, cols) = (64, 1000);
     let mut seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1;
     let mut random = |n: usize| -> Vec<f32> {
