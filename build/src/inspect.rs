@@ -1,10 +1,12 @@
 //! What a test asks of a kernel crate's PTX: one entry's text, every kernel's resources
 //! (`ptxas -v`), its SASS (`cuobjdump`), and whether loads stay behind programmatic waits.
 
-use crate::{assemble, home, io, parse_report, Error, KernelResources, ARCH};
+use crate::toolchain::require;
+use crate::{assemble, assemble_into, home, io, parse_report, Error, KernelResources};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::{env, fs};
 
 /// The text of `name`'s `.entry` in `ptx`, from its header to its closing brace, for tests that
@@ -15,30 +17,49 @@ pub fn entry<'p>(ptx: &'p str, name: &str) -> Option<&'p str> {
 }
 
 /// Every kernel's resources in `ptx` (registers, spills, shared memory), and ptxas's whole
-/// report (its performance warnings included): `ptx` assembled for [`ARCH`] by the installed
+/// report (its performance warnings included): `ptx` assembled for [`ARCH`](crate::ARCH) by the installed
 /// `ptxas`, for tests that bound a kernel's spills and shared memory.
 pub fn resources(ptx: &str) -> Result<(BTreeMap<String, KernelResources>, String), Error> {
-    let ptxas = home().join("bin/ptxas");
-    if !ptxas.exists() {
-        return Err(Error::MissingTool { tool: String::from("ptxas"), path: ptxas });
-    }
-    // A file per call: tests run in parallel.
-    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let file = env::temp_dir().join(format!("clusterfuse-{}-{call}.ptx", std::process::id()));
-    fs::write(&file, ptx).map_err(io("cannot write", &file))?;
-    let report = assemble(&ptxas, &file);
-    fs::remove_file(&file).ok();
-    let report = report?;
+    let ptxas = require("ptxas", home().join("bin/ptxas"))?;
+    let scratch = Scratch::with(ptx)?;
+    let report = assemble(&ptxas, &scratch.ptx())?;
     Ok((parse_report(&report), report))
 }
 
+/// A temporary directory of its own (tests run in parallel) holding a PTX module, removed on
+/// drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn with(ptx: &str) -> Result<Self, Error> {
+        static CALLS: AtomicUsize = AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, Ordering::Relaxed);
+        let scratch = Self(env::temp_dir().join(format!("clusterfuse-{}-{call}", std::process::id())));
+        fs::create_dir_all(&scratch.0).map_err(io("cannot create", &scratch.0))?;
+        fs::write(scratch.ptx(), ptx).map_err(io("cannot write", &scratch.ptx()))?;
+        Ok(scratch)
+    }
+
+    fn ptx(&self) -> PathBuf {
+        self.0.join("module.ptx")
+    }
+
+    fn cubin(&self) -> PathBuf {
+        self.0.join("module.cubin")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        fs::remove_dir_all(&self.0).ok();
+    }
+}
+
 /// The SASS of a PTX module's kernels, for tests of what ptxas made of them: the module
-/// assembled for [`ARCH`] into a temporary directory (removed on drop), each kernel
+/// assembled for [`ARCH`](crate::ARCH) into a temporary directory (removed on drop), each kernel
 /// disassembled on demand by the installed `cuobjdump`.
 pub struct Sass {
-    dir: PathBuf,
-    cubin: PathBuf,
+    scratch: Scratch,
     bin: PathBuf,
 }
 
@@ -46,39 +67,23 @@ impl Sass {
     /// Assembles `ptx`.
     pub fn new(ptx: &str) -> Result<Self, Error> {
         let bin = home().join("bin");
-        for tool in ["ptxas", "cuobjdump"] {
-            if !bin.join(tool).exists() {
-                return Err(Error::MissingTool { tool: tool.into(), path: bin.join(tool) });
-            }
-        }
-        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = env::temp_dir().join(format!("clusterfuse-sass-{}-{call}", std::process::id()));
-        fs::create_dir_all(&dir).map_err(io("cannot create", &dir))?;
-        let (file, cubin) = (dir.join("module.ptx"), dir.join("module.cubin"));
-        fs::write(&file, ptx).map_err(io("cannot write", &file))?;
-        let output = Command::new(bin.join("ptxas")).arg(format!("-arch={ARCH}")).arg("-o").arg(&cubin).arg(&file).output().map_err(io("cannot run ptxas on", &file))?;
-        if !output.status.success() {
-            return Err(Error::Ptxas { report: String::from_utf8_lossy(&output.stderr).into_owned() });
-        }
-        Ok(Self { dir, cubin, bin })
+        let ptxas = require("ptxas", bin.join("ptxas"))?;
+        require("cuobjdump", bin.join("cuobjdump"))?;
+        let scratch = Scratch::with(ptx)?;
+        assemble_into(&ptxas, &scratch.ptx(), &scratch.cubin())?;
+        Ok(Self { scratch, bin })
     }
 
     /// `kernel`'s SASS (`cuobjdump --dump-sass -fun kernel`).
     pub fn of(&self, kernel: &str) -> Result<String, Error> {
+        let cubin = self.scratch.cubin();
         // cuobjdump runs nvdisasm, which it looks for on the PATH.
         let path = env::join_paths(std::iter::once(self.bin.clone()).chain(env::split_paths(&env::var_os("PATH").unwrap_or_default()))).map_err(|e| Error::Io(e.to_string()))?;
-        let output = Command::new(self.bin.join("cuobjdump")).env("PATH", path).args(["--dump-sass", "-fun", kernel]).arg(&self.cubin).output().map_err(io("cannot run cuobjdump on", &self.cubin))?;
+        let output = Command::new(self.bin.join("cuobjdump")).env("PATH", path).args(["--dump-sass", "-fun", kernel]).arg(&cubin).output().map_err(io("cannot run cuobjdump on", &cubin))?;
         if !output.status.success() {
             return Err(Error::Ptx(format!("cuobjdump: {}", String::from_utf8_lossy(&output.stderr))));
         }
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-    }
-}
-
-impl Drop for Sass {
-    fn drop(&mut self) {
-        fs::remove_dir_all(&self.dir).ok();
     }
 }
 

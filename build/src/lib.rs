@@ -137,9 +137,16 @@ fn ptx_artifact(messages: &str) -> Option<PathBuf> {
 
 /// Assembles `ptx` for [`ARCH`] and returns ptxas's resource report (`-v`).
 pub fn assemble(ptxas: &Path, ptx: &Path) -> Result<String, Error> {
+    assemble_into(ptxas, ptx, Path::new("/dev/null"))
+}
+
+/// [`assemble`], writing the cubin to `cubin`.
+fn assemble_into(ptxas: &Path, ptx: &Path, cubin: &Path) -> Result<String, Error> {
     let output = Command::new(ptxas)
         .arg(format!("-arch={ARCH}"))
-        .args(["-v", "-o", "/dev/null"])
+        .arg("-v")
+        .arg("-o")
+        .arg(cubin)
         .arg(ptx)
         .output()
         .map_err(|e| Error::Io(format!("cannot run {}: {e}", ptxas.display())))?;

@@ -23,7 +23,8 @@ pub fn home() -> PathBuf {
     })
 }
 
-fn require(tool: &str, path: PathBuf) -> Result<PathBuf, Error> {
+/// `path`, or [`Error::MissingTool`] naming `tool` when nothing is there.
+pub(crate) fn require(tool: &str, path: PathBuf) -> Result<PathBuf, Error> {
     if path.exists() {
         Ok(path)
     } else {

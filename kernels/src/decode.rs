@@ -1063,7 +1063,7 @@ pub mod host {
     use rand::rngs::StdRng;
     use rand::SeedableRng;
     use clusterfuse::host::cudarc::driver::DeviceRepr;
-    use clusterfuse::host::{Buffer, Gpu, LaunchPlan, Published, Result, Stream};
+    use clusterfuse::host::{Buffer, Gpu, Published, Result, Stream};
     use rand::Rng;
 
     /// An element type of the weights, activations and cache, with its fused kernels.
@@ -1089,9 +1089,8 @@ pub mod host {
         /// The persistent block (batch 1) on `stream`, launched with `config`
         /// ([`persistent_config`]).
         fn persistent(kernels: &Self::Kernels, stream: &Stream, b: &mut Buffers<Self>, config: &LaunchConfig) -> Result<()>;
-        /// The persistent block's launch plan for `config`, and most blocks of it resident at
-        /// once.
-        fn persistent_residency(kernels: &Self::Kernels, gpu: &Gpu, config: &LaunchConfig) -> Result<(LaunchPlan, u64)>;
+        /// Most blocks of the persistent block launched as `config` resident at once.
+        fn persistent_residency(kernels: &Self::Kernels, gpu: &Gpu, config: &LaunchConfig) -> Result<u64>;
         /// Most clusters of `cluster` blocks of fused 1/2 resident at once, at `batch`.
         fn max_active_clusters(kernels: &Self::Kernels, gpu: &Gpu, hidden: usize, batch: usize, cluster: u32) -> Result<u32>;
     }
@@ -1155,10 +1154,8 @@ pub mod host {
         let rows = WARPS * PERSISTENT_O_ROWS;
         assert!(hidden.is_multiple_of(rows), "hidden {hidden} is not a multiple of {rows}");
         let smem = stage_units(1) * hidden * 2;
-        // Residency asked of one cluster: the occupancy API's answer for a larger grid may
-        // exceed what that grid then gets.
         let mut config = config(cluster as usize, BLOCK, Some(cluster), smem);
-        let (_, resident) = T::persistent_residency(kernels, gpu, &config)?;
+        let resident = T::persistent_residency(kernels, gpu, &config)?;
         let wanted = (heads_blocks as u64 + (hidden / rows) as u64).min(resident);
         config.grid = ((wanted / cluster as u64 * cluster as u64) as u32).into();
         Ok(config)
@@ -1228,10 +1225,8 @@ pub mod host {
                     k.persistent.launch(s, config, &b.x, &b.norm_w, &b.w_qkv, &b.rope, &b.positions, &mut b.k_cache, &mut b.v_cache, &mut b.attn, &b.w_o, &mut b.out, max_len, &mut b.timeline)
                 }
 
-                fn persistent_residency(k: &Self::Kernels, gpu: &Gpu, config: &LaunchConfig) -> Result<(LaunchPlan, u64)> {
-                    let plan = k.persistent.raw().plan(config)?;
-                    let resident = k.persistent.raw().max_resident_blocks(gpu.stream(), &plan)?;
-                    Ok((plan, resident))
+                fn persistent_residency(k: &Self::Kernels, gpu: &Gpu, config: &LaunchConfig) -> Result<u64> {
+                    k.persistent.raw().max_resident_blocks(gpu.stream(), &k.persistent.raw().plan(config)?)
                 }
 
                 fn max_active_clusters(k: &Self::Kernels, gpu: &Gpu, hidden: usize, batch: usize, cluster: u32) -> Result<u32> {

@@ -11,6 +11,8 @@ clusterfuse::embed_ptx!();
 pub mod rms_norm_residual {
     use clusterfuse::prelude::*;
 
+    /// Threads per block, as `block = 256` above.
+    pub const THREADS: usize = 256;
     /// Values per thread, at most: rows of up to 256 × 8 = 2048 values.
     pub const PER_THREAD: usize = 8;
 
@@ -20,14 +22,14 @@ pub mod rms_norm_residual {
 
     #[stage(thread)]
     fn fetch(x: Global<&[f32]>, cols: u32) -> Registers<Row> {
-        if cols as usize > 256 * PER_THREAD {
+        if cols as usize > THREADS * PER_THREAD {
             // A row longer than the block holds: fail loudly rather than drop values.
             clusterfuse::arch::trap();
         }
         let start = block::index_x() as usize * cols as usize;
         let mut row = [0.0; PER_THREAD];
         for (j, v) in row.iter_mut().enumerate() {
-            let c = thread::index_x() as usize + j * 256;
+            let c = thread::index_x() as usize + j * THREADS;
             if c < cols as usize {
                 *v = x[start + c];
             }
@@ -47,7 +49,7 @@ pub mod rms_norm_residual {
     fn store(row: Registers<Row>, scale: Registers<f32>, w: Global<&[f32]>, residual: Global<&[f32]>, out: Global<Out<f32>>, cols: u32) {
         let start = block::index_x() as usize * cols as usize;
         for (j, v) in row.0.iter().enumerate() {
-            let c = thread::index_x() as usize + j * 256;
+            let c = thread::index_x() as usize + j * THREADS;
             if c < cols as usize {
                 out.set(start + c, (v * scale).fma(w[c], residual[start + c]));
             }
