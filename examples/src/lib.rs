@@ -50,6 +50,9 @@ pub mod llama_decode;
 #[cfg(not(target_arch = "nvptx64"))]
 #[path = "14-persistent-llama.rs"]
 pub mod persistent_llama;
+#[cfg(not(target_arch = "nvptx64"))]
+#[path = "15-moe.rs"]
+pub mod moe;
 
 /// Kernels of the `cluster-bench` benchmark.
 pub mod bench;
@@ -110,4 +113,5 @@ pub const EXAMPLES: &[(&str, check::Runner)] = &[
     ("12-split-f16-ln", wgmma_gemm::run_split_k_layer_norm),
     ("13-llama-decode", llama_decode::run),
     ("14-persistent-llama", persistent_llama::run),
+    ("15-moe", moe::run),
 ];

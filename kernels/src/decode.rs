@@ -178,7 +178,7 @@ fn load_words<T: HalfFloat>(input: &[T], i: usize) -> [u32; 4] {
 /// [`load_words`] from an output, through the coherent path (the caches, which this kernel
 /// also writes).
 #[inline(always)]
-fn load_words_out<T: HalfFloat>(output: &Out<T>, i: usize) -> [u32; 4] {
+pub(crate) fn load_words_out<T: HalfFloat>(output: &Out<T>, i: usize) -> [u32; 4] {
     const { assert!(core::mem::size_of::<T>() == 2, "16-bit elements") };
     // SAFETY: as in `load_words`; the view lives only for this load and no `&[T]` to the
     // buffer exists.

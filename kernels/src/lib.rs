@@ -26,3 +26,4 @@ macro_rules! unroll {
 
 pub mod decode;
 pub mod llama;
+pub mod moe;

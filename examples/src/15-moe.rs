@@ -1,0 +1,47 @@
+//! 15 — a mixture-of-experts layer at decode, two launches: the kernel library's
+//! [`clusterfuse_kernels::moe`] (routing by a cluster top-k over DSMEM, then the selected
+//! experts' SiLU-gated FFNs on tensor cores with the combine fused into the down
+//! projection), checked against its f64 reference: the routing exactly, the gate weights and
+//! the output by relative error, each step launched twice for bitwise-equal outputs.
+
+use crate::check::{shape, with_rng, Report};
+use clusterfuse::host::{Gpu, Result};
+use clusterfuse_kernels::moe::host::{plan, step, Buffers, Kernels, Layer, Moe, Reference, TOLERANCE};
+use rand::Rng;
+
+/// Small layers on the emulator (Mixtral-like top 2 of 8 with renormalised gates, DeepSeek-like
+/// top 4 of 16 over the full softmax, at 1, 5 and 12 tokens, clusters of 2 and 4, one router
+/// row doubled so that two experts tie); Mixtral-8x7B and DeepSeek-V2-Lite shapes at 8 tokens
+/// on a GPU.
+pub fn run(gpu: &Gpu) -> Result<Report> {
+    let kernels = Kernels::load(gpu)?;
+    let mixtral_like = Layer { hidden: 128, experts: 8, top_k: 2, ffn: 64, renormalize: true };
+    let deepseek_like = Layer { hidden: 256, experts: 16, top_k: 4, ffn: 96, renormalize: false };
+    let cases = shape(gpu, vec![(Layer::MIXTRAL_8X7B, 8, 4), (Layer::DEEPSEEK_V2_LITE, 8, 4)], vec![(mixtral_like, 1, 2), (mixtral_like, 5, 4), (deepseek_like, 12, 4)]);
+    let (mut outs, mut refs, mut runs) = (Vec::new(), Vec::new(), Vec::new());
+    for (layer, tokens, cluster) in cases {
+        let mut moe = Moe::random(layer, tokens, with_rng(|rng| rng.random()))?;
+        // Experts 1 and 2 get the same router row: every token's logits tie there, and the
+        // lower index must win.
+        let h = layer.hidden;
+        let row: Vec<_> = moe.router[h..2 * h].to_vec();
+        moe.router[2 * h..3 * h].copy_from_slice(&row);
+        let reference = Reference::new(&moe);
+        let mut b = Buffers::upload(gpu, &moe)?;
+        let plan = plan(&kernels, gpu, layer, tokens, cluster, true)?;
+        step(&kernels, gpu.stream(), &mut b, &plan)?;
+        let first = b.results(gpu)?;
+        b.poison(gpu)?;
+        step(&kernels, gpu.stream(), &mut b, &plan)?;
+        let (out, ids, gates) = b.results(gpu)?;
+        let same = first.0.iter().chain(&first.2).zip(out.iter().chain(&gates)).all(|(a, b)| a.to_bits() == b.to_bits()) && first.1 == ids;
+        let mismatches = reference.routing_mismatches(&ids, layer.experts);
+        // A routing that differs, or a second run that does, counts as unwritten outputs.
+        let agrees = same && mismatches.is_empty();
+        outs.extend(out.iter().chain(&gates).map(|&v| if agrees { v } else { f32::NAN }));
+        refs.extend(reference.out.iter().chain(&reference.gates));
+        let mismatch = if mismatches.is_empty() { String::new() } else { format!(", routing differs at (token, slot, ours, reference) {:?}", &mismatches[..mismatches.len().min(4)]) };
+        runs.push(format!("{tokens} tok × top {} of {} (hidden {h}, ffn {}), {} experts used, cluster {cluster}{mismatch}", layer.top_k, layer.experts, layer.ffn, reference.selected(layer.experts)));
+    }
+    Ok(Report::new(runs.join("; "), &outs, &refs, TOLERANCE))
+}

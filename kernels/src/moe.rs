@@ -1,0 +1,909 @@
+//! A mixture-of-experts layer at decode: router, top-k routing, and SiLU-gated expert FFNs
+//! over only the experts the batch selects, bf16 weights and activations, f32 arithmetic on
+//! tensor cores, 1-64 tokens, in two launches:
+//!
+//! `y[t] = Σ_{e ∈ topk(t)} g[t, e] · W_down[e] · (silu(W_gate[e] · x[t]) ⊙ W_up[e] · x[t])`
+//!
+//! with `g` the softmax of the router logits `W_router · x[t]` (over all experts, or over the
+//! top k alone with `renormalize`: Mixtral's gating, where the two are the same numbers).
+//!
+//! [`fn@moe_gate_up`] (clusters of `C` blocks, as many as fit on the GPU at once):
+//! 1. **Routing, in every cluster.** Block `r` of a cluster computes the logits of experts
+//!    `r·E/C ..` for every token (a warp per (expert, token), 16-byte loads, shuffles), and
+//!    [`top_k`] — a `#[cluster_primitive]` — finds each token's `k` largest over the whole
+//!    cluster through DSMEM: each block's warps find its local top `k` and push them into
+//!    every peer's shared memory, then every block merges the `C·k` candidates. Ties go to
+//!    the lower expert index (the order is total: a logit and its index form one key), so
+//!    every cluster derives the same routing with no grid-wide step: the gate weights, the
+//!    tokens each expert serves (a 64-bit mask of tokens, from warp ballots), and the
+//!    *pairs* — the `T·k` (token, expert) choices sorted by expert, then token — from a
+//!    warp's prefix sums.
+//! 2. **Gate and up projections.** A warp owns 16 rows of one selected expert's `W_gate` and
+//!    `W_up` (an *item*; items go round robin over the grid's warps) and streams them whole
+//!    through `mma.m16n8k16`: the weights are the A operand, loaded from global memory in
+//!    16-byte vectors straight into fragment registers, the pairs' token vectors the B
+//!    operand (8 pairs per n-tile). A 16-byte load holds 8 consecutive k of one row, which is
+//!    not the fragment's k order; the dot product does not care, so B is loaded with the same
+//!    permutation (lane `l` reads 8 consecutive k of token `l / 4`) and one pair of loads
+//!    feeds two `mma`s. Each lane issues all its loads of 4 K-steps (256 bytes) before its
+//!    `mma`s. The epilogue writes `h = silu(gate) ⊙ up` (bf16) per pair, in pair order.
+//!
+//! [`fn@moe_down`] (launched programmatically after it; a block per 16 rows of the output):
+//! each warp takes every 8th 32-wide K-step of each selected expert's `W_down` rows (one flat
+//! stream of steps across experts, 8 steps' loads in flight), multiplies them with the
+//! pairs' `h`, and adds each finished expert's result times its gate weight into its own
+//! per-token accumulators in shared memory; the block then sums its warps' accumulators in
+//! warp order and writes `y`. The combine is fused into the last projection, and nothing is
+//! atomic: the output is bitwise deterministic.
+//!
+//! Every weight byte of a selected expert is read once per step (a warp's rows are re-read
+//! only when an expert serves more pairs than an n-tile group holds: 8 pairs per group for
+//! the `_g8` kernels, 16 for `_g16`), and unselected experts are never touched.
+
+use clusterfuse::arch;
+use clusterfuse::cluster::Cluster;
+use clusterfuse::mma::{mma_m16n8k16, FragA, FragB, FragC};
+use clusterfuse::prelude::*;
+use clusterfuse::shared::DynamicShared;
+use crate::decode::load_words_out;
+
+/// Most tokens a launch routes (a token mask is 64 bits).
+pub const MAX_TOKENS: usize = 64;
+/// Most experts a token chooses.
+pub const MAX_TOP_K: usize = 8;
+/// Threads per block.
+pub const BLOCK: u32 = 256;
+const WARPS: usize = BLOCK as usize / 32;
+/// Rows of an item: the rows of an `mma` tile.
+pub const ROWS: usize = 16;
+/// Columns (k) one `mma` step of a lane group covers: two `m16n8k16`.
+const STEP: usize = 32;
+/// K-steps whose loads the gate/up kernel issues together.
+const GATE_UP_UNROLL: usize = 4;
+/// K-steps whose loads the down kernel issues together.
+const DOWN_UNROLL: usize = 8;
+
+/// Orders `(value, index)` as one `u64`: larger values first, then lower indices. Every
+/// key of a finite value is above 0, which stands for "none".
+#[inline(always)]
+pub fn key(value: f32, index: u32) -> u64 {
+    let bits = value.to_bits();
+    let ordered = if bits >> 31 == 1 { !bits } else { bits | 0x8000_0000 };
+    ((ordered as u64) << 32) | (u32::MAX - index) as u64
+}
+
+/// The inverse of [`key`].
+#[inline(always)]
+pub fn unkey(key: u64) -> (f32, u32) {
+    let ordered = (key >> 32) as u32;
+    let bits = if ordered >> 31 == 1 { ordered & 0x7fff_ffff } else { !ordered };
+    (f32::from_bits(bits), u32::MAX - key as u32)
+}
+
+/// The largest key of the warp, in every lane.
+#[inline(always)]
+fn warp_max(mut key: u64) -> u64 {
+    for mask in [16, 8, 4, 2, 1] {
+        let low = arch::shfl_sync_bfly_b32(key as u32, mask, warp::FULL_MASK);
+        let high = arch::shfl_sync_bfly_b32((key >> 32) as u32, mask, warp::FULL_MASK);
+        key = key.max(((high as u64) << 32) | low as u64);
+    }
+    key
+}
+
+/// The `k` largest of `len` keys (`key_at(i)`), largest first: `emit(j, key)` in every lane
+/// for round `j` (0 once the keys run out). The whole warp calls it together.
+#[inline(always)]
+fn warp_top_k(len: usize, k: usize, key_at: impl Fn(usize) -> u64, mut emit: impl FnMut(usize, u64)) {
+    let mut bound = u64::MAX;
+    for j in 0..k {
+        let mut best = 0;
+        for i in (warp::lane() as usize..len).step_by(32) {
+            let key = key_at(i);
+            if key < bound && key > best {
+                best = key;
+            }
+        }
+        bound = warp_max(best);
+        emit(j, bound);
+    }
+}
+
+/// Each row's `k` largest values over the cluster, as [`key`]s, largest first, in `top`
+/// (`rows × k`) of every block: block `r` holds columns `r·n .. (r + 1)·n` of each row in
+/// `values` (`rows × n`, row-major), and a key's index is its column in the whole row. Ties
+/// go to the lower index. `candidates` (at least `rows × cluster::size() × k`) is the
+/// exchange buffer; `k ≤ 32` and `cluster::size() ≤ 32`. Every thread of every block calls
+/// it, after the block has written `values`; `top` is ready in every thread on return.
+///
+/// Each warp takes rows round robin, finds the row's local top `k` with [`warp_max`] rounds
+/// and lane `p` pushes it into block `p`'s `candidates` (after the first barrier: a peer's
+/// shared memory exists only once it has started); after the second, each warp merges a
+/// row's `size · k` candidates the same way; the third lets `candidates` be reused.
+#[cluster_primitive(barriers = 3)]
+pub fn top_k(_scope: &Cluster, values: SharedSlice<f32>, rows: usize, k: usize, candidates: SharedSlice<u64>, top: SharedSlice<u64>) {
+    let (rank, size) = (cluster::block_rank() as usize, cluster::size() as usize);
+    if k > 32 || size > 32 || rows == 0 || candidates.len() < rows * size * k || top.len() < rows * k {
+        arch::trap();
+    }
+    let n = values.len() / rows;
+    let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
+    let warps = block::warps() as usize;
+    cluster::sync();
+    for row in (warp..rows).step_by(warps) {
+        let key_at = |i: usize| key(values.load(row * n + i), (rank * n + i) as u32);
+        warp_top_k(n, k, key_at, |j, best| {
+            if lane < size {
+                candidates.in_block(lane as u32).store((row * size + rank) * k + j, best);
+            }
+        });
+    }
+    cluster::sync();
+    for row in (warp..rows).step_by(warps) {
+        warp_top_k(size * k, k, |i| candidates.load(row * size * k + i), |j, best| {
+            if lane == 0 {
+                top.store(row * k + j, best);
+            }
+        });
+    }
+    cluster::sync();
+}
+
+/// The routing of a launch, in a block's shared memory: per expert the number of pairs it
+/// serves and the first of them, the pairs' tokens and gate weights (sorted by expert, then
+/// token), and the *items*: `(expert << 16) | group` for each group of up to `group` pairs of
+/// an expert, in expert order, after their count at index 0.
+#[derive(Clone, Copy)]
+struct Dispatch {
+    count: SharedSlice<u32>,
+    offset: SharedSlice<u32>,
+    pair_token: SharedSlice<u32>,
+    pair_gate: SharedSlice<f32>,
+    items: SharedSlice<u32>,
+}
+
+/// One item: an expert, and its pairs `first .. first + len`.
+#[derive(Clone, Copy)]
+struct Item {
+    expert: usize,
+    first: usize,
+    len: usize,
+}
+
+impl Dispatch {
+    fn take(smem: &mut DynamicShared, experts: usize, pairs: usize) -> Self {
+        Dispatch {
+            count: smem.take(experts),
+            offset: smem.take(experts),
+            pair_token: smem.take(pairs),
+            pair_gate: smem.take(pairs),
+            items: smem.take(pairs + 1),
+        }
+    }
+
+    /// From `count`: `offset` (exclusive prefix sums) and the item list for groups of
+    /// `group` pairs, by warp 0's prefix sums (a lane per run of experts); then a block
+    /// barrier.
+    fn list_items(self, group: usize) {
+        if warp::index_in_block() == 0 {
+            let experts = self.count.len();
+            let lane = warp::lane() as usize;
+            let per = experts.div_ceil(32);
+            let mine = (lane * per).min(experts)..((lane + 1) * per).min(experts);
+            let (mut pairs, mut items) = (0u32, 0u32);
+            for e in mine.clone() {
+                let c = self.count.load(e);
+                (pairs, items) = (pairs + c, items + c.div_ceil(group as u32));
+            }
+            let (mut pair, mut item) = (exclusive_sum(pairs), exclusive_sum(items));
+            for e in mine {
+                let c = self.count.load(e);
+                self.offset.store(e, pair);
+                for g in 0..c.div_ceil(group as u32) {
+                    self.items.store(1 + item as usize, ((e as u32) << 16) | g);
+                    item += 1;
+                }
+                pair += c;
+            }
+            if lane == 31 {
+                self.items.store(0, item);
+            }
+        }
+        block::sync();
+    }
+
+    fn items(self) -> usize {
+        self.items.load(0) as usize
+    }
+
+    /// Item `i` for groups of `group` pairs.
+    #[inline(always)]
+    fn item(self, i: usize, group: usize) -> Item {
+        let packed = self.items.load(1 + i) as usize;
+        let (expert, g) = (packed >> 16, packed & 0xffff);
+        let first = g * group;
+        Item { expert, first: self.offset.load(expert) as usize + first, len: (self.count.load(expert) as usize - first).min(group) }
+    }
+}
+
+/// The exclusive prefix sum of `value` over the warp's lanes (the last lane's inclusive sum
+/// is the total).
+#[inline(always)]
+fn exclusive_sum(value: u32) -> u32 {
+    let (lane, mut sum) = (warp::lane(), value);
+    for delta in [1, 2, 4, 8, 16] {
+        let below = warp::shuffle_up(sum, delta);
+        if lane >= delta {
+            sum += below;
+        }
+    }
+    sum - value
+}
+
+/// Routes `tokens` tokens in every block of the cluster: logits, [`top_k`], gate weights
+/// (also returned as `ids`/`gates`, `tokens × k`), the pairs and the item list for groups of
+/// `group` pairs. Every thread calls it; the block's shared memory holds the result.
+#[allow(clippy::too_many_arguments)]
+fn route(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k: usize, renormalize: bool, group: usize) -> (Dispatch, SharedSlice<u32>, SharedSlice<f32>) {
+    let hidden = x.len() / tokens;
+    let experts = router.len() / hidden;
+    let (rank, size) = (cluster::block_rank() as usize, cluster::size() as usize);
+    let local = experts / size;
+    let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
+    let logits = smem.take::<f32>(tokens * local);
+    let denominators = smem.take::<f32>(tokens);
+    let candidates = smem.take::<u64>(tokens * size * k);
+    let top = smem.take::<u64>(tokens * k);
+    let (ids, gates) = (smem.take::<u32>(tokens * k), smem.take::<f32>(tokens * k));
+    let masks = smem.take::<u32>(2 * experts);
+    let dispatch = Dispatch::take(smem, experts, tokens * k);
+
+    // Logits of this block's experts: a warp per (expert, token), 16-byte vectors.
+    for item in (warp..local * tokens).step_by(WARPS) {
+        let (e, t) = (item / tokens, item % tokens);
+        let (row, x_row) = ((rank * local + e) * hidden, t * hidden);
+        let mut acc = 0.0f32;
+        for v in (lane..hidden / 8).step_by(32) {
+            // SAFETY: the router and `x` are inputs, and `v` indexes a whole vector of a row.
+            let (w, xv): ([bf16; 8], [bf16; 8]) = unsafe { (global::load16_invariant(router, row / 8 + v), global::load16_invariant(x, x_row / 8 + v)) };
+            for i in 0..8 {
+                acc = w[i].to_f32().fma(xv[i].to_f32(), acc);
+            }
+        }
+        let acc = warp::reduce_sum(acc);
+        if lane == 0 {
+            logits.store(t * local + e, acc);
+        }
+    }
+    block::sync();
+    top_k(&Cluster::new(), logits, tokens, k, candidates, top);
+
+    // Gate weights: exp(l − max) over the top k, or over all experts (each block sums its
+    // own, `cluster::reduce` the rest, in rank order).
+    if !renormalize {
+        for t in block::stride_loop(0..tokens) {
+            let max = unkey(top.load(t * k)).0;
+            denominators.store(t, (0..local).map(|e| math::exp(logits.load(t * local + e) - max)).sum());
+        }
+        cluster::reduce(denominators, Sum);
+    }
+    for t in block::stride_loop(0..tokens) {
+        let max = unkey(top.load(t * k)).0;
+        let total = if renormalize { (0..k).map(|j| math::exp(unkey(top.load(t * k + j)).0 - max)).sum() } else { denominators.load(t) };
+        for j in 0..k {
+            let (logit, e) = unkey(top.load(t * k + j));
+            ids.store(t * k + j, e);
+            gates.store(t * k + j, math::exp(logit - max) / total);
+        }
+    }
+    block::sync();
+
+    // Each expert's tokens, as a 64-bit mask from two ballots (tokens `lane`, `lane + 32`).
+    for e in (warp..experts).step_by(WARPS) {
+        let chose = |t: usize| t < tokens && (0..k).any(|j| ids.load(t * k + j) == e as u32);
+        let (low, high) = (warp::ballot(chose(lane)), warp::ballot(chose(lane + 32)));
+        if lane == 0 {
+            masks.store(2 * e, low);
+            masks.store(2 * e + 1, high);
+            dispatch.count.store(e, low.count_ones() + high.count_ones());
+        }
+    }
+    block::sync();
+    dispatch.list_items(group);
+    // A pair's place: its expert's first pair plus the expert's tokens before it.
+    for p in block::stride_loop(0..tokens * k) {
+        let (t, e) = (p / k, ids.load(p) as usize);
+        let mask = ((masks.load(2 * e + 1) as u64) << 32) | masks.load(2 * e) as u64;
+        let at = dispatch.offset.load(e) as usize + (mask & ((1u64 << t) - 1)).count_ones() as usize;
+        dispatch.pair_token.store(at, t as u32);
+        dispatch.pair_gate.store(at, gates.load(p));
+    }
+    block::sync();
+    (dispatch, ids, gates)
+}
+
+/// This lane's 16 bytes of a 32-wide K-step `s` of row `row` (`len` columns) of `w`, as
+/// words: columns `32 s + 8 (lane % 4) ..`.
+///
+/// # Safety
+/// 1. `(row + 1) · len <= w.len()`, `len` is a multiple of 32 and `s < len / 32`.
+/// 2. No grid writes `w` while the kernel runs.
+#[inline(always)]
+unsafe fn weight_words(w: &[bf16], row: usize, len: usize, s: usize) -> [u32; 4] {
+    global::load16_invariant_unchecked::<u32, 4>(words(w), (row * len + s * STEP) / 8 + warp::lane() as usize % 4)
+}
+
+/// `w` as words of two halves (an even length; device allocations are 256-byte aligned).
+#[inline(always)]
+fn words(w: &[bf16]) -> &[u32] {
+    // SAFETY: `bf16` is two bytes of plain data and a kernel argument is 4-byte aligned.
+    unsafe { clusterfuse::packed::words(w) }
+}
+
+/// `acc + A·B` over one 32-wide K-step: rows `g`, `g + 8` of A are `a[0]`, `a[1]` (8
+/// consecutive k each), and the lane's pair column of B is `b` (the same 8 k). The k order
+/// inside the step is the loads' own, the same for A and B, so two `mma`s cover it.
+#[inline(always)]
+fn mma_step(a: [[u32; 4]; 2], b: [u32; 4], acc: FragC) -> FragC {
+    let [r, r8] = a;
+    let acc = mma_m16n8k16(FragA::<bf16>::from_regs([r[0], r8[0], r[1], r8[1]]), FragB::from_regs([b[0], b[1]]), acc);
+    mma_m16n8k16(FragA::<bf16>::from_regs([r[2], r8[2], r[3], r8[3]]), FragB::from_regs([b[2], b[3]]), acc)
+}
+
+/// `silu(gate) · up`.
+#[inline(always)]
+fn silu_gate(gate: f32, up: f32) -> f32 {
+    gate * math::rcp(1.0 + math::exp(-gate)) * up
+}
+
+/// The gate/up kernel, for groups of `8 · NT` pairs.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn gate_up<const NT: usize>(
+    x: &[bf16],
+    router: &[bf16],
+    w_gate: &[bf16],
+    w_up: &[bf16],
+    h: &Out<bf16>,
+    routing: &Out<u32>,
+    pair_gate: &Out<f32>,
+    top_ids: &Out<u32>,
+    top_gates: &Out<f32>,
+    k: usize,
+    renormalize: bool,
+) {
+    grid::launch_dependents();
+    let tokens = top_ids.len() / k;
+    let hidden = x.len() / tokens;
+    let ffn = h.len() / (tokens * k);
+    let experts = router.len() / hidden;
+    if hidden % (STEP * GATE_UP_UNROLL) != 0 || ffn % ROWS != 0 || w_gate.len() != experts * ffn * hidden || w_up.len() != w_gate.len() {
+        arch::trap();
+    }
+    let group = 8 * NT;
+    let mut smem = shared::dynamic();
+    let (dispatch, ids, gates) = route(&mut smem, x, router, tokens, k, renormalize, group);
+    // Cluster 0's first block hands the routing to the down kernel (and the host).
+    if cluster::index_in_grid().x == 0 && cluster::block_rank() == 0 {
+        for e in block::stride_loop(0..experts) {
+            routing.set(e, dispatch.count.load(e));
+        }
+        for p in block::stride_loop(0..tokens * k) {
+            routing.set(experts + p, dispatch.pair_token.load(p));
+            pair_gate.set(p, dispatch.pair_gate.load(p));
+            top_ids.set(p, ids.load(p));
+            top_gates.set(p, gates.load(p));
+        }
+    }
+
+    let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
+    let tiles = ffn / ROWS;
+    let steps = hidden / STEP;
+    let warps = grid::dim().x as usize * WARPS;
+    for q in (block::index_x() as usize * WARPS + warp..dispatch.items() * tiles).step_by(warps) {
+        let item = dispatch.item(q / tiles, group);
+        let row = item.expert * ffn + q % tiles * ROWS + lane / 4;
+        // The lane's pair column in each n-tile: its token's row of `x`, if it has one.
+        let x_rows: [Option<usize>; NT] = core::array::from_fn(|n| {
+            let p = 8 * n + lane / 4;
+            (p < item.len).then(|| dispatch.pair_token.load(item.first + p) as usize)
+        });
+        let mut acc = [[FragC::ZERO; NT]; 2];
+        for chunk in (0..steps).step_by(GATE_UP_UNROLL) {
+            let mut a = [[[[0u32; 4]; 2]; 2]; GATE_UP_UNROLL];
+            let mut b = [[[0u32; 4]; NT]; GATE_UP_UNROLL];
+            unroll!(u in [0 1 2 3] {
+                let s = chunk + u;
+                // SAFETY: rows `row`, `row + 8` are the expert's (item tiles are whole), and
+                // `s < steps` (`steps` is a multiple of the unroll); weights are inputs.
+                unsafe {
+                    a[u] = [
+                        [weight_words(w_gate, row, hidden, s), weight_words(w_gate, row + 8, hidden, s)],
+                        [weight_words(w_up, row, hidden, s), weight_words(w_up, row + 8, hidden, s)],
+                    ];
+                    for n in 0..NT {
+                        if let Some(t) = x_rows[n] {
+                            b[u][n] = weight_words(x, t, hidden, s);
+                        }
+                    }
+                }
+            });
+            unroll!(u in [0 1 2 3] {
+                for n in 0..NT {
+                    acc[0][n] = mma_step(a[u][0], b[u][n], acc[0][n]);
+                    acc[1][n] = mma_step(a[u][1], b[u][n], acc[1][n]);
+                }
+            });
+        }
+        for n in 0..NT {
+            for i in 0..4 {
+                let (r, c) = FragC::position(i);
+                let p = 8 * n + c;
+                if p < item.len {
+                    let value = silu_gate(acc[0][n].values[i], acc[1][n].values[i]);
+                    h.set((item.first + p) * ffn + q % tiles * ROWS + r, bf16::from_f32(value));
+                }
+            }
+        }
+    }
+}
+
+/// The down kernel, for groups of `8 · NT` pairs.
+#[inline(always)]
+fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>, w_down: &[bf16], out: &Out<bf16>, k: usize) {
+    let tokens = pair_gate.len() / k;
+    let hidden = out.len() / tokens;
+    let ffn = h.len() / (tokens * k);
+    let experts = routing.len() - tokens * k;
+    if ffn % STEP != 0 || hidden % ROWS != 0 || w_down.len() != experts * hidden * ffn {
+        arch::trap();
+    }
+    let group = 8 * NT;
+    let mut smem = shared::dynamic();
+    let dispatch = Dispatch::take(&mut smem, experts, tokens * k);
+    // Each warp's per-token sums of the rows: `warp × ROWS × tokens`.
+    let sums = smem.take::<f32>(WARPS * ROWS * tokens);
+    let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
+
+    grid::wait_for_prerequisites();
+    for e in block::stride_loop(0..experts) {
+        dispatch.count.store(e, routing.get(e));
+    }
+    for p in block::stride_loop(0..tokens * k) {
+        dispatch.pair_token.store(p, routing.get(experts + p));
+        dispatch.pair_gate.store(p, pair_gate.get(p));
+    }
+    block::sync();
+    dispatch.list_items(group);
+
+    let steps = ffn / STEP;
+    // This warp's steps of each item: `warp, warp + WARPS, ..`.
+    let mine = steps.saturating_sub(warp).div_ceil(WARPS);
+    let units = dispatch.items() * mine;
+    for tile in (block::index_x() as usize..hidden / ROWS).step_by(grid::dim().x as usize) {
+        for i in (lane..ROWS * tokens).step_by(32) {
+            sums.store(warp * ROWS * tokens + i, 0.0);
+        }
+        // A lane's cells of a token change with each item's pair columns.
+        warp::sync();
+        let row = tile * ROWS + lane / 4;
+        let mut acc = [FragC::ZERO; NT];
+        for chunk in (0..units).step_by(DOWN_UNROLL) {
+            let mut a = [[[0u32; 4]; 2]; DOWN_UNROLL];
+            let mut b = [[[0u32; 4]; NT]; DOWN_UNROLL];
+            let mut items = [Item { expert: 0, first: 0, len: 0 }; DOWN_UNROLL];
+            unroll!(u in [0 1 2 3 4 5 6 7] {
+                let unit = chunk + u;
+                if unit < units {
+                    let item = dispatch.item(unit / mine, group);
+                    let s = warp + WARPS * (unit % mine);
+                    let w_row = item.expert * hidden + row;
+                    // SAFETY: `w_row`, `w_row + 8` are rows of the expert's `W_down` and
+                    // `s < steps`; weights are inputs.
+                    a[u] = unsafe { [weight_words(w_down, w_row, ffn, s), weight_words(w_down, w_row + 8, ffn, s)] };
+                    for n in 0..NT {
+                        let p = 8 * n + lane / 4;
+                        if p < item.len {
+                            b[u][n] = load_words_out(h, ((item.first + p) * ffn + s * STEP) / 8 + lane % 4);
+                        }
+                    }
+                    items[u] = item;
+                }
+            });
+            unroll!(u in [0 1 2 3 4 5 6 7] {
+                let unit = chunk + u;
+                if unit < units {
+                    for n in 0..NT {
+                        acc[n] = mma_step(a[u], b[u][n], acc[n]);
+                    }
+                    // The item's last step: add its rows, times each pair's gate weight, to
+                    // the pair's token.
+                    if unit % mine == mine - 1 {
+                        let item = items[u];
+                        for n in 0..NT {
+                            for i in 0..4 {
+                                let (r, c) = FragC::position(i);
+                                let p = 8 * n + c;
+                                if p < item.len {
+                                    let t = dispatch.pair_token.load(item.first + p) as usize;
+                                    let at = (warp * ROWS + r) * tokens + t;
+                                    sums.store(at, sums.load(at) + dispatch.pair_gate.load(item.first + p) * acc[n].values[i]);
+                                }
+                            }
+                            acc[n] = FragC::ZERO;
+                        }
+                        warp::sync();
+                    }
+                }
+            });
+        }
+        block::sync();
+        for i in block::stride_loop(0..ROWS * tokens) {
+            let (r, t) = (i / tokens, i % tokens);
+            let total = (0..WARPS).map(|w| sums.load((w * ROWS + r) * tokens + t)).sum::<f32>();
+            out.set(t * hidden + tile * ROWS + r, bf16::from_f32(total));
+        }
+        block::sync();
+    }
+}
+
+macro_rules! moe_kernels {
+    ($($gate_up:ident, $down:ident, $nt:literal, $pairs:literal;)*) => {$(
+        /// MoE launch 1/2 (routing, gate and up projections) for experts serving up to
+        #[doc = concat!($pairs, " pairs per pass over their weights (more take another pass).")]
+        /// `top_ids`/`top_gates` (`tokens × top_k`) receive the routing; `h` (`tokens · top_k ×
+        /// ffn`) the pairs' activations, `routing` (`experts + tokens · top_k`: each
+        /// expert's pair count, then the pairs' tokens) and `pair_gate` what the down kernel needs.
+        #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
+        #[allow(clippy::too_many_arguments)]
+        pub fn $gate_up(x: &[bf16], router: &[bf16], w_gate: &[bf16], w_up: &[bf16], h: Out<bf16>, routing: Out<u32>, pair_gate: Out<f32>, top_ids: Out<u32>, top_gates: Out<f32>, top_k: u32, renormalize: u32) {
+            gate_up::<$nt>(x, router, w_gate, w_up, &h, &routing, &pair_gate, &top_ids, &top_gates, top_k as usize, renormalize != 0)
+        }
+
+        /// MoE launch 2/2 (down projection and combine) for experts serving up to
+        #[doc = concat!($pairs, " pairs per pass; `out` is `tokens × hidden`.")]
+        #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
+        pub fn $down(h: Out<bf16>, routing: Out<u32>, pair_gate: Out<f32>, w_down: &[bf16], out: Out<bf16>, top_k: u32) {
+            down::<$nt>(&h, &routing, &pair_gate, w_down, &out, top_k as usize)
+        }
+    )*};
+}
+
+moe_kernels! {
+    moe_gate_up_g8, moe_down_g8, 1, 8;
+    moe_gate_up_g16, moe_down_g16, 2, 16;
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+pub mod host {
+    //! A layer on the host: shapes, random weights, the f64 reference, device buffers and the
+    //! two launches.
+
+    use super::*;
+    use clusterfuse::host::{Buffer, Error, Gpu, Result, Stream};
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    /// Relative error allowed against the f64 reference: `h` and `y` are rounded to bf16
+    /// (2⁻⁹ each), with room for f32 accumulation.
+    pub const TOLERANCE: f64 = 1e-2;
+
+    /// A layer's shape.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Layer {
+        pub hidden: usize,
+        pub experts: usize,
+        pub top_k: usize,
+        /// Each expert's FFN width.
+        pub ffn: usize,
+        /// Gate weights: softmax over the top k (`true`: Mixtral), or the full softmax's top k
+        /// (`false`: DeepSeek-V2, Qwen-MoE).
+        pub renormalize: bool,
+    }
+
+    impl Layer {
+        /// Mixtral-8x7B: hidden 4096, 8 experts, top 2, FFN 14336.
+        pub const MIXTRAL_8X7B: Layer = Layer { hidden: 4096, experts: 8, top_k: 2, ffn: 14336, renormalize: true };
+        /// DeepSeek-V2-Lite / Qwen-MoE-shaped: hidden 2048, 64 experts, top 8, FFN 1408.
+        pub const DEEPSEEK_V2_LITE: Layer = Layer { hidden: 2048, experts: 64, top_k: 8, ffn: 1408, renormalize: false };
+
+        /// Whether the kernels run this layer at `tokens` tokens with clusters of `cluster`.
+        pub fn check(&self, tokens: usize, cluster: u32) -> Result<()> {
+            let unsupported = |reason: String| Err(Error::UnsupportedShape { kernel: "the MoE layer", reason });
+            let c = cluster as usize;
+            if !(1..=MAX_TOKENS).contains(&tokens) {
+                return unsupported(format!("{tokens} tokens: the kernels route 1 to {MAX_TOKENS}"));
+            }
+            if !(1..=MAX_TOP_K).contains(&self.top_k) || self.top_k > self.experts {
+                return unsupported(format!("top {} of {} experts: k is 1 to {MAX_TOP_K}, at most the experts", self.top_k, self.experts));
+            }
+            if !(1..=16).contains(&c) || !self.experts.is_multiple_of(c) || self.experts >= 1 << 16 {
+                return unsupported(format!("{} experts over clusters of {cluster}: the cluster (1-16 blocks) must divide the experts", self.experts));
+            }
+            if !self.hidden.is_multiple_of(STEP * GATE_UP_UNROLL) || !self.ffn.is_multiple_of(STEP) {
+                return unsupported(format!("hidden {} and FFN {}: the hidden size must be a multiple of {}, the FFN of {STEP}", self.hidden, self.ffn, STEP * GATE_UP_UNROLL));
+            }
+            Ok(())
+        }
+
+        /// Bytes of one expert's weights (gate, up, down).
+        pub fn expert_bytes(&self) -> usize {
+            3 * self.hidden * self.ffn * 2
+        }
+
+        /// Bytes a step must move when `selected` experts serve `tokens` tokens: the router,
+        /// those experts' weights, `x` and `y`.
+        pub fn step_bytes(&self, tokens: usize, selected: usize) -> usize {
+            (self.experts * self.hidden + 2 * tokens * self.hidden) * 2 + selected * self.expert_bytes()
+        }
+    }
+
+    /// One step's inputs: `tokens` rows of `x` and the layer's weights, row-major: `router`
+    /// is `experts × hidden`, `w_gate` and `w_up` `experts × ffn × hidden`, `w_down` `experts ×
+    /// hidden × ffn`.
+    pub struct Moe {
+        pub layer: Layer,
+        pub tokens: usize,
+        pub x: Vec<bf16>,
+        pub router: Vec<bf16>,
+        pub w_gate: Vec<bf16>,
+        pub w_up: Vec<bf16>,
+        pub w_down: Vec<bf16>,
+    }
+
+    /// `len` values uniform in `±scale`, drawn in parallel chunks from `seed` (the same values
+    /// on any machine).
+    fn uniform(seed: u64, len: usize, scale: f32) -> Vec<bf16> {
+        const CHUNK: usize = 1 << 20;
+        let mut values = vec![bf16::from_f32(0.0); len];
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let chunks: Vec<(usize, &mut [bf16])> = values.chunks_mut(CHUNK).enumerate().collect();
+        let per_thread = chunks.len().div_ceil(threads).max(1);
+        let mut chunks = chunks.into_iter();
+        std::thread::scope(|scope| loop {
+            let batch: Vec<_> = chunks.by_ref().take(per_thread).collect();
+            if batch.is_empty() {
+                break;
+            }
+            scope.spawn(move || {
+                for (i, chunk) in batch {
+                    let mut rng = StdRng::seed_from_u64(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(i as u64));
+                    chunk.iter_mut().for_each(|v| *v = bf16::from_f32(rng.random_range(-scale..scale)));
+                }
+            });
+        });
+        values
+    }
+
+    impl Moe {
+        /// Random inputs from `seed`, scaled so that every activation is of order 1.
+        pub fn random(layer: Layer, tokens: usize, seed: u64) -> Result<Self> {
+            layer.check(tokens, 1)?;
+            let (h, f, e) = (layer.hidden, layer.ffn, layer.experts);
+            let (sh, sf) = ((3.0 / h as f32).sqrt(), (3.0 / f as f32).sqrt());
+            Ok(Moe {
+                layer,
+                tokens,
+                x: uniform(seed, tokens * h, 1.0),
+                router: uniform(seed + 1, e * h, 2.0 * sh),
+                w_gate: uniform(seed + 2, e * f * h, sh),
+                w_up: uniform(seed + 3, e * f * h, sh),
+                w_down: uniform(seed + 4, e * h * f, sf),
+            })
+        }
+    }
+
+    /// The f64 reference of one step.
+    pub struct Reference {
+        /// `tokens × experts`.
+        pub logits: Vec<f64>,
+        /// `tokens × top_k`: each token's experts, largest logit first (ties: lower index).
+        pub ids: Vec<u32>,
+        /// `tokens × top_k`: their gate weights.
+        pub gates: Vec<f64>,
+        /// `tokens × hidden`.
+        pub out: Vec<f64>,
+    }
+
+    fn dot(w: &[bf16], x: &[f64]) -> f64 {
+        w.iter().zip(x).map(|(w, x)| w.to_f32() as f64 * x).sum()
+    }
+
+    impl Reference {
+        /// Computes it (the experts' FFNs in parallel, a thread per pair).
+        pub fn new(moe: &Moe) -> Self {
+            let Layer { hidden, experts, top_k: k, ffn, renormalize } = moe.layer;
+            let xs: Vec<Vec<f64>> = moe.x.chunks(hidden).map(|x| x.iter().map(|v| v.to_f32() as f64).collect()).collect();
+            let logits: Vec<f64> = xs.iter().flat_map(|x| moe.router.chunks(hidden).map(|w| dot(w, x))).collect();
+            let (mut ids, mut gates) = (Vec::new(), Vec::new());
+            for row in logits.chunks(experts) {
+                let mut order: Vec<usize> = (0..experts).collect();
+                order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+                let max = row[order[0]];
+                let total: f64 = if renormalize { order[..k].iter().map(|&e| (row[e] - max).exp()).sum() } else { row.iter().map(|l| (l - max).exp()).sum() };
+                ids.extend(order[..k].iter().map(|&e| e as u32));
+                gates.extend(order[..k].iter().map(|&e| (row[e] - max).exp() / total));
+            }
+            let expert_out = |t: usize, e: usize| -> Vec<f64> {
+                let (gate, up) = (&moe.w_gate[e * ffn * hidden..][..ffn * hidden], &moe.w_up[e * ffn * hidden..][..ffn * hidden]);
+                let act: Vec<f64> = gate.chunks(hidden).zip(up.chunks(hidden)).map(|(g, u)| {
+                    let (g, u) = (dot(g, &xs[t]), dot(u, &xs[t]));
+                    g / (1.0 + (-g).exp()) * u
+                }).collect();
+                moe.w_down[e * hidden * ffn..][..hidden * ffn].chunks(ffn).map(|w| dot(w, &act)).collect()
+            };
+            let pairs: Vec<Vec<f64>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = ids.iter().enumerate().map(|(p, &e)| scope.spawn(move || expert_out(p / k, e as usize))).collect();
+                handles.into_iter().map(|h| h.join().expect("a reference thread panicked")).collect()
+            });
+            let mut out = vec![0.0; moe.tokens * hidden];
+            for (p, y) in pairs.iter().enumerate() {
+                for (o, v) in out[p / k * hidden..][..hidden].iter_mut().zip(y) {
+                    *o += gates[p] * v;
+                }
+            }
+            Reference { logits, ids, gates, out }
+        }
+
+        /// The experts at least one token chose.
+        pub fn selected(&self, experts: usize) -> usize {
+            let mut chosen = vec![false; experts];
+            self.ids.iter().for_each(|&e| chosen[e as usize] = true);
+            chosen.iter().filter(|&&c| c).count()
+        }
+
+        /// Where `ids` (a launch's `top_ids`) differs from the reference's choice other than
+        /// between logits equal to 1e-6 of the largest: `(token, slot, ours, reference)`.
+        pub fn routing_mismatches(&self, ids: &[u32], experts: usize) -> Vec<(usize, usize, u32, u32)> {
+            let k = self.ids.len() / (self.logits.len() / experts);
+            let scale = self.logits.iter().fold(0.0f64, |m, l| m.max(l.abs()));
+            ids.iter().zip(&self.ids).enumerate().filter_map(|(p, (&ours, &theirs))| {
+                let row = &self.logits[p / k * experts..][..experts];
+                let tie = (row[ours as usize % experts] - row[theirs as usize]).abs() <= 1e-6 * scale;
+                (ours != theirs && !(tie && (ours as usize) < experts)).then_some((p / k, p % k, ours, theirs))
+            }).collect()
+        }
+    }
+
+    /// Both kernels of a pair-group size.
+    struct Pair<G, D> {
+        gate_up: G,
+        down: D,
+    }
+
+    /// The MoE kernels, loaded on one device.
+    pub struct Kernels {
+        g8: Pair<moe_gate_up_g8::Kernel, moe_down_g8::Kernel>,
+        g16: Pair<moe_gate_up_g16::Kernel, moe_down_g16::Kernel>,
+    }
+
+    impl Kernels {
+        /// Loads them.
+        pub fn load(gpu: &Gpu) -> Result<Self> {
+            Ok(Kernels {
+                g8: Pair { gate_up: moe_gate_up_g8::load(gpu)?, down: moe_down_g8::load(gpu)? },
+                g16: Pair { gate_up: moe_gate_up_g16::load(gpu)?, down: moe_down_g16::load(gpu)? },
+            })
+        }
+    }
+
+    /// A step's buffers on a device: the inputs, the two kernels' hand-over, and poisoned
+    /// outputs.
+    pub struct Buffers {
+        pub layer: Layer,
+        pub tokens: usize,
+        pub x: Buffer<bf16>,
+        pub router: Buffer<bf16>,
+        pub w_gate: Buffer<bf16>,
+        pub w_up: Buffer<bf16>,
+        pub w_down: Buffer<bf16>,
+        /// `tokens · top_k × ffn`: the pairs' activations.
+        pub h: Buffer<bf16>,
+        /// Each expert's pair count, then the pairs' tokens.
+        pub routing: Buffer<u32>,
+        pub pair_gate: Buffer<f32>,
+        /// `tokens × top_k`.
+        pub top_ids: Buffer<u32>,
+        pub top_gates: Buffer<f32>,
+        /// `tokens × hidden`.
+        pub out: Buffer<bf16>,
+    }
+
+    impl Buffers {
+        /// Uploads `moe`, with every output and hand-over buffer poisoned.
+        pub fn upload(gpu: &Gpu, moe: &Moe) -> Result<Self> {
+            let Layer { hidden, experts, top_k, ffn, .. } = moe.layer;
+            let pairs = moe.tokens * top_k;
+            let nan = bf16::from_f32(f32::NAN);
+            Ok(Buffers {
+                layer: moe.layer,
+                tokens: moe.tokens,
+                x: gpu.upload(&moe.x)?,
+                router: gpu.upload(&moe.router)?,
+                w_gate: gpu.upload(&moe.w_gate)?,
+                w_up: gpu.upload(&moe.w_up)?,
+                w_down: gpu.upload(&moe.w_down)?,
+                h: gpu.upload(&vec![nan; pairs * ffn])?,
+                routing: gpu.upload(&vec![u32::MAX; experts + pairs])?,
+                pair_gate: gpu.upload(&vec![f32::NAN; pairs])?,
+                top_ids: gpu.upload(&vec![u32::MAX; pairs])?,
+                top_gates: gpu.upload(&vec![f32::NAN; pairs])?,
+                out: gpu.upload(&vec![nan; moe.tokens * hidden])?,
+            })
+        }
+
+        /// Poisons the outputs and the hand-over again.
+        pub fn poison(&mut self, gpu: &Gpu) -> Result<()> {
+            let nan = bf16::from_f32(f32::NAN);
+            self.h = gpu.upload(&vec![nan; self.h.len()])?;
+            self.routing = gpu.upload(&vec![u32::MAX; self.routing.len()])?;
+            self.pair_gate = gpu.upload(&vec![f32::NAN; self.pair_gate.len()])?;
+            self.top_ids = gpu.upload(&vec![u32::MAX; self.top_ids.len()])?;
+            self.top_gates = gpu.upload(&vec![f32::NAN; self.top_gates.len()])?;
+            self.out = gpu.upload(&vec![nan; self.out.len()])?;
+            Ok(())
+        }
+
+        /// `y` (as f32), the chosen experts and their gate weights.
+        pub fn results(&self, gpu: &Gpu) -> Result<(Vec<f32>, Vec<u32>, Vec<f32>)> {
+            let out = gpu.download(&self.out)?.iter().map(|v| v.to_f32()).collect();
+            Ok((out, gpu.download(&self.top_ids)?, gpu.download(&self.top_gates)?))
+        }
+    }
+
+    /// How a step launches: the kernels' pair group, and both launch configurations.
+    pub struct Plan {
+        /// Pairs an expert's pass over its weights serves: 8 or 16.
+        pub group: usize,
+        pub gate_up: LaunchConfig,
+        pub down: LaunchConfig,
+    }
+
+    /// Shared memory of the gate/up kernel: the routing's arrays, 16-byte aligned each.
+    fn gate_up_smem(layer: &Layer, tokens: usize, cluster: usize) -> usize {
+        let (pairs, e) = (tokens * layer.top_k, layer.experts);
+        let sizes = [tokens * e / cluster * 4, tokens * 4, pairs * cluster * 8, pairs * 8, pairs * 4, pairs * 4, 2 * e * 4];
+        sizes.iter().map(|b| b.next_multiple_of(16)).sum::<usize>() + dispatch_smem(layer, tokens)
+    }
+
+    fn dispatch_smem(layer: &Layer, tokens: usize) -> usize {
+        let pairs = tokens * layer.top_k;
+        [layer.experts * 4, layer.experts * 4, pairs * 4, pairs * 4, (pairs + 1) * 4].iter().map(|b| b.next_multiple_of(16)).sum()
+    }
+
+    /// The launches of `layer` at `tokens` tokens: gate/up in clusters of `cluster`, as many
+    /// blocks as the GPU holds at once (at most one per 8 items of the largest routing),
+    /// pairs in groups of 8 up to 8 tokens, else 16; the down kernel a block per 16 output
+    /// rows, launched programmatically with `programmatic`.
+    pub fn plan(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, cluster: u32, programmatic: bool) -> Result<Plan> {
+        layer.check(tokens, cluster)?;
+        let group = if tokens <= 8 { 8 } else { 16 };
+        let c = cluster as usize;
+        let mut gate_up = LaunchConfig { grid: cluster.into(), block: BLOCK.into(), cluster: Some(cluster.into()), dynamic_smem_bytes: gate_up_smem(&layer, tokens, c) as u32, ..LaunchConfig::default() };
+        let raw = if group == 8 { kernels.g8.gate_up.raw() } else { kernels.g16.gate_up.raw() };
+        let resident = raw.max_resident_blocks(gpu.stream(), &raw.plan(&gate_up)?)?;
+        let items = layer.experts.min(tokens * layer.top_k) * layer.ffn / ROWS + tokens * layer.top_k / group * layer.ffn / ROWS;
+        let wanted = (items.div_ceil(WARPS) as u64).min(resident).max(1);
+        gate_up.grid = (wanted.div_ceil(c as u64) as u32 * cluster).into();
+        let down = LaunchConfig {
+            grid: ((layer.hidden / ROWS) as u32).into(),
+            block: BLOCK.into(),
+            dynamic_smem_bytes: (dispatch_smem(&layer, tokens) + WARPS * ROWS * tokens * 4) as u32,
+            programmatic,
+            ..LaunchConfig::default()
+        };
+        Ok(Plan { group, gate_up, down })
+    }
+
+    /// One step on `stream`: the two launches of `plan`.
+    pub fn step(kernels: &Kernels, stream: &Stream, b: &mut Buffers, plan: &Plan) -> Result<()> {
+        let (k, renormalize) = (b.layer.top_k as u32, u32::from(b.layer.renormalize));
+        macro_rules! launch {
+            ($pair:expr) => {{
+                $pair.gate_up.launch(stream, &plan.gate_up, &b.x, &b.router, &b.w_gate, &b.w_up, &mut b.h, &mut b.routing, &mut b.pair_gate, &mut b.top_ids, &mut b.top_gates, k, renormalize)?;
+                $pair.down.launch(stream, &plan.down, &mut b.h, &mut b.routing, &mut b.pair_gate, &b.w_down, &mut b.out, k)
+            }};
+        }
+        if plan.group == 8 { launch!(kernels.g8) } else { launch!(kernels.g16) }
+    }
+}
