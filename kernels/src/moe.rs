@@ -60,7 +60,7 @@ pub const ROWS: usize = 16;
 const STEP: usize = 32;
 /// K-steps whose loads the gate/up kernel issues together.
 const GATE_UP_UNROLL: usize = 4;
-/// K-steps whose loads the down kernel issues together.
+/// K-steps whose loads the down kernel issues together, times its n-tiles.
 const DOWN_UNROLL: usize = 8;
 
 /// Orders `(value, index)` as one `u64`: larger values first, then lower indices. Every
@@ -479,7 +479,7 @@ fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>
     let steps = ffn / STEP;
     // This warp's steps of each item: `warp, warp + WARPS, ..`.
     let mine = steps.saturating_sub(warp).div_ceil(WARPS);
-    let units = dispatch.items() * mine;
+    let items = dispatch.items();
     for tile in (block::index_x() as usize..hidden / ROWS).step_by(grid::dim().x as usize) {
         for i in (lane..ROWS * tokens).step_by(32) {
             sums.store(warp * ROWS * tokens + i, 0.0);
@@ -488,15 +488,18 @@ fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>
         warp::sync();
         let row = tile * ROWS + lane / 4;
         let mut acc = [FragC::ZERO; NT];
-        for chunk in (0..units).step_by(DOWN_UNROLL) {
+        // The next unit: item `i`, its `j`-th step of this warp's.
+        let (mut i, mut j) = (0, 0);
+        let mut item = if mine > 0 && items > 0 { dispatch.item(0, group) } else { Item { expert: 0, first: 0, len: 0 } };
+        while i < items && mine > 0 {
             let mut a = [[[0u32; 4]; 2]; DOWN_UNROLL];
             let mut b = [[[0u32; 4]; NT]; DOWN_UNROLL];
-            let mut items = [Item { expert: 0, first: 0, len: 0 }; DOWN_UNROLL];
+            // The units of this chunk, and a bit for each that ends an item (`first`, then the
+            // next ones in order).
+            let (first, mut live, mut ends) = (i, 0, 0u32);
             unroll!(u in [0 1 2 3 4 5 6 7] {
-                let unit = chunk + u;
-                if unit < units {
-                    let item = dispatch.item(unit / mine, group);
-                    let s = warp + WARPS * (unit % mine);
+                if u < DOWN_UNROLL / NT && i < items {
+                    let s = warp + WARPS * j;
                     let w_row = item.expert * hidden + row;
                     // SAFETY: `w_row`, `w_row + 8` are rows of the expert's `W_down` and
                     // `s < steps`; weights are inputs.
@@ -507,33 +510,40 @@ fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>
                             b[u][n] = load_words_out(h, ((item.first + p) * ffn + s * STEP) / 8 + lane % 4);
                         }
                     }
-                    items[u] = item;
+                    live = u + 1;
+                    j += 1;
+                    if j == mine {
+                        ends |= 1 << u;
+                        (i, j) = (i + 1, 0);
+                        if i < items {
+                            item = dispatch.item(i, group);
+                        }
+                    }
                 }
             });
             unroll!(u in [0 1 2 3 4 5 6 7] {
-                let unit = chunk + u;
-                if unit < units {
+                if u < live {
                     for n in 0..NT {
                         acc[n] = mma_step(a[u], b[u][n], acc[n]);
                     }
-                    // The item's last step: add its rows, times each pair's gate weight, to
-                    // the pair's token.
-                    if unit % mine == mine - 1 {
-                        let item = items[u];
-                        for n in 0..NT {
-                            for i in 0..4 {
-                                let (r, c) = FragC::position(i);
-                                let p = 8 * n + c;
-                                if p < item.len {
-                                    let t = dispatch.pair_token.load(item.first + p) as usize;
-                                    let at = (warp * ROWS + r) * tokens + t;
-                                    sums.store(at, sums.load(at) + dispatch.pair_gate.load(item.first + p) * acc[n].values[i]);
-                                }
+                }
+                // The item's last step: add its rows, times each pair's gate weight, to the
+                // pair's token.
+                if ends & (1 << u) != 0 {
+                    let item = dispatch.item(first + (ends & ((1 << u) - 1)).count_ones() as usize, group);
+                    for n in 0..NT {
+                        for v in 0..4 {
+                            let (r, c) = FragC::position(v);
+                            let p = 8 * n + c;
+                            if p < item.len {
+                                let t = dispatch.pair_token.load(item.first + p) as usize;
+                                let at = (warp * ROWS + r) * tokens + t;
+                                sums.store(at, sums.load(at) + dispatch.pair_gate.load(item.first + p) * acc[n].values[v]);
                             }
-                            acc[n] = FragC::ZERO;
                         }
-                        warp::sync();
+                        acc[n] = FragC::ZERO;
                     }
+                    warp::sync();
                 }
             });
         }

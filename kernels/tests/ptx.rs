@@ -9,6 +9,20 @@ fn entry(name: &str) -> &'static str {
     clusterfuse_build::entry(PTX.text, name).unwrap_or_else(|| panic!("no entry `{name}` in the PTX"))
 }
 
+/// The definition of the device function whose (mangled) name contains `part`.
+fn function(part: &str) -> &'static str {
+    PTX.text
+        .match_indices(".func ")
+        .map(|(i, _)| &PTX.text[i..])
+        .find(|f| {
+            // A definition's parameter list is followed by its body, a declaration's by `;`.
+            let rest = &f[f.find(')').unwrap_or(0)..];
+            f.lines().next().is_some_and(|l| l.contains(part)) && rest.find('{') < rest.find(';')
+        })
+        .map(|f| &f[..f.find("\n}\n").unwrap_or(f.len())])
+        .unwrap_or_else(|| panic!("no function `{part}` in the PTX"))
+}
+
 #[test]
 fn every_kernel_assembles_with_its_shared_memory_and_bounded_spills() {
     let (kernels, _) = clusterfuse_build::resources(PTX.text).unwrap_or_else(|e| panic!("{e}"));
@@ -46,6 +60,11 @@ fn every_kernel_assembles_with_its_shared_memory_and_bounded_spills() {
         // The persistent block: fused 1/2's arrays (the output projection's staging is dynamic).
         ("decode_block_persistent_f16", 25152),
         ("decode_block_persistent_bf16", 25152),
+        // The MoE layer's arrays are all dynamic (their sizes follow the tokens and experts).
+        ("moe_gate_up_g8", 0),
+        ("moe_gate_up_g16", 0),
+        ("moe_down_g8", 0),
+        ("moe_down_g16", 0),
     ];
     assert_eq!(kernels.len(), expected_smem.len(), "kernels: {:?}", kernels.keys());
     for &(name, smem) in expected_smem {
@@ -62,6 +81,10 @@ fn every_kernel_assembles_with_its_shared_memory_and_bounded_spills() {
             // The persistent step's stages spill (results/llama-h200.md): a bound, so that it
             // cannot grow unseen.
             assert!(r.spill_store_bytes <= 768 && r.spill_load_bytes <= 1152 && r.stack_frame_bytes <= 1152, "`{name}` spills: {r:?}");
+        } else if name.starts_with("moe_") {
+            // At 128 registers (two blocks per SM): a few values outside the streaming loops
+            // (a bound, so that it cannot grow unseen).
+            assert!(r.spill_store_bytes <= 48 && r.spill_load_bytes <= 48 && r.stack_frame_bytes <= 96, "`{name}` spills: {r:?}");
         } else if name == "llama_qkv" || name == "llama_residual" {
             // The item loop at 128 registers: a few loop-invariant values stored once before
             // it and reloaded once an item (`cuobjdump -sass`), none in the dot products.
@@ -86,6 +109,10 @@ fn every_kernel_assembles_with_its_shared_memory_and_bounded_spills() {
         "decode_attend_appended_f16",
         "decode_attend_appended_bf16",
         "llama_attention",
+        "moe_gate_up_g8",
+        "moe_gate_up_g16",
+        "moe_down_g8",
+        "moe_down_g16",
     ] {
         assert!(kernels[name].registers <= 128, "{name}: {:?}", kernels[name]);
     }
@@ -156,4 +183,31 @@ fn decode_o_proj_loads_w_o_before_waiting_for_the_attention() {
 fn no_global_load_moves_ahead_of_the_programmatic_wait() {
     let waiting = clusterfuse_build::check_programmatic_waits(PTX.text).unwrap_or_else(|e| panic!("{e}"));
     assert!(waiting >= 10, "only {waiting} kernels wait for a prerequisite");
+}
+
+#[test]
+fn moe_streams_experts_through_tensor_cores_without_atomics() {
+    for name in ["moe_gate_up_g8", "moe_gate_up_g16", "moe_down_g8", "moe_down_g16"] {
+        let text = entry(name);
+        assert!(text.contains(".maxntid 256, 1, 1") && text.contains(".minnctapersm 2"), "`{name}`: launch bounds");
+        assert!(text.contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"), "`{name}`: no bf16 tensor-core mma");
+        // The combine sums in a fixed order: the output is deterministic.
+        assert!(!text.contains("atom."), "`{name}` must not use atomics");
+    }
+    for name in ["moe_gate_up_g8", "moe_gate_up_g16"] {
+        let text = entry(name);
+        // Weights through the read-only path, 16 bytes a lane: 4 K-steps × 2 matrices × 2 rows.
+        assert!(text.matches("ld.global.nc.v4.b32").count() >= 16, "`{name}`: weight loads");
+        assert!(text.contains("moe5route"), "`{name}` does not route");
+    }
+    // The routing (one function both kernels call): the cluster top-k pushes candidates into
+    // peers' shared memory, between 3 cluster barriers (and the full softmax's denominators
+    // take a `cluster::reduce`: 3 more).
+    let route = function("moe5route");
+    assert!(route.contains("st.shared::cluster"), "the top-k does not exchange through DSMEM");
+    assert_eq!(route.matches("barrier.cluster.arrive").count(), 6, "routing: cluster barriers");
+    // The down kernel waits for the gate/up kernel before it reads the routing and `h`.
+    for name in ["moe_down_g8", "moe_down_g16"] {
+        assert!(entry(name).contains("griddepcontrol.wait;"), "`{name}` never waits for the gate/up kernel");
+    }
 }

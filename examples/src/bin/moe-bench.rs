@@ -1,0 +1,135 @@
+//! The mixture-of-experts layer of the kernel library (`clusterfuse_kernels::moe`, two
+//! launches: routing + gate/up in clusters of 4, then down + combine launched
+//! programmatically) on a Mixtral-8x7B-shaped layer (hidden 4096, 8 experts, top 2, FFN
+//! 14336) and a DeepSeek-V2-Lite-shaped one (hidden 2048, 64 experts, top 8, FFN 1408), bf16,
+//! at 64, 8 and 1 tokens (the first rows of one random batch), launched and replayed from a
+//! CUDA graph.
+//!
+//! Every row is first checked against the f64 reference (fresh random weights each run;
+//! outputs poisoned): the routing exactly (the reference's order, ties to the lower index),
+//! `y` and the gate weights by relative error (≤ 1e-2), and run twice for bitwise-equal
+//! outputs; only a row that passes is timed. Timing: CUDA events around a pass of 20
+//! back-to-back steps, the median of 50 passes after 5 warm-up passes, µs per step. Roofline
+//! = bytes a step must move (the router, the selected experts' weights read once, `x`, `y`)
+//! over the device-to-device copy bandwidth measured here first (`cuMemcpyDtoD` of 1 GiB,
+//! bytes read + written per second, median of 20).
+//!
+//! `--dump DIR` writes each layer's weights and 64-token input, and the kernels' routing and
+//! output, as raw little-endian files for `scripts/moe-torch.py --check DIR`.
+//!
+//! `cargo run --release -p clusterfuse-examples --bin moe-bench [-- --dump DIR]`
+
+use clusterfuse::bf16;
+use clusterfuse::host::Gpu;
+use clusterfuse_examples::check::{gpu_or_skip, median, median_us_per_call, print_rows, with_rng, Report};
+use clusterfuse_kernels::moe::host::{plan, step, Buffers, Kernels, Layer, Moe, Reference, TOLERANCE};
+use rand::Rng;
+use std::error::Error;
+use std::path::{Path, PathBuf};
+
+const TOKENS: [usize; 3] = [64, 8, 1];
+const CLUSTER: u32 = 4;
+const STEPS_PER_PASS: usize = 20;
+const WARMUP: usize = 5;
+const REPS: usize = 50;
+
+type Result<T> = std::result::Result<T, Box<dyn Error>>;
+
+/// Device-to-device copy bandwidth, bytes read + written per second.
+fn copy_bandwidth(gpu: &Gpu) -> Result<f64> {
+    const BYTES: usize = 1 << 30;
+    let stream = gpu.stream().cuda().ok_or("the copy bandwidth needs a GPU")?;
+    let src = stream.alloc_zeros::<u8>(BYTES)?;
+    let mut dst = stream.alloc_zeros::<u8>(BYTES)?;
+    let mut samples = Vec::new();
+    for _ in 0..25 {
+        samples.push(gpu.time_ms(|| -> Result<()> { Ok(stream.memcpy_dtod(&src, &mut dst)?) })?);
+    }
+    Ok(2.0 * BYTES as f64 / (median(samples[5..].to_vec()) * 1e-3))
+}
+
+fn write_raw(dir: &Path, name: &str, bytes: impl Iterator<Item = [u8; 2]>) -> Result<()> {
+    std::fs::write(dir.join(name), bytes.flatten().collect::<Vec<u8>>())?;
+    Ok(())
+}
+
+/// A layer's inputs (64 tokens) and the kernels' routing and output, for moe-torch.py.
+fn dump(dir: &Path, name: &str, moe: &Moe, (out, ids, gates): &(Vec<f32>, Vec<u32>, Vec<f32>)) -> Result<()> {
+    let dir = dir.join(name);
+    std::fs::create_dir_all(&dir)?;
+    let l = moe.layer;
+    let meta = format!(
+        "{{\"tokens\": {}, \"hidden\": {}, \"experts\": {}, \"top_k\": {}, \"ffn\": {}, \"renormalize\": {}}}\n",
+        moe.tokens, l.hidden, l.experts, l.top_k, l.ffn, l.renormalize
+    );
+    std::fs::write(dir.join("meta.json"), meta)?;
+    for (file, values) in [("x", &moe.x), ("router", &moe.router), ("w_gate", &moe.w_gate), ("w_up", &moe.w_up), ("w_down", &moe.w_down)] {
+        write_raw(&dir, &format!("{file}.bf16"), values.iter().map(|v| v.to_bits().to_le_bytes()))?;
+    }
+    write_raw(&dir, "out.bf16", out.iter().map(|&v| bf16::from_f32(v).to_bits().to_le_bytes()))?;
+    std::fs::write(dir.join("ids.u32"), ids.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())?;
+    std::fs::write(dir.join("gates.f32"), gates.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())?;
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let dump_dir = std::env::args().skip_while(|a| a != "--dump").nth(1).map(PathBuf::from);
+    let Some(gpu) = gpu_or_skip("moe-bench") else { return Ok(()) };
+    let kernels = Kernels::load(&gpu)?;
+    let bandwidth = copy_bandwidth(&gpu)?;
+    println!("copy bandwidth (cuMemcpyDtoD, 1 GiB): {:.2} TB/s", bandwidth / 1e12);
+    let mut rows = Vec::new();
+    for (name, layer) in [("Mixtral-8x7B", Layer::MIXTRAL_8X7B), ("DeepSeek-V2-Lite", Layer::DEEPSEEK_V2_LITE)] {
+        eprintln!("{name}: generating weights ({:.1} GB) ...", layer.experts as f64 * layer.expert_bytes() as f64 / 1e9);
+        let mut moe = Moe::random(layer, TOKENS[0], with_rng(|rng| rng.random()))?;
+        for tokens in TOKENS {
+            moe.x.truncate(tokens * layer.hidden);
+            moe.tokens = tokens;
+            eprintln!("{name}, {tokens} tokens: f64 reference and runs ...");
+            let reference = Reference::new(&moe);
+            let selected = reference.selected(layer.experts);
+            let roofline_us = layer.step_bytes(tokens, selected) as f64 / bandwidth * 1e6;
+            let mut b = Buffers::upload(&gpu, &moe)?;
+            let plan = plan(&kernels, &gpu, layer, tokens, CLUSTER, true)?;
+            let layout = format!("{} + {} blocks, groups of {}", plan.gate_up.grid.x, plan.down.grid.x, plan.group);
+            step(&kernels, gpu.stream(), &mut b, &plan)?;
+            let first = b.results(&gpu)?;
+            if tokens == TOKENS[0] {
+                if let Some(dir) = &dump_dir {
+                    dump(dir, name, &moe, &first)?;
+                }
+            }
+            b.poison(&gpu)?;
+            // Captured after `poison`, which reallocates the outputs: `b` is not changed again.
+            let graph = gpu.capture(|s| step(&kernels, s, &mut b, &plan))?;
+            // SAFETY: the graph holds `b`'s buffers, alive and unchanged until `b` drops, after
+            // the graph.
+            unsafe { graph.replay(gpu.stream())? };
+            let second = b.results(&gpu)?;
+            let mismatches = reference.routing_mismatches(&first.1, layer.experts);
+            let report = Report::new(String::new(), &first.0.iter().chain(&first.2).copied().collect::<Vec<_>>(), &reference.out.iter().chain(&reference.gates).copied().collect::<Vec<_>>(), TOLERANCE);
+            let same = first.0.iter().zip(&second.0).all(|(a, b)| a.to_bits() == b.to_bits()) && first.1 == second.1;
+            let prefix = format!("| {name} | {tokens} | {selected} of {} |", layer.experts);
+            if !report.passed() || !same || !mismatches.is_empty() {
+                eprintln!("FAIL {name} at {tokens} tokens: {report:?}, deterministic {same}, routing mismatches {mismatches:?}");
+                rows.push(format!("{prefix} clusterfuse ({layout}) | FAIL | {roofline_us:.1} | – | {:.2e} |", report.rel_error));
+                continue;
+            }
+            let launched = median_us_per_call(&gpu, (WARMUP, REPS), STEPS_PER_PASS, |_| step(&kernels, gpu.stream(), &mut b, &plan))?;
+            // SAFETY: as above.
+            let replayed = median_us_per_call(&gpu, (WARMUP, REPS), STEPS_PER_PASS, |_| unsafe { graph.replay(gpu.stream()) })?;
+            for (variant, us) in [("2 launches, PDL", launched), ("CUDA graph of the 2, PDL", replayed)] {
+                rows.push(format!("{prefix} clusterfuse {variant} ({layout}) | {us:.1} | {roofline_us:.1} | {:.0}% | {:.2e} |", roofline_us / us * 100.0, report.rel_error));
+            }
+        }
+    }
+    println!(
+        "{} — MoE layer, bf16; median of {REPS} passes of {STEPS_PER_PASS} steps (CUDA events), µs per step; roofline = router + selected experts' weights + x + y over {:.2} TB/s (measured copy bandwidth)",
+        gpu.name()?,
+        bandwidth / 1e12
+    );
+    println!("| layer | tokens | experts used | variant | µs | roofline µs | % of roofline | rel error vs f64 |");
+    println!("|---|---|---|---|---|---|---|---|");
+    print_rows(&rows)?;
+    Ok(())
+}
