@@ -58,10 +58,11 @@ const WARPS: usize = BLOCK as usize / 32;
 pub const ROWS: usize = 16;
 /// Columns (k) one `mma` step of a lane group covers: two `m16n8k16`.
 const STEP: usize = 32;
-/// K-steps whose loads the gate/up kernel issues together.
+/// K-steps whose loads the gate/up kernel issues together (half as many with 4 n-tiles).
 const GATE_UP_UNROLL: usize = 4;
-/// K-steps whose loads the down kernel issues together, times its n-tiles.
-const DOWN_UNROLL: usize = 8;
+/// K-steps whose loads the down kernel issues together, times its n-tiles (at least 2; 8
+/// spills 800 bytes at 128 registers).
+const DOWN_UNROLL: usize = 6;
 
 /// Orders `(value, index)` as one `u64`: larger values first, then lower indices. Every
 /// key of a finite value is above 0, which stands for "none".
@@ -251,6 +252,7 @@ fn route(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k
     let local = experts / size;
     let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
     let logits = smem.take::<f32>(tokens * local);
+    let partials = smem.take::<f32>(WARPS * ROWS * tokens.next_multiple_of(8));
     let denominators = smem.take::<f32>(tokens);
     let candidates = smem.take::<u64>(tokens * size * k);
     let top = smem.take::<u64>(tokens * k);
@@ -258,24 +260,35 @@ fn route(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k
     let masks = smem.take::<u32>(2 * experts);
     let dispatch = Dispatch::take(smem, experts, tokens * k);
 
-    // Logits of this block's experts: a warp per (expert, token), 16-byte vectors.
-    for item in (warp..local * tokens).step_by(WARPS) {
-        let (e, t) = (item / tokens, item % tokens);
-        let (row, x_row) = ((rank * local + e) * hidden, t * hidden);
-        let mut acc = 0.0f32;
-        for v in (lane..hidden / 8).step_by(32) {
-            // SAFETY: the router and `x` are inputs, and `v` indexes a whole vector of a row.
-            let (w, xv): ([bf16; 8], [bf16; 8]) = unsafe { (global::load16_invariant(router, row / 8 + v), global::load16_invariant(x, x_row / 8 + v)) };
-            for i in 0..8 {
-                acc = w[i].to_f32().fma(xv[i].to_f32(), acc);
+    // Logits of this block's experts on tensor cores: A = their router rows (16 a tile,
+    // zeros past the last), B = the tokens (8 an n-tile); the warps split the K-steps, and the
+    // block sums their tiles in warp order.
+    let steps = hidden / STEP;
+    let n_tiles = tokens.div_ceil(8);
+    for m in (0..local).step_by(ROWS) {
+        let row = |r: usize| (m + r < local).then_some(rank * local + m + r);
+        let (r0, r8) = (row(lane / 4), row(lane / 4 + 8));
+        for n in 0..n_tiles {
+            let t = 8 * n + lane / 4;
+            let mut acc = FragC::ZERO;
+            for s in (warp..steps).step_by(WARPS) {
+                // SAFETY: rows of the router and of `x` (or none), `s < steps`; both are inputs.
+                let load = |w: &[bf16], r: Option<usize>| r.map_or([0; 4], |r| unsafe { row_words(w, r, hidden, s) });
+                acc = mma_step([load(router, r0), load(router, r8)], load(x, (t < tokens).then_some(t)), acc);
+            }
+            for v in 0..4 {
+                let (r, c) = FragC::position(v);
+                partials.store(((warp * n_tiles + n) * ROWS + r) * 8 + c, acc.values[v]);
             }
         }
-        let acc = warp::reduce_sum(acc);
-        if lane == 0 {
-            logits.store(t * local + e, acc);
+        block::sync();
+        for i in block::stride_loop(0..ROWS.min(local - m) * tokens) {
+            let (r, t) = (i / tokens, i % tokens);
+            let sum = (0..WARPS).map(|w| partials.load(((w * n_tiles + t / 8) * ROWS + r) * 8 + t % 8)).sum::<f32>();
+            logits.store(t * local + m + r, sum);
         }
+        block::sync();
     }
-    block::sync();
     top_k(&Cluster::new(), logits, tokens, k, candidates, top);
 
     // Gate weights: exp(l − max) over the top k, or over all experts (each block sums its
@@ -322,15 +335,30 @@ fn route(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k
     (dispatch, ids, gates)
 }
 
-/// This lane's 16 bytes of a 32-wide K-step `s` of row `row` (`len` columns) of `w`, as
-/// words: columns `32 s + 8 (lane % 4) ..`.
+/// This lane's 16 bytes of row `row` (`len` columns) of `x` in K-step `s`, as words:
+/// columns `32 s + 8 (lane % 4) ..`.
 ///
 /// # Safety
-/// 1. `(row + 1) · len <= w.len()`, `len` is a multiple of 32 and `s < len / 32`.
+/// 1. `(row + 1) · len <= x.len()`, `len` is a multiple of 32 and `s < len / 32`.
+/// 2. No grid writes `x` while the kernel runs.
+#[inline(always)]
+unsafe fn row_words(x: &[bf16], row: usize, len: usize, s: usize) -> [u32; 4] {
+    global::load16_invariant_unchecked::<u32, 4>(words(x), (row * len + s * STEP) / 8 + warp::lane() as usize % 4)
+}
+
+/// This lane's A operand of K-step `s` of row tile `tile` of tiled weights ([`host::tile`]:
+/// 16 × 32 tiles of 1 KB, row-major inside, in K order along a row tile, `steps` a row
+/// tile): rows `lane / 4` and `lane / 4 + 8`, columns `8 (lane % 4) ..` of the tile — bytes
+/// `16 lane ..` and `512 + 16 lane ..`, so that a warp reads each tile as two contiguous
+/// 512-byte runs and a row tile as one contiguous stream.
+///
+/// # Safety
+/// 1. `(tile · steps + s + 1) · 512 <= w.len()`.
 /// 2. No grid writes `w` while the kernel runs.
 #[inline(always)]
-unsafe fn weight_words(w: &[bf16], row: usize, len: usize, s: usize) -> [u32; 4] {
-    global::load16_invariant_unchecked::<u32, 4>(words(w), (row * len + s * STEP) / 8 + warp::lane() as usize % 4)
+unsafe fn tile_words(w: &[bf16], tile: usize, steps: usize, s: usize) -> [[u32; 4]; 2] {
+    let at = (tile * steps + s) * 64 + warp::lane() as usize;
+    [global::load16_invariant_unchecked::<u32, 4>(words(w), at), global::load16_invariant_unchecked::<u32, 4>(words(w), at + 32)]
 }
 
 /// `w` as words of two halves (an even length; device allocations are 256-byte aligned).
@@ -402,36 +430,38 @@ fn gate_up<const NT: usize>(
     let warps = grid::dim().x as usize * WARPS;
     for q in (block::index_x() as usize * WARPS + warp..dispatch.items() * tiles).step_by(warps) {
         let item = dispatch.item(q / tiles, group);
-        let row = item.expert * ffn + q % tiles * ROWS + lane / 4;
+        let tile = item.expert * tiles + q % tiles;
         // The lane's pair column in each n-tile: its token's row of `x`, if it has one.
         let x_rows: [Option<usize>; NT] = core::array::from_fn(|n| {
             let p = 8 * n + lane / 4;
             (p < item.len).then(|| dispatch.pair_token.load(item.first + p) as usize)
         });
         let mut acc = [[FragC::ZERO; NT]; 2];
-        for chunk in (0..steps).step_by(GATE_UP_UNROLL) {
+        let unroll = if NT >= 4 { GATE_UP_UNROLL / 2 } else { GATE_UP_UNROLL };
+        for chunk in (0..steps).step_by(unroll) {
             let mut a = [[[[0u32; 4]; 2]; 2]; GATE_UP_UNROLL];
             let mut b = [[[0u32; 4]; NT]; GATE_UP_UNROLL];
             unroll!(u in [0 1 2 3] {
-                let s = chunk + u;
-                // SAFETY: rows `row`, `row + 8` are the expert's (item tiles are whole), and
-                // `s < steps` (`steps` is a multiple of the unroll); weights are inputs.
-                unsafe {
-                    a[u] = [
-                        [weight_words(w_gate, row, hidden, s), weight_words(w_gate, row + 8, hidden, s)],
-                        [weight_words(w_up, row, hidden, s), weight_words(w_up, row + 8, hidden, s)],
-                    ];
-                    for n in 0..NT {
-                        if let Some(t) = x_rows[n] {
-                            b[u][n] = weight_words(x, t, hidden, s);
+                if u < unroll {
+                    let s = chunk + u;
+                    // SAFETY: `tile` is a row tile of the expert's (checked lengths), and `s <
+                    // steps` (`steps` is a multiple of the unroll); weights and `x` are inputs.
+                    unsafe {
+                        a[u] = [tile_words(w_gate, tile, steps, s), tile_words(w_up, tile, steps, s)];
+                        for n in 0..NT {
+                            if let Some(t) = x_rows[n] {
+                                b[u][n] = row_words(x, t, hidden, s);
+                            }
                         }
                     }
                 }
             });
             unroll!(u in [0 1 2 3] {
-                for n in 0..NT {
-                    acc[0][n] = mma_step(a[u][0], b[u][n], acc[0][n]);
-                    acc[1][n] = mma_step(a[u][1], b[u][n], acc[1][n]);
+                if u < unroll {
+                    for n in 0..NT {
+                        acc[0][n] = mma_step(a[u][0], b[u][n], acc[0][n]);
+                        acc[1][n] = mma_step(a[u][1], b[u][n], acc[1][n]);
+                    }
                 }
             });
         }
@@ -463,6 +493,7 @@ fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>
     let dispatch = Dispatch::take(&mut smem, experts, tokens * k);
     // Each warp's per-token sums of the rows: `warp × ROWS × tokens`.
     let sums = smem.take::<f32>(WARPS * ROWS * tokens);
+    let total = smem.take::<f32>(ROWS * tokens);
     let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
 
     grid::wait_for_prerequisites();
@@ -477,19 +508,22 @@ fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>
     dispatch.list_items(group);
 
     let steps = ffn / STEP;
-    // This warp's steps of each item: `warp, warp + WARPS, ..`.
-    let mine = steps.saturating_sub(warp).div_ceil(WARPS);
+    // The cluster's blocks split K: this warp's steps of each item are `w, w + stride, ..`,
+    // `w` its index in the cluster's warps.
+    let (rank, size) = (cluster::block_rank() as usize, cluster::size() as usize);
+    let (w, stride) = (rank * WARPS + warp, size * WARPS);
+    let mine = steps.saturating_sub(w).div_ceil(stride);
     let items = dispatch.items();
-    for tile in (block::index_x() as usize..hidden / ROWS).step_by(grid::dim().x as usize) {
+    let clusters = grid::dim().x as usize / size;
+    for tile in (cluster::index_in_grid().x as usize..hidden / ROWS).step_by(clusters) {
         for i in (lane..ROWS * tokens).step_by(32) {
             sums.store(warp * ROWS * tokens + i, 0.0);
         }
         // A lane's cells of a token change with each item's pair columns.
         warp::sync();
-        let row = tile * ROWS + lane / 4;
         let mut acc = [FragC::ZERO; NT];
-        // The next unit: item `i`, its `j`-th step of this warp's.
-        let (mut i, mut j) = (0, 0);
+        // The next unit: item `i`, its `j`-th step of this warp's, step `s`.
+        let (mut i, mut j, mut s) = (0, 0, w);
         let mut item = if mine > 0 && items > 0 { dispatch.item(0, group) } else { Item { expert: 0, first: 0, len: 0 } };
         while i < items && mine > 0 {
             let mut a = [[[0u32; 4]; 2]; DOWN_UNROLL];
@@ -497,13 +531,11 @@ fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>
             // The units of this chunk, and a bit for each that ends an item (`first`, then the
             // next ones in order).
             let (first, mut live, mut ends) = (i, 0, 0u32);
-            unroll!(u in [0 1 2 3 4 5 6 7] {
-                if u < DOWN_UNROLL / NT && i < items {
-                    let s = warp + WARPS * j;
-                    let w_row = item.expert * hidden + row;
-                    // SAFETY: `w_row`, `w_row + 8` are rows of the expert's `W_down` and
-                    // `s < steps`; weights are inputs.
-                    a[u] = unsafe { [weight_words(w_down, w_row, ffn, s), weight_words(w_down, w_row + 8, ffn, s)] };
+            unroll!(u in [0 1 2 3 4 5] {
+                if u < (DOWN_UNROLL / NT).max(2) && i < items {
+                    // SAFETY: the row tile is the expert's (checked lengths) and `s < steps`;
+                    // weights are inputs.
+                    a[u] = unsafe { tile_words(w_down, item.expert * (hidden / ROWS) + tile, steps, s) };
                     for n in 0..NT {
                         let p = 8 * n + lane / 4;
                         if p < item.len {
@@ -511,17 +543,17 @@ fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>
                         }
                     }
                     live = u + 1;
-                    j += 1;
+                    (j, s) = (j + 1, s + stride);
                     if j == mine {
                         ends |= 1 << u;
-                        (i, j) = (i + 1, 0);
+                        (i, j, s) = (i + 1, 0, w);
                         if i < items {
                             item = dispatch.item(i, group);
                         }
                     }
                 }
             });
-            unroll!(u in [0 1 2 3 4 5 6 7] {
+            unroll!(u in [0 1 2 3 4 5] {
                 if u < live {
                     for n in 0..NT {
                         acc[n] = mma_step(a[u], b[u][n], acc[n]);
@@ -548,10 +580,20 @@ fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>
             });
         }
         block::sync();
+        // The block's sum over its warps, then the cluster's over its blocks (rank order).
+        for i in block::stride_loop(0..ROWS * tokens) {
+            total.store(i, (0..WARPS).map(|w| sums.load(w * ROWS * tokens + i)).sum::<f32>());
+        }
+        if size > 1 {
+            cluster::reduce(total, Sum);
+        } else {
+            block::sync();
+        }
         for i in block::stride_loop(0..ROWS * tokens) {
             let (r, t) = (i / tokens, i % tokens);
-            let total = (0..WARPS).map(|w| sums.load((w * ROWS + r) * tokens + t)).sum::<f32>();
-            out.set(t * hidden + tile * ROWS + r, bf16::from_f32(total));
+            if i % size == rank {
+                out.set(t * hidden + tile * ROWS + r, bf16::from_f32(total.load(i)));
+            }
         }
         block::sync();
     }
@@ -582,6 +624,7 @@ macro_rules! moe_kernels {
 moe_kernels! {
     moe_gate_up_g8, moe_down_g8, 1, 8;
     moe_gate_up_g16, moe_down_g16, 2, 16;
+    moe_gate_up_g32, moe_down_g32, 4, 32;
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
@@ -775,6 +818,32 @@ pub mod host {
         }
     }
 
+    /// Row-major `rows × cols` matrices, stacked (`rows` a multiple of 16, `cols` of 32), in
+    /// the kernels' tiled layout: each 16-row tile of a matrix stays in place as a block, its
+    /// 16 × 32 tiles one after another along K, row-major inside (element `(r, c)` of tile `s`
+    /// at `512 s + 32 r + c`), so that a warp streams its rows as one contiguous run
+    /// (`tile_words`). [`Buffers::upload`] uploads the experts' weights so.
+    pub fn tile(w: &[bf16], cols: usize) -> Vec<bf16> {
+        assert!(cols.is_multiple_of(STEP) && w.len().is_multiple_of(ROWS * cols), "{} values are not whole tiles of 16 rows × {cols} columns", w.len());
+        let mut tiled = vec![bf16::from_f32(0.0); w.len()];
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let per_thread = (w.len() / (ROWS * cols)).div_ceil(threads) * ROWS * cols;
+        std::thread::scope(|scope| {
+            for (src, dst) in w.chunks(per_thread).zip(tiled.chunks_mut(per_thread)) {
+                scope.spawn(move || {
+                    for (src, dst) in src.chunks(ROWS * cols).zip(dst.chunks_mut(ROWS * cols)) {
+                        for (s, tile) in dst.chunks_mut(ROWS * STEP).enumerate() {
+                            for (r, row) in tile.chunks_mut(STEP).enumerate() {
+                                row.copy_from_slice(&src[r * cols + s * STEP..][..STEP]);
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        tiled
+    }
+
     /// Both kernels of a pair-group size.
     struct Pair<G, D> {
         gate_up: G,
@@ -785,6 +854,7 @@ pub mod host {
     pub struct Kernels {
         g8: Pair<moe_gate_up_g8::Kernel, moe_down_g8::Kernel>,
         g16: Pair<moe_gate_up_g16::Kernel, moe_down_g16::Kernel>,
+        g32: Pair<moe_gate_up_g32::Kernel, moe_down_g32::Kernel>,
     }
 
     impl Kernels {
@@ -793,12 +863,13 @@ pub mod host {
             Ok(Kernels {
                 g8: Pair { gate_up: moe_gate_up_g8::load(gpu)?, down: moe_down_g8::load(gpu)? },
                 g16: Pair { gate_up: moe_gate_up_g16::load(gpu)?, down: moe_down_g16::load(gpu)? },
+                g32: Pair { gate_up: moe_gate_up_g32::load(gpu)?, down: moe_down_g32::load(gpu)? },
             })
         }
     }
 
-    /// A step's buffers on a device: the inputs, the two kernels' hand-over, and poisoned
-    /// outputs.
+    /// A step's buffers on a device: the inputs (expert weights [`tile`]d), the two kernels'
+    /// hand-over, and poisoned outputs.
     pub struct Buffers {
         pub layer: Layer,
         pub tokens: usize,
@@ -830,9 +901,9 @@ pub mod host {
                 tokens: moe.tokens,
                 x: gpu.upload(&moe.x)?,
                 router: gpu.upload(&moe.router)?,
-                w_gate: gpu.upload(&moe.w_gate)?,
-                w_up: gpu.upload(&moe.w_up)?,
-                w_down: gpu.upload(&moe.w_down)?,
+                w_gate: gpu.upload(&tile(&moe.w_gate, hidden))?,
+                w_up: gpu.upload(&tile(&moe.w_up, hidden))?,
+                w_down: gpu.upload(&tile(&moe.w_down, ffn))?,
                 h: gpu.upload(&vec![nan; pairs * ffn])?,
                 routing: gpu.upload(&vec![u32::MAX; experts + pairs])?,
                 pair_gate: gpu.upload(&vec![f32::NAN; pairs])?,
@@ -862,6 +933,7 @@ pub mod host {
     }
 
     /// How a step launches: the kernels' pair group, and both launch configurations.
+    #[derive(Clone, Copy, Debug)]
     pub struct Plan {
         /// Pairs an expert's pass over its weights serves: 8 or 16.
         pub group: usize,
@@ -872,7 +944,8 @@ pub mod host {
     /// Shared memory of the gate/up kernel: the routing's arrays, 16-byte aligned each.
     fn gate_up_smem(layer: &Layer, tokens: usize, cluster: usize) -> usize {
         let (pairs, e) = (tokens * layer.top_k, layer.experts);
-        let sizes = [tokens * e / cluster * 4, tokens * 4, pairs * cluster * 8, pairs * 8, pairs * 4, pairs * 4, 2 * e * 4];
+        let partials = WARPS * ROWS * tokens.next_multiple_of(8) * 4;
+        let sizes = [tokens * e / cluster * 4, partials, tokens * 4, pairs * cluster * 8, pairs * 8, pairs * 4, pairs * 4, 2 * e * 4];
         sizes.iter().map(|b| b.next_multiple_of(16)).sum::<usize>() + dispatch_smem(layer, tokens)
     }
 
@@ -883,22 +956,34 @@ pub mod host {
 
     /// The launches of `layer` at `tokens` tokens: gate/up in clusters of `cluster`, as many
     /// blocks as the GPU holds at once (at most one per 8 items of the largest routing),
-    /// pairs in groups of 8 up to 8 tokens, else 16; the down kernel a block per 16 output
-    /// rows, launched programmatically with `programmatic`.
+    /// pairs in groups of 8 up to 8 tokens, else 16; the down kernel a cluster per 16 output
+    /// rows, of as many blocks (1, 2 or 4, splitting K) as keep the grid within two blocks
+    /// per SM, launched programmatically with `programmatic`.
     pub fn plan(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, cluster: u32, programmatic: bool) -> Result<Plan> {
         layer.check(tokens, cluster)?;
-        let group = if tokens <= 8 { 8 } else { 16 };
+        // Groups hold about twice an expert's average share of the pairs (all tokens, at most).
+        let share = tokens.min(2 * tokens * layer.top_k / layer.experts);
+        let group = [8, 16, 32].into_iter().find(|&g| g >= share).unwrap_or(32);
         let c = cluster as usize;
         let mut gate_up = LaunchConfig { grid: cluster.into(), block: BLOCK.into(), cluster: Some(cluster.into()), dynamic_smem_bytes: gate_up_smem(&layer, tokens, c) as u32, ..LaunchConfig::default() };
-        let raw = if group == 8 { kernels.g8.gate_up.raw() } else { kernels.g16.gate_up.raw() };
+        let raw = match group {
+            8 => kernels.g8.gate_up.raw(),
+            16 => kernels.g16.gate_up.raw(),
+            _ => kernels.g32.gate_up.raw(),
+        };
         let resident = raw.max_resident_blocks(gpu.stream(), &raw.plan(&gate_up)?)?;
         let items = layer.experts.min(tokens * layer.top_k) * layer.ffn / ROWS + tokens * layer.top_k / group * layer.ffn / ROWS;
         let wanted = (items.div_ceil(WARPS) as u64).min(resident).max(1);
         gate_up.grid = (wanted.div_ceil(c as u64) as u32 * cluster).into();
+        // The down kernel's clusters split K, so that its blocks fill two per SM.
+        let tiles = layer.hidden / ROWS;
+        let sms = gpu.multiprocessors()?.unwrap_or(132);
+        let split = [4, 2, 1].into_iter().find(|&p| tiles * p <= 2 * sms).unwrap_or(1);
         let down = LaunchConfig {
-            grid: ((layer.hidden / ROWS) as u32).into(),
+            grid: ((tiles * split) as u32).into(),
             block: BLOCK.into(),
-            dynamic_smem_bytes: (dispatch_smem(&layer, tokens) + WARPS * ROWS * tokens * 4) as u32,
+            cluster: Some((split as u32).into()),
+            dynamic_smem_bytes: (dispatch_smem(&layer, tokens) + (WARPS + 1) * ROWS * tokens * 4) as u32,
             programmatic,
             ..LaunchConfig::default()
         };
@@ -907,13 +992,38 @@ pub mod host {
 
     /// One step on `stream`: the two launches of `plan`.
     pub fn step(kernels: &Kernels, stream: &Stream, b: &mut Buffers, plan: &Plan) -> Result<()> {
+        gate_up(kernels, stream, b, plan)?;
+        down(kernels, stream, b, plan)
+    }
+
+    /// The first launch alone: routing, gate and up projections.
+    pub fn gate_up(kernels: &Kernels, stream: &Stream, b: &mut Buffers, plan: &Plan) -> Result<()> {
         let (k, renormalize) = (b.layer.top_k as u32, u32::from(b.layer.renormalize));
         macro_rules! launch {
-            ($pair:expr) => {{
-                $pair.gate_up.launch(stream, &plan.gate_up, &b.x, &b.router, &b.w_gate, &b.w_up, &mut b.h, &mut b.routing, &mut b.pair_gate, &mut b.top_ids, &mut b.top_gates, k, renormalize)?;
-                $pair.down.launch(stream, &plan.down, &mut b.h, &mut b.routing, &mut b.pair_gate, &b.w_down, &mut b.out, k)
-            }};
+            ($kernel:expr) => {
+                $kernel.launch(stream, &plan.gate_up, &b.x, &b.router, &b.w_gate, &b.w_up, &mut b.h, &mut b.routing, &mut b.pair_gate, &mut b.top_ids, &mut b.top_gates, k, renormalize)
+            };
         }
-        if plan.group == 8 { launch!(kernels.g8) } else { launch!(kernels.g16) }
+        match plan.group {
+            8 => launch!(kernels.g8.gate_up),
+            16 => launch!(kernels.g16.gate_up),
+            _ => launch!(kernels.g32.gate_up),
+        }
+    }
+
+    /// The second launch alone: the down projection and the combine, reading what the last
+    /// [`gate_up`] on `b` wrote.
+    pub fn down(kernels: &Kernels, stream: &Stream, b: &mut Buffers, plan: &Plan) -> Result<()> {
+        let k = b.layer.top_k as u32;
+        macro_rules! launch {
+            ($kernel:expr) => {
+                $kernel.launch(stream, &plan.down, &mut b.h, &mut b.routing, &mut b.pair_gate, &b.w_down, &mut b.out, k)
+            };
+        }
+        match plan.group {
+            8 => launch!(kernels.g8.down),
+            16 => launch!(kernels.g16.down),
+            _ => launch!(kernels.g32.down),
+        }
     }
 }

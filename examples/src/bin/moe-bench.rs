@@ -20,9 +20,9 @@
 //! `cargo run --release -p clusterfuse-examples --bin moe-bench [-- --dump DIR]`
 
 use clusterfuse::bf16;
-use clusterfuse::host::Gpu;
+use clusterfuse::host::{Gpu, LaunchConfig};
 use clusterfuse_examples::check::{gpu_or_skip, median, median_us_per_call, print_rows, with_rng, Report};
-use clusterfuse_kernels::moe::host::{plan, step, Buffers, Kernels, Layer, Moe, Reference, TOLERANCE};
+use clusterfuse_kernels::moe::host::{down, gate_up, plan, step, Buffers, Kernels, Layer, Moe, Reference, TOLERANCE};
 use rand::Rng;
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -91,7 +91,8 @@ fn main() -> Result<()> {
             let roofline_us = layer.step_bytes(tokens, selected) as f64 / bandwidth * 1e6;
             let mut b = Buffers::upload(&gpu, &moe)?;
             let plan = plan(&kernels, &gpu, layer, tokens, CLUSTER, true)?;
-            let layout = format!("{} + {} blocks, groups of {}", plan.gate_up.grid.x, plan.down.grid.x, plan.group);
+            let down_cluster = plan.down.cluster.map_or(1, |c| c.x);
+            let layout = format!("{} + {} blocks, clusters of {CLUSTER} and {down_cluster}, groups of {}", plan.gate_up.grid.x, plan.down.grid.x, plan.group);
             step(&kernels, gpu.stream(), &mut b, &plan)?;
             let first = b.results(&gpu)?;
             if tokens == TOKENS[0] {
@@ -118,6 +119,14 @@ fn main() -> Result<()> {
             let launched = median_us_per_call(&gpu, (WARMUP, REPS), STEPS_PER_PASS, |_| step(&kernels, gpu.stream(), &mut b, &plan))?;
             // SAFETY: as above.
             let replayed = median_us_per_call(&gpu, (WARMUP, REPS), STEPS_PER_PASS, |_| unsafe { graph.replay(gpu.stream()) })?;
+            // Each launch alone (the down kernel in stream order), for where the time goes.
+            let alone = |plan: &clusterfuse_kernels::moe::host::Plan, b: &mut Buffers| -> Result<(f64, f64)> {
+                let first = median_us_per_call(&gpu, (WARMUP, REPS), STEPS_PER_PASS, |_| gate_up(&kernels, gpu.stream(), b, plan))?;
+                let ordered = clusterfuse_kernels::moe::host::Plan { down: LaunchConfig { programmatic: false, ..plan.down }, ..*plan };
+                Ok((first, median_us_per_call(&gpu, (WARMUP, REPS), STEPS_PER_PASS, |_| down(&kernels, gpu.stream(), b, &ordered))?))
+            };
+            let (gate_up_us, down_us) = alone(&plan, &mut b)?;
+            eprintln!("{name}, {tokens} tokens: gate/up alone {gate_up_us:.1} µs, down alone {down_us:.1} µs");
             for (variant, us) in [("2 launches, PDL", launched), ("CUDA graph of the 2, PDL", replayed)] {
                 rows.push(format!("{prefix} clusterfuse {variant} ({layout}) | {us:.1} | {roofline_us:.1} | {:.0}% | {:.2e} |", roofline_us / us * 100.0, report.rel_error));
             }
