@@ -7,7 +7,7 @@ scripts/setup.sh
 cargo build --release -p clusterfuse-examples --bins
 cargo build --release -p clusterfuse-host --bin clusterfuse-trace
 mkdir -p .gpu
-for bin in clusterfuse-trace clusterfuse-examples launch-overhead cluster-bench norms-bench tklqt-sweep gemm-bench decode-bench bert-bench llama-bench profile-step; do
+for bin in clusterfuse-trace clusterfuse-examples launch-overhead cluster-bench norms-bench tklqt-sweep gemm-bench decode-bench bert-bench llama-bench moe-bench profile-step; do
     cp "target/release/$bin" .gpu/
 done
 # The GPU checks of graphs and the launch recorder, a test binary ("Executable ... (path)").

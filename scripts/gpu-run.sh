@@ -2,7 +2,7 @@
 # Runs the GPU tests and benchmarks gathered by scripts/gpu-bundle.sh, on a machine with a
 # GPU (no Rust needed there): the examples against their CPU references, the same under
 # compute-sanitizer (memcheck, racecheck; at the emulator's shapes), then the benchmarks
-# (norms-torch.py, gemm-torch.py, decode-torch.py, llama-torch.py and bert-torch.py need PyTorch,
+# (norms-torch.py, gemm-torch.py, decode-torch.py, llama-torch.py, moe-torch.py and bert-torch.py need PyTorch,
 # gemv-sweep.cu nvcc), after checking graphs
 # and the launch recorder they use; the TKLQT sweep leaves its traces and plots in $out/tklqt/,
 # the BERT case study (issue 7) in $out/bert/, PyTorch's traces of it in $out/bert-torch/.
@@ -51,6 +51,11 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
     step decode-torch-check python3 scripts/decode-torch.py --check "$dump"
     step llama-bench .gpu/llama-bench
     step llama-torch python3 scripts/llama-torch.py
+    # moe-bench writes both layers' weights and 64-token inputs (~4 GB) outside $out.
+    moe_dump=${MOE_DUMP:-/tmp/clusterfuse-moe-check}
+    step moe-bench .gpu/moe-bench --dump "$moe_dump"
+    step moe-torch-check python3 scripts/moe-torch.py --check "$moe_dump"
+    step moe-torch python3 scripts/moe-torch.py
     step bert-bench .gpu/bert-bench "$out/bert"
     step bert-torch python3 scripts/bert-torch.py --trace "$out/bert-torch"
     step bert-torch-sweep .gpu/clusterfuse-trace sweep "$out"/bert-torch/torch-b*.jsonl --svg "$out/bert-torch"

@@ -9,6 +9,9 @@
 //! - [`llama`]: a Llama-architecture decode step at batch 1 (bf16 weights and KV cache), as a
 //!   CUDA-graph-friendly chain of 82 fused launches ([`llama::chain`]) or as one persistent
 //!   launch ([`llama::persistent`]).
+//! - [`moe`]: a mixture-of-experts layer at decode (1-64 tokens, bf16): routing by a cluster
+//!   top-k over DSMEM, then only the selected experts' SiLU-gated FFNs on tensor cores, the
+//!   combine fused into the down projection; two launches.
 // The kernels' docs explain their device code, private helpers included.
 #![allow(rustdoc::private_intra_doc_links)]
 

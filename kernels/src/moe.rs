@@ -7,38 +7,59 @@
 //! with `g` the softmax of the router logits `W_router · x[t]` (over all experts, or over the
 //! top k alone with `renormalize`: Mixtral's gating, where the two are the same numbers).
 //!
-//! [`fn@moe_gate_up`] (clusters of `C` blocks, as many as fit on the GPU at once):
+//! [`fn@moe_gate_up_g8`] (and `_g16`, `_g32`; clusters of `C` blocks, as many as fit on the
+//! GPU at once):
 //! 1. **Routing, in every cluster.** Block `r` of a cluster computes the logits of experts
-//!    `r·E/C ..` for every token (a warp per (expert, token), 16-byte loads, shuffles), and
-//!    [`top_k`] — a `#[cluster_primitive]` — finds each token's `k` largest over the whole
-//!    cluster through DSMEM: each block's warps find its local top `k` and push them into
-//!    every peer's shared memory, then every block merges the `C·k` candidates. Ties go to
-//!    the lower expert index (the order is total: a logit and its index form one key), so
-//!    every cluster derives the same routing with no grid-wide step: the gate weights, the
-//!    tokens each expert serves (a 64-bit mask of tokens, from warp ballots), and the
-//!    *pairs* — the `T·k` (token, expert) choices sorted by expert, then token — from a
-//!    warp's prefix sums.
+//!    `r·E/C ..` for every token on tensor cores (its router rows against the tokens, the
+//!    warps splitting K, summed in warp order), and [`fn@top_k`] — a `#[cluster_primitive]` —
+//!    finds each token's `k` largest over the whole cluster through DSMEM: each block's warps
+//!    find its local top `k` and push them into every peer's shared memory, then every block
+//!    merges the `C·k` candidates. Ties go to the lower expert index (the order is total: a
+//!    logit and its index form one key), so every cluster derives the same routing with no
+//!    grid-wide step: the gate weights, the tokens each expert serves (a 64-bit mask of
+//!    tokens, from warp ballots), and the *pairs* — the `T·k` (token, expert) choices sorted
+//!    by expert, then token — from a warp's prefix sums.
 //! 2. **Gate and up projections.** A warp owns 16 rows of one selected expert's `W_gate` and
-//!    `W_up` (an *item*; items go round robin over the grid's warps) and streams them whole
-//!    through `mma.m16n8k16`: the weights are the A operand, loaded from global memory in
-//!    16-byte vectors straight into fragment registers, the pairs' token vectors the B
-//!    operand (8 pairs per n-tile). A 16-byte load holds 8 consecutive k of one row, which is
-//!    not the fragment's k order; the dot product does not care, so B is loaded with the same
-//!    permutation (lane `l` reads 8 consecutive k of token `l / 4`) and one pair of loads
-//!    feeds two `mma`s. Each lane issues all its loads of 4 K-steps (256 bytes) before its
-//!    `mma`s. The epilogue writes `h = silu(gate) ⊙ up` (bf16) per pair, in pair order.
+//!    `W_up` and a group of that expert's pairs (an *item*; items go round robin over the
+//!    grid's warps) and streams the rows whole through `mma.m16n8k16`: the weights are the A
+//!    operand, loaded in 16-byte vectors straight into fragment registers, the pairs' token
+//!    vectors the B operand (8 pairs per n-tile). The experts' weights are stored in 16 × 32
+//!    tiles ([`host::tile`]), so that a warp reads 1 KB contiguous per K-step and its rows as
+//!    one stream (row-major rows, 64 bytes per row and step, ran at 72% of this speed). A
+//!    16-byte load holds 8 consecutive k of one row, not the fragment's k order; the dot
+//!    product does not care, so B is loaded with the same permutation (lane `l` reads 8
+//!    consecutive k of token `l / 4`) and one pair of loads feeds two `mma`s. Each lane issues
+//!    all its loads of 4 K-steps (2 with 4 n-tiles) before its `mma`s. The epilogue writes
+//!    `h = silu(gate) ⊙ up` (bf16) per pair, in pair order.
 //!
-//! [`fn@moe_down`] (launched programmatically after it; a block per 16 rows of the output):
-//! each warp takes every 8th 32-wide K-step of each selected expert's `W_down` rows (one flat
-//! stream of steps across experts, 8 steps' loads in flight), multiplies them with the
-//! pairs' `h`, and adds each finished expert's result times its gate weight into its own
-//! per-token accumulators in shared memory; the block then sums its warps' accumulators in
-//! warp order and writes `y`. The combine is fused into the last projection, and nothing is
-//! atomic: the output is bitwise deterministic.
+//! [`fn@moe_down_g8`] (and twins; launched programmatically after it; a cluster per 16 rows of
+//! the output, whose 1-4 blocks split K): each warp takes every `8·size`-th 32-wide K-step of
+//! each selected expert's `W_down` rows (one flat stream of steps across experts, 6 steps'
+//! loads in flight), multiplies them with the pairs' `h`, and adds each finished expert's
+//! result times its gate weight into its own per-token accumulators in shared memory; the
+//! block sums its warps' accumulators in warp order, `cluster::reduce` the blocks' in rank
+//! order, and the blocks write `y`. The combine is fused into the last projection, and
+//! nothing is atomic: the output is bitwise deterministic.
 //!
-//! Every weight byte of a selected expert is read once per step (a warp's rows are re-read
-//! only when an expert serves more pairs than an n-tile group holds: 8 pairs per group for
-//! the `_g8` kernels, 16 for `_g16`), and unselected experts are never touched.
+//! Every weight byte of a selected expert is read from memory once per step (a warp's rows
+//! are read again only when an expert serves more pairs than its group holds: 8, 16 or 32
+//! pairs per group for the `_g8`, `_g16`, `_g32` kernels, chosen by [`host::plan`] at about
+//! twice the pairs an expert serves on average), and unselected experts are never touched.
+//!
+//! ```no_run
+//! # fn main() -> clusterfuse::host::Result<()> {
+//! use clusterfuse::host::Gpu;
+//! use clusterfuse_kernels::moe::host::{plan, step, Buffers, Kernels, Layer, Moe};
+//!
+//! let gpu = Gpu::new(0)?;
+//! let moe = Moe::random(Layer::MIXTRAL_8X7B, 8, 42)?; // 8 tokens, seed 42
+//! let kernels = Kernels::load(&gpu)?;
+//! let mut buffers = Buffers::upload(&gpu, &moe)?; // tiles the expert weights
+//! let plan = plan(&kernels, &gpu, moe.layer, moe.tokens, 4, true)?; // clusters of 4, PDL
+//! step(&kernels, gpu.stream(), &mut buffers, &plan)?;
+//! let (y, experts, gates) = buffers.results(&gpu)?;
+//! # let _ = (y, experts, gates); Ok(()) }
+//! ```
 
 use clusterfuse::arch;
 use clusterfuse::cluster::Cluster;
@@ -405,7 +426,7 @@ fn gate_up<const NT: usize>(
     let hidden = x.len() / tokens;
     let ffn = h.len() / (tokens * k);
     let experts = router.len() / hidden;
-    if hidden % (STEP * GATE_UP_UNROLL) != 0 || ffn % ROWS != 0 || w_gate.len() != experts * ffn * hidden || w_up.len() != w_gate.len() {
+    if !hidden.is_multiple_of(STEP * GATE_UP_UNROLL) || !ffn.is_multiple_of(ROWS) || w_gate.len() != experts * ffn * hidden || w_up.len() != w_gate.len() {
         arch::trap();
     }
     let group = 8 * NT;
@@ -465,12 +486,12 @@ fn gate_up<const NT: usize>(
                 }
             });
         }
-        for n in 0..NT {
+        for (n, (gate, up)) in acc[0].iter().zip(&acc[1]).enumerate() {
             for i in 0..4 {
                 let (r, c) = FragC::position(i);
                 let p = 8 * n + c;
                 if p < item.len {
-                    let value = silu_gate(acc[0][n].values[i], acc[1][n].values[i]);
+                    let value = silu_gate(gate.values[i], up.values[i]);
                     h.set((item.first + p) * ffn + q % tiles * ROWS + r, bf16::from_f32(value));
                 }
             }
@@ -485,7 +506,7 @@ fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>
     let hidden = out.len() / tokens;
     let ffn = h.len() / (tokens * k);
     let experts = routing.len() - tokens * k;
-    if ffn % STEP != 0 || hidden % ROWS != 0 || w_down.len() != experts * hidden * ffn {
+    if !ffn.is_multiple_of(STEP) || !hidden.is_multiple_of(ROWS) || w_down.len() != experts * hidden * ffn {
         arch::trap();
     }
     let group = 8 * NT;
@@ -536,10 +557,10 @@ fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>
                     // SAFETY: the row tile is the expert's (checked lengths) and `s < steps`;
                     // weights are inputs.
                     a[u] = unsafe { tile_words(w_down, item.expert * (hidden / ROWS) + tile, steps, s) };
-                    for n in 0..NT {
+                    for (n, b) in b[u].iter_mut().enumerate() {
                         let p = 8 * n + lane / 4;
                         if p < item.len {
-                            b[u][n] = load_words_out(h, ((item.first + p) * ffn + s * STEP) / 8 + lane % 4);
+                            *b = load_words_out(h, ((item.first + p) * ffn + s * STEP) / 8 + lane % 4);
                         }
                     }
                     live = u + 1;
@@ -563,17 +584,17 @@ fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>
                 // pair's token.
                 if ends & (1 << u) != 0 {
                     let item = dispatch.item(first + (ends & ((1 << u) - 1)).count_ones() as usize, group);
-                    for n in 0..NT {
+                    for (n, acc) in acc.iter_mut().enumerate() {
                         for v in 0..4 {
                             let (r, c) = FragC::position(v);
                             let p = 8 * n + c;
                             if p < item.len {
                                 let t = dispatch.pair_token.load(item.first + p) as usize;
                                 let at = (warp * ROWS + r) * tokens + t;
-                                sums.store(at, sums.load(at) + dispatch.pair_gate.load(item.first + p) * acc[n].values[v]);
+                                sums.store(at, sums.load(at) + dispatch.pair_gate.load(item.first + p) * acc.values[v]);
                             }
                         }
-                        acc[n] = FragC::ZERO;
+                        *acc = FragC::ZERO;
                     }
                     warp::sync();
                 }
