@@ -1,0 +1,42 @@
+//! The MoE layer's host side without a GPU: the tiled weight layout the kernels read, and the
+//! shapes they refuse before launching.
+
+use clusterfuse::bf16;
+use clusterfuse::host::Error;
+use clusterfuse_kernels::moe::host::{tile, Layer};
+
+#[test]
+fn tiling_keeps_16_rows_of_32_columns_together_in_k_order() {
+    let (rows, cols) = (32, 96);
+    // Every element's bits are its row-major index.
+    let w: Vec<bf16> = (0..rows * cols).map(|i| bf16::from_bits(i as u16)).collect();
+    let tiled = tile(&w, cols);
+    for r in 0..rows {
+        for c in 0..cols {
+            // Row tile r / 16 is a block of 16 × 96; inside it, tile c / 32, then row, column.
+            let at = r / 16 * 16 * cols + c / 32 * 512 + r % 16 * 32 + c % 32;
+            assert_eq!(tiled[at].to_bits() as usize, r * cols + c, "element ({r}, {c})");
+        }
+    }
+}
+
+#[test]
+fn unsupported_layers_are_refused_with_the_reason() {
+    let refused = |layer: Layer, tokens: usize, cluster: u32| match layer.check(tokens, cluster) {
+        Err(Error::UnsupportedShape { reason, .. }) => reason,
+        other => panic!("{layer:?} at {tokens} tokens, cluster {cluster}: {other:?}"),
+    };
+    let mixtral = Layer::MIXTRAL_8X7B;
+    assert!(refused(mixtral, 65, 4).contains("65 tokens"));
+    assert!(refused(mixtral, 0, 4).contains("0 tokens"));
+    assert!(refused(Layer { top_k: 9, ..Layer::DEEPSEEK_V2_LITE }, 1, 4).contains("top 9 of 64"));
+    assert!(refused(Layer { top_k: 3, experts: 2, ..mixtral }, 1, 2).contains("top 3 of 2"));
+    assert!(refused(mixtral, 1, 3).contains("clusters of 3"));
+    assert!(refused(Layer { hidden: 4000, ..mixtral }, 1, 4).contains("hidden 4000"));
+    assert!(refused(Layer { ffn: 14330, ..mixtral }, 1, 4).contains("FFN 14330"));
+    for (layer, cluster) in [(mixtral, 4), (mixtral, 8), (Layer::DEEPSEEK_V2_LITE, 4), (Layer::DEEPSEEK_V2_LITE, 16)] {
+        for tokens in [1, 8, 64] {
+            layer.check(tokens, cluster).unwrap_or_else(|e| panic!("{layer:?} at {tokens}: {e}"));
+        }
+    }
+}
