@@ -8,7 +8,7 @@
 //! top k alone with `renormalize`: Mixtral's gating, where the two are the same numbers).
 //!
 //! [`fn@moe_gate_up_g8`] (and `_g16`, `_g32`; clusters of `C` blocks, as many as fit on the
-//! GPU at once):
+//! GPU at once, at most one per 8 items):
 //! 1. **Routing, in every cluster.** Block `r` of a cluster computes the logits of experts
 //!    `r·E/C ..` for every token on tensor cores (its router rows against the tokens, the
 //!    warps splitting K, summed in warp order), and [`fn@top_k`] — a `#[cluster_primitive]` —
@@ -34,8 +34,8 @@
 //!
 //! [`fn@moe_down_g8`] (and twins; launched programmatically after it; a cluster per 16 rows of
 //! the output, whose 1-4 blocks split K): each warp takes every `8·size`-th 32-wide K-step of
-//! each selected expert's `W_down` rows (one flat stream of steps across experts, 6 steps'
-//! loads in flight), multiplies them with the pairs' `h`, and adds each finished expert's
+//! each selected expert's `W_down` rows (one flat stream of steps across experts, 6, 3 or 2
+//! steps' loads in flight with groups of 8, 16 or 32 pairs), multiplies them with the pairs' `h`, and adds each finished expert's
 //! result times its gate weight into its own per-token accumulators in shared memory; the
 //! block sums its warps' accumulators in warp order, `cluster::reduce` the blocks' in rank
 //! order, and the blocks write `y`. The combine is fused into the last projection, and
@@ -361,7 +361,8 @@ fn route(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k
 ///
 /// # Safety
 /// 1. `(row + 1) · len <= x.len()`, `len` is a multiple of 32 and `s < len / 32`.
-/// 2. No grid writes `x` while the kernel runs.
+/// 2. No grid writes `x` while the kernel runs, nor one it was launched programmatically after.
+/// 3. `x` starts 16-byte aligned (a whole kernel argument: allocations are 256-byte aligned).
 #[inline(always)]
 unsafe fn row_words(x: &[bf16], row: usize, len: usize, s: usize) -> [u32; 4] {
     global::load16_invariant_unchecked::<u32, 4>(words(x), (row * len + s * STEP) / 8 + warp::lane() as usize % 4)
@@ -375,18 +376,21 @@ unsafe fn row_words(x: &[bf16], row: usize, len: usize, s: usize) -> [u32; 4] {
 ///
 /// # Safety
 /// 1. `(tile · steps + s + 1) · 512 <= w.len()`.
-/// 2. No grid writes `w` while the kernel runs.
+/// 2. No grid writes `w` while the kernel runs, nor one it was launched programmatically after.
+/// 3. `w` starts 16-byte aligned (a whole kernel argument: allocations are 256-byte aligned).
 #[inline(always)]
 unsafe fn tile_words(w: &[bf16], tile: usize, steps: usize, s: usize) -> [[u32; 4]; 2] {
     let at = (tile * steps + s) * 64 + warp::lane() as usize;
     [global::load16_invariant_unchecked::<u32, 4>(words(w), at), global::load16_invariant_unchecked::<u32, 4>(words(w), at + 32)]
 }
 
-/// `w` as words of two halves (an even length; device allocations are 256-byte aligned).
+/// `w` as words of two halves (an odd length's last half left out).
+///
+/// # Safety
+/// 1. `w` starts 4-byte aligned (a whole kernel argument does).
 #[inline(always)]
-fn words(w: &[bf16]) -> &[u32] {
-    // SAFETY: `bf16` is two bytes of plain data and a kernel argument is 4-byte aligned.
-    unsafe { clusterfuse::packed::words(w) }
+unsafe fn words(w: &[bf16]) -> &[u32] {
+    clusterfuse::packed::words(w)
 }
 
 /// `acc + A·B` over one 32-wide K-step: rows `g`, `g + 8` of A are `a[0]`, `a[1]` (8
@@ -681,7 +685,8 @@ pub mod host {
         /// DeepSeek-V2-Lite / Qwen-MoE-shaped: hidden 2048, 64 experts, top 8, FFN 1408.
         pub const DEEPSEEK_V2_LITE: Layer = Layer { hidden: 2048, experts: 64, top_k: 8, ffn: 1408, renormalize: false };
 
-        /// Whether the kernels run this layer at `tokens` tokens with clusters of `cluster`.
+        /// Whether the kernels run this layer at `tokens` tokens with clusters of `cluster`
+        /// (shared memory aside: [`plan`] checks it against the device's limit).
         pub fn check(&self, tokens: usize, cluster: u32) -> Result<()> {
             let unsupported = |reason: String| Err(Error::UnsupportedShape { kernel: "the MoE layer", reason });
             let c = cluster as usize;
@@ -692,10 +697,10 @@ pub mod host {
                 return unsupported(format!("top {} of {} experts: k is 1 to {MAX_TOP_K}, at most the experts", self.top_k, self.experts));
             }
             if !(1..=16).contains(&c) || !self.experts.is_multiple_of(c) || self.experts >= 1 << 16 {
-                return unsupported(format!("{} experts over clusters of {cluster}: the cluster (1-16 blocks) must divide the experts", self.experts));
+                return unsupported(format!("{} experts over clusters of {cluster}: the cluster (1-16 blocks) must divide the experts, fewer than 65536", self.experts));
             }
-            if !self.hidden.is_multiple_of(STEP * GATE_UP_UNROLL) || !self.ffn.is_multiple_of(STEP) {
-                return unsupported(format!("hidden {} and FFN {}: the hidden size must be a multiple of {}, the FFN of {STEP}", self.hidden, self.ffn, STEP * GATE_UP_UNROLL));
+            if self.hidden == 0 || self.ffn == 0 || !self.hidden.is_multiple_of(STEP * GATE_UP_UNROLL) || !self.ffn.is_multiple_of(STEP) {
+                return unsupported(format!("hidden {} and FFN {}: the hidden size must be a positive multiple of {}, the FFN of {STEP}", self.hidden, self.ffn, STEP * GATE_UP_UNROLL));
             }
             Ok(())
         }
@@ -956,7 +961,7 @@ pub mod host {
     /// How a step launches: the kernels' pair group, and both launch configurations.
     #[derive(Clone, Copy, Debug)]
     pub struct Plan {
-        /// Pairs an expert's pass over its weights serves: 8 or 16.
+        /// Pairs an expert's pass over its weights serves: 8, 16 or 32.
         pub group: usize,
         pub gate_up: LaunchConfig,
         pub down: LaunchConfig,
@@ -977,7 +982,8 @@ pub mod host {
 
     /// The launches of `layer` at `tokens` tokens: gate/up in clusters of `cluster`, as many
     /// blocks as the GPU holds at once (at most one per 8 items of the largest routing),
-    /// pairs in groups of 8 up to 8 tokens, else 16; the down kernel a cluster per 16 output
+    /// pairs in groups of 8, 16 or 32, the first that holds twice an expert's average share
+    /// (at most all tokens); the down kernel a cluster per 16 output
     /// rows, of as many blocks (1, 2 or 4, splitting K) as keep the grid within two blocks
     /// per SM, launched programmatically with `programmatic`.
     pub fn plan(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, cluster: u32, programmatic: bool) -> Result<Plan> {

@@ -34,6 +34,7 @@ fn unsupported_layers_are_refused_with_the_reason() {
     assert!(refused(mixtral, 1, 3).contains("clusters of 3"));
     assert!(refused(Layer { hidden: 4000, ..mixtral }, 1, 4).contains("hidden 4000"));
     assert!(refused(Layer { ffn: 14330, ..mixtral }, 1, 4).contains("FFN 14330"));
+    assert!(refused(Layer { ffn: 0, ..mixtral }, 1, 4).contains("FFN 0"));
     for (layer, cluster) in [(mixtral, 4), (mixtral, 8), (Layer::DEEPSEEK_V2_LITE, 4), (Layer::DEEPSEEK_V2_LITE, 16)] {
         for tokens in [1, 8, 64] {
             layer.check(tokens, cluster).unwrap_or_else(|e| panic!("{layer:?} at {tokens}: {e}"));
