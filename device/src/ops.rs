@@ -130,3 +130,43 @@ impl<T: Element> ReduceOp<T> for Min {
     #[inline(always)]
     fn combine(a: T, b: T) -> T { T::min(a, b) }
 }
+
+/// `(value, index)` as one `u64` ordered by value, larger first, then by index, lower first:
+/// a total order, so that an argmax or a top-k over keys ([`warp::reduce_max_u64`]) is exact
+/// and breaks ties by the lower index. The key of every non-NaN value is above 0, which can
+/// stand for "none". NaNs are not supported.
+///
+/// [`warp::reduce_max_u64`]: crate::warp::reduce_max_u64
+#[inline(always)]
+pub fn rank_key(value: f32, index: u32) -> u64 {
+    let bits = value.to_bits();
+    let ordered = if bits >> 31 == 1 { !bits } else { bits | 0x8000_0000 };
+    ((ordered as u64) << 32) | (u32::MAX - index) as u64
+}
+
+/// The `(value, index)` of a [`rank_key`].
+#[inline(always)]
+pub fn rank_unkey(key: u64) -> (f32, u32) {
+    let ordered = (key >> 32) as u32;
+    let bits = if ordered >> 31 == 1 { ordered & 0x7fff_ffff } else { !ordered };
+    (f32::from_bits(bits), u32::MAX - key as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{rank_key, rank_unkey};
+
+    #[test]
+    fn rank_keys_order_larger_values_then_lower_indices_and_invert() {
+        let values = [f32::NEG_INFINITY, -3.5, -0.0, 0.0, 1e-30, 2.0, f32::INFINITY];
+        for (i, &a) in values.iter().enumerate() {
+            assert!(rank_key(a, 7) > 0);
+            assert_eq!(rank_unkey(rank_key(a, 7)).0.to_bits(), a.to_bits());
+            assert_eq!(rank_unkey(rank_key(a, 7)).1, 7);
+            for &b in &values[i + 1..] {
+                assert!(rank_key(b, 9) > rank_key(a, 3), "{b} before {a}");
+            }
+            assert!(rank_key(a, 3) > rank_key(a, 4), "ties go to the lower index");
+        }
+    }
+}

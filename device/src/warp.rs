@@ -107,3 +107,15 @@ pub fn reduce_sum<T: Element>(value: T) -> T {
 pub fn reduce_max<T: Element>(value: T) -> T {
     reduce(value, Max)
 }
+
+/// The largest `u64` of the warp (two 32-bit shuffles a step), in every lane: e.g. the
+/// [`rank_key`](crate::ops::rank_key) of an argmax.
+#[inline(always)]
+pub fn reduce_max_u64(mut value: u64) -> u64 {
+    for mask in [16, 8, 4, 2, 1] {
+        let low = arch::shfl_sync_bfly_b32(value as u32, mask, FULL_MASK);
+        let high = arch::shfl_sync_bfly_b32((value >> 32) as u32, mask, FULL_MASK);
+        value = value.max(((high as u64) << 32) | low as u64);
+    }
+    value
+}

@@ -1,38 +1,12 @@
 //! 07 — a user-written cluster collective: a cluster-wide argmax declared with
-//! `#[cluster_primitive]` and built only from public device APIs (warp shuffles, a block
-//! barrier, DSMEM stores through `in_block`, cluster barriers). The macro gives it a static
+//! `#[cluster_primitive]` and built only from public device APIs (`ops::rank_key`, which makes
+//! a value and its index one ordered `u64`, the warp maximum of such keys, a block barrier,
+//! DSMEM stores through `in_block`, cluster barriers). The macro gives it a static
 //! shared scratch and publishes `argmax::FACTS`; the kernel calls it with the scope token.
 
-use clusterfuse::arch;
 use clusterfuse::cluster::Cluster;
+use clusterfuse::ops::{rank_key, rank_unkey};
 use clusterfuse::prelude::*;
-
-/// Orders `(value, index)` pairs as one `u64`: larger values first, then lower indices.
-#[inline(always)]
-fn key(value: f32, index: u32) -> u64 {
-    let bits = value.to_bits();
-    let ordered = if bits >> 31 == 1 { !bits } else { bits | 0x8000_0000 };
-    ((ordered as u64) << 32) | (u32::MAX - index) as u64
-}
-
-/// The inverse of [`key`].
-#[inline(always)]
-fn unkey(key: u64) -> (f32, u32) {
-    let ordered = (key >> 32) as u32;
-    let bits = if ordered >> 31 == 1 { ordered & 0x7fff_ffff } else { !ordered };
-    (f32::from_bits(bits), u32::MAX - key as u32)
-}
-
-/// The largest key of the warp, in every lane.
-#[inline(always)]
-fn warp_max(mut key: u64) -> u64 {
-    for mask in [16, 8, 4, 2, 1] {
-        let low = arch::shfl_sync_bfly_b32(key as u32, mask, warp::FULL_MASK);
-        let high = arch::shfl_sync_bfly_b32((key >> 32) as u32, mask, warp::FULL_MASK);
-        key = key.max(((high as u64) << 32) | low as u64);
-    }
-    key
-}
 
 /// The cluster's largest value over every block's `data`, and its index in the cluster's
 /// concatenation (block `r`'s `data[i]` is `r * data.len() + i`; the lowest index on ties),
@@ -51,9 +25,9 @@ pub fn argmax(_scope: &Cluster, data: SharedSlice<f32>) -> (f32, u32) {
     block::sync();
     let mut best = 0u64;
     for i in block::stride_loop(0..n) {
-        best = best.max(key(data.load(i), rank * n as u32 + i as u32));
+        best = best.max(rank_key(data.load(i), rank * n as u32 + i as u32));
     }
-    best = warp_max(best);
+    best = warp::reduce_max_u64(best);
     if warp::lane() == 0 {
         scratch.store(warp::index_in_block() as usize, best);
     }
@@ -67,7 +41,7 @@ pub fn argmax(_scope: &Cluster, data: SharedSlice<f32>) -> (f32, u32) {
     cluster::sync();
     let total = (0..cluster::size() as usize).map(|r| scratch.load(32 + r)).fold(0, u64::max);
     cluster::sync();
-    unkey(total)
+    rank_unkey(total)
 }
 
 /// Block `b` loads `x[b*n ..]` into shared memory; every block writes its cluster's argmax

@@ -64,6 +64,7 @@
 use clusterfuse::arch;
 use clusterfuse::cluster::Cluster;
 use clusterfuse::mma::{mma_m16n8k16, FragA, FragB, FragC};
+use clusterfuse::ops::{rank_key, rank_unkey};
 use clusterfuse::prelude::*;
 use clusterfuse::shared::DynamicShared;
 use crate::decode::load_words_out;
@@ -85,34 +86,6 @@ const GATE_UP_UNROLL: usize = 4;
 /// spills 800 bytes at 128 registers).
 const DOWN_UNROLL: usize = 6;
 
-/// Orders `(value, index)` as one `u64`: larger values first, then lower indices. Every
-/// key of a finite value is above 0, which stands for "none".
-#[inline(always)]
-pub fn key(value: f32, index: u32) -> u64 {
-    let bits = value.to_bits();
-    let ordered = if bits >> 31 == 1 { !bits } else { bits | 0x8000_0000 };
-    ((ordered as u64) << 32) | (u32::MAX - index) as u64
-}
-
-/// The inverse of [`key`].
-#[inline(always)]
-pub fn unkey(key: u64) -> (f32, u32) {
-    let ordered = (key >> 32) as u32;
-    let bits = if ordered >> 31 == 1 { ordered & 0x7fff_ffff } else { !ordered };
-    (f32::from_bits(bits), u32::MAX - key as u32)
-}
-
-/// The largest key of the warp, in every lane.
-#[inline(always)]
-fn warp_max(mut key: u64) -> u64 {
-    for mask in [16, 8, 4, 2, 1] {
-        let low = arch::shfl_sync_bfly_b32(key as u32, mask, warp::FULL_MASK);
-        let high = arch::shfl_sync_bfly_b32((key >> 32) as u32, mask, warp::FULL_MASK);
-        key = key.max(((high as u64) << 32) | low as u64);
-    }
-    key
-}
-
 /// The `k` largest of `len` keys (`key_at(i)`), largest first: `emit(j, key)` in every lane
 /// for round `j` (0 once the keys run out). The whole warp calls it together.
 #[inline(always)]
@@ -126,22 +99,23 @@ fn warp_top_k(len: usize, k: usize, key_at: impl Fn(usize) -> u64, mut emit: imp
                 best = key;
             }
         }
-        bound = warp_max(best);
+        bound = warp::reduce_max_u64(best);
         emit(j, bound);
     }
 }
 
-/// Each row's `k` largest values over the cluster, as [`key`]s, largest first, in `top`
+/// Each row's `k` largest values over the cluster, as [`rank_key`]s, largest first, in `top`
 /// (`rows × k`) of every block: block `r` holds columns `r·n .. (r + 1)·n` of each row in
 /// `values` (`rows × n`, row-major), and a key's index is its column in the whole row. Ties
 /// go to the lower index. `candidates` (at least `rows × cluster::size() × k`) is the
 /// exchange buffer; `k ≤ 32` and `cluster::size() ≤ 32`. Every thread of every block calls
 /// it, after the block has written `values`; `top` is ready in every thread on return.
 ///
-/// Each warp takes rows round robin, finds the row's local top `k` with [`warp_max`] rounds
-/// and lane `p` pushes it into block `p`'s `candidates` (after the first barrier: a peer's
-/// shared memory exists only once it has started); after the second, each warp merges a
-/// row's `size · k` candidates the same way; the third lets `candidates` be reused.
+/// Each warp takes rows round robin, finds the row's local top `k` in rounds of
+/// [`warp::reduce_max_u64`] and lane `p` pushes it into block `p`'s `candidates` (after the
+/// first barrier: a peer's shared memory exists only once it has started); after the second,
+/// each warp merges a row's `size · k` candidates the same way; the third lets `candidates`
+/// be reused.
 #[cluster_primitive(barriers = 3)]
 pub fn top_k(_scope: &Cluster, values: SharedSlice<f32>, rows: usize, k: usize, candidates: SharedSlice<u64>, top: SharedSlice<u64>) {
     let (rank, size) = (cluster::block_rank() as usize, cluster::size() as usize);
@@ -153,7 +127,7 @@ pub fn top_k(_scope: &Cluster, values: SharedSlice<f32>, rows: usize, k: usize, 
     let warps = block::warps() as usize;
     cluster::sync();
     for row in (warp..rows).step_by(warps) {
-        let key_at = |i: usize| key(values.load(row * n + i), (rank * n + i) as u32);
+        let key_at = |i: usize| rank_key(values.load(row * n + i), (rank * n + i) as u32);
         warp_top_k(n, k, key_at, |j, best| {
             if lane < size {
                 candidates.in_block(lane as u32).store((row * size + rank) * k + j, best);
@@ -316,16 +290,16 @@ fn route(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k
     // own, `cluster::reduce` the rest, in rank order).
     if !renormalize {
         for t in block::stride_loop(0..tokens) {
-            let max = unkey(top.load(t * k)).0;
+            let max = rank_unkey(top.load(t * k)).0;
             denominators.store(t, (0..local).map(|e| math::exp(logits.load(t * local + e) - max)).sum());
         }
         cluster::reduce(denominators, Sum);
     }
     for t in block::stride_loop(0..tokens) {
-        let max = unkey(top.load(t * k)).0;
-        let total = if renormalize { (0..k).map(|j| math::exp(unkey(top.load(t * k + j)).0 - max)).sum() } else { denominators.load(t) };
+        let max = rank_unkey(top.load(t * k)).0;
+        let total = if renormalize { (0..k).map(|j| math::exp(rank_unkey(top.load(t * k + j)).0 - max)).sum() } else { denominators.load(t) };
         for j in 0..k {
-            let (logit, e) = unkey(top.load(t * k + j));
+            let (logit, e) = rank_unkey(top.load(t * k + j));
             ids.store(t * k + j, e);
             gates.store(t * k + j, math::exp(logit - max) / total);
         }
