@@ -30,3 +30,19 @@ macro_rules! unroll {
 pub mod decode;
 pub mod llama;
 pub mod moe;
+
+/// `len` bf16 values uniform in `lo .. hi`, drawn from `seed` in chunks of 2²⁰ on every core:
+/// chunk `i` from its own generator, seeded `seed ^ i·φ` (φ = 2⁶⁴ / the golden ratio), so the
+/// values do not depend on the machine, and a tensor of one chunk is the plain stream of `seed`.
+#[cfg(not(target_arch = "nvptx64"))]
+fn uniform(seed: u64, len: usize, lo: f32, hi: f32) -> Vec<clusterfuse::bf16> {
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 20;
+    let mut values = vec![clusterfuse::bf16::from_f32(0.0); len];
+    values.par_chunks_mut(CHUNK).enumerate().for_each(|(i, chunk)| {
+        let mut rng = StdRng::seed_from_u64(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        chunk.iter_mut().for_each(|v| *v = clusterfuse::bf16::from_f32(rng.random_range(lo..hi)));
+    });
+    values
+}

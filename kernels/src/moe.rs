@@ -632,9 +632,9 @@ pub mod host {
     //! two launches.
 
     use super::*;
+    use crate::uniform;
     use clusterfuse::host::{Buffer, Error, Gpu, Result, Stream};
-    use rand::rngs::StdRng;
-    use rand::{Rng, SeedableRng};
+    use rayon::prelude::*;
 
     /// Relative error allowed against the f64 reference: `h` and `y` are rounded to bf16
     /// (2⁻⁹ each), with room for f32 accumulation.
@@ -704,30 +704,6 @@ pub mod host {
         pub w_down: Vec<bf16>,
     }
 
-    /// `len` values uniform in `±scale`, drawn in parallel chunks from `seed` (the same values
-    /// on any machine).
-    fn uniform(seed: u64, len: usize, scale: f32) -> Vec<bf16> {
-        const CHUNK: usize = 1 << 20;
-        let mut values = vec![bf16::from_f32(0.0); len];
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let chunks: Vec<(usize, &mut [bf16])> = values.chunks_mut(CHUNK).enumerate().collect();
-        let per_thread = chunks.len().div_ceil(threads).max(1);
-        let mut chunks = chunks.into_iter();
-        std::thread::scope(|scope| loop {
-            let batch: Vec<_> = chunks.by_ref().take(per_thread).collect();
-            if batch.is_empty() {
-                break;
-            }
-            scope.spawn(move || {
-                for (i, chunk) in batch {
-                    let mut rng = StdRng::seed_from_u64(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(i as u64));
-                    chunk.iter_mut().for_each(|v| *v = bf16::from_f32(rng.random_range(-scale..scale)));
-                }
-            });
-        });
-        values
-    }
-
     impl Moe {
         /// Random inputs from `seed`, scaled so that every activation is of order 1.
         pub fn random(layer: Layer, tokens: usize, seed: u64) -> Result<Self> {
@@ -737,11 +713,11 @@ pub mod host {
             Ok(Moe {
                 layer,
                 tokens,
-                x: uniform(seed, tokens * h, 1.0),
-                router: uniform(seed + 1, e * h, 2.0 * sh),
-                w_gate: uniform(seed + 2, e * f * h, sh),
-                w_up: uniform(seed + 3, e * f * h, sh),
-                w_down: uniform(seed + 4, e * h * f, sf),
+                x: uniform(seed, tokens * h, -1.0, 1.0),
+                router: uniform(seed + 1, e * h, -2.0 * sh, 2.0 * sh),
+                w_gate: uniform(seed + 2, e * f * h, -sh, sh),
+                w_up: uniform(seed + 3, e * f * h, -sh, sh),
+                w_down: uniform(seed + 4, e * h * f, -sf, sf),
             })
         }
     }
@@ -763,7 +739,7 @@ pub mod host {
     }
 
     impl Reference {
-        /// Computes it (the experts' FFNs in parallel, a thread per pair).
+        /// Computes it (the pairs' expert FFNs in parallel).
         pub fn new(moe: &Moe) -> Self {
             let Layer { hidden, experts, top_k: k, ffn, renormalize } = moe.layer;
             let xs: Vec<Vec<f64>> = moe.x.chunks(hidden).map(|x| x.iter().map(|v| v.to_f32() as f64).collect()).collect();
@@ -785,10 +761,7 @@ pub mod host {
                 }).collect();
                 moe.w_down[e * hidden * ffn..][..hidden * ffn].chunks(ffn).map(|w| dot(w, &act)).collect()
             };
-            let pairs: Vec<Vec<f64>> = std::thread::scope(|scope| {
-                let handles: Vec<_> = ids.iter().enumerate().map(|(p, &e)| scope.spawn(move || expert_out(p / k, e as usize))).collect();
-                handles.into_iter().map(|h| h.join().expect("a reference thread panicked")).collect()
-            });
+            let pairs: Vec<Vec<f64>> = ids.par_iter().enumerate().map(|(p, &e)| expert_out(p / k, e as usize)).collect();
             let mut out = vec![0.0; moe.tokens * hidden];
             for (p, y) in pairs.iter().enumerate() {
                 for (o, v) in out[p / k * hidden..][..hidden].iter_mut().zip(y) {
@@ -826,19 +799,11 @@ pub mod host {
     pub fn tile(w: &[bf16], cols: usize) -> Vec<bf16> {
         assert!(cols.is_multiple_of(STEP) && w.len().is_multiple_of(ROWS * cols), "{} values are not whole tiles of 16 rows × {cols} columns", w.len());
         let mut tiled = vec![bf16::from_f32(0.0); w.len()];
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let per_thread = (w.len() / (ROWS * cols)).div_ceil(threads) * ROWS * cols;
-        std::thread::scope(|scope| {
-            for (src, dst) in w.chunks(per_thread).zip(tiled.chunks_mut(per_thread)) {
-                scope.spawn(move || {
-                    for (src, dst) in src.chunks(ROWS * cols).zip(dst.chunks_mut(ROWS * cols)) {
-                        for (s, tile) in dst.chunks_mut(ROWS * STEP).enumerate() {
-                            for (r, row) in tile.chunks_mut(STEP).enumerate() {
-                                row.copy_from_slice(&src[r * cols + s * STEP..][..STEP]);
-                            }
-                        }
-                    }
-                });
+        tiled.par_chunks_mut(ROWS * cols).zip(w.par_chunks(ROWS * cols)).for_each(|(dst, src)| {
+            for (s, tile) in dst.chunks_mut(ROWS * STEP).enumerate() {
+                for (r, row) in tile.chunks_mut(STEP).enumerate() {
+                    row.copy_from_slice(&src[r * cols + s * STEP..][..STEP]);
+                }
             }
         });
         tiled
@@ -890,12 +855,29 @@ pub mod host {
         pub out: Buffer<bf16>,
     }
 
+    /// A step's hand-over (`h`, `routing`, `pair_gate`) and output (`top_ids`, `top_gates`,
+    /// `out`) buffers, in [`Buffers`]' order.
+    type Poisoned = (Buffer<bf16>, Buffer<u32>, Buffer<f32>, Buffer<u32>, Buffer<f32>, Buffer<bf16>);
+
+    /// Those buffers for `tokens` tokens of `layer`, poisoned: NaN, or `u32::MAX`.
+    fn poisoned(gpu: &Gpu, layer: Layer, tokens: usize) -> Result<Poisoned> {
+        let pairs = tokens * layer.top_k;
+        let nan = bf16::from_f32(f32::NAN);
+        Ok((
+            gpu.upload(&vec![nan; pairs * layer.ffn])?,
+            gpu.upload(&vec![u32::MAX; layer.experts + pairs])?,
+            gpu.upload(&vec![f32::NAN; pairs])?,
+            gpu.upload(&vec![u32::MAX; pairs])?,
+            gpu.upload(&vec![f32::NAN; pairs])?,
+            gpu.upload(&vec![nan; tokens * layer.hidden])?,
+        ))
+    }
+
     impl Buffers {
         /// Uploads `moe`, with every output and hand-over buffer poisoned.
         pub fn upload(gpu: &Gpu, moe: &Moe) -> Result<Self> {
-            let Layer { hidden, experts, top_k, ffn, .. } = moe.layer;
-            let pairs = moe.tokens * top_k;
-            let nan = bf16::from_f32(f32::NAN);
+            let Layer { hidden, ffn, .. } = moe.layer;
+            let (h, routing, pair_gate, top_ids, top_gates, out) = poisoned(gpu, moe.layer, moe.tokens)?;
             Ok(Buffers {
                 layer: moe.layer,
                 tokens: moe.tokens,
@@ -904,24 +886,18 @@ pub mod host {
                 w_gate: gpu.upload(&tile(&moe.w_gate, hidden))?,
                 w_up: gpu.upload(&tile(&moe.w_up, hidden))?,
                 w_down: gpu.upload(&tile(&moe.w_down, ffn))?,
-                h: gpu.upload(&vec![nan; pairs * ffn])?,
-                routing: gpu.upload(&vec![u32::MAX; experts + pairs])?,
-                pair_gate: gpu.upload(&vec![f32::NAN; pairs])?,
-                top_ids: gpu.upload(&vec![u32::MAX; pairs])?,
-                top_gates: gpu.upload(&vec![f32::NAN; pairs])?,
-                out: gpu.upload(&vec![nan; moe.tokens * hidden])?,
+                h,
+                routing,
+                pair_gate,
+                top_ids,
+                top_gates,
+                out,
             })
         }
 
         /// Poisons the outputs and the hand-over again.
         pub fn poison(&mut self, gpu: &Gpu) -> Result<()> {
-            let nan = bf16::from_f32(f32::NAN);
-            self.h = gpu.upload(&vec![nan; self.h.len()])?;
-            self.routing = gpu.upload(&vec![u32::MAX; self.routing.len()])?;
-            self.pair_gate = gpu.upload(&vec![f32::NAN; self.pair_gate.len()])?;
-            self.top_ids = gpu.upload(&vec![u32::MAX; self.top_ids.len()])?;
-            self.top_gates = gpu.upload(&vec![f32::NAN; self.top_gates.len()])?;
-            self.out = gpu.upload(&vec![nan; self.out.len()])?;
+            (self.h, self.routing, self.pair_gate, self.top_ids, self.top_gates, self.out) = poisoned(gpu, self.layer, self.tokens)?;
             Ok(())
         }
 

@@ -686,9 +686,11 @@ pub mod host {
     //! buffers, and the step's 82 launches.
 
     use super::*;
+    use crate::uniform;
     use clusterfuse::host::{Buffer, Error, Gpu, Result, Stream};
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
+    use rayon::prelude::*;
 
     /// A Llama-shaped model's dimensions.
     #[derive(Clone, Copy, Debug)]
@@ -792,11 +794,6 @@ pub mod host {
         nan_from: usize,
     }
 
-    fn uniform(seed: u64, len: usize, lo: f32, hi: f32) -> Vec<bf16> {
-        let mut rng = StdRng::seed_from_u64(seed);
-        (0..len).map(|_| bf16::from_f32(rng.random_range(lo..hi))).collect()
-    }
-
     /// cos then sin of `pos·θ^(−2i/64)`, `i < 32`, for every position.
     pub fn rope_table(max_len: usize) -> Vec<f32> {
         let mut table = Vec::with_capacity(max_len * HEAD_DIM);
@@ -810,21 +807,7 @@ pub mod host {
 
     /// `y = W·x` for `W` row-major (`y.len() × x.len()`), in f64, over the host's threads.
     fn matvec(w: &[bf16], x: &[f64]) -> Vec<f64> {
-        let rows = w.len() / x.len();
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(rows.div_ceil(256));
-        let per = rows.div_ceil(threads);
-        let mut y = vec![0.0; rows];
-        std::thread::scope(|s| {
-            for (t, out) in y.chunks_mut(per).enumerate() {
-                s.spawn(move || {
-                    for (r, y) in out.iter_mut().enumerate() {
-                        let row = &w[(t * per + r) * x.len()..][..x.len()];
-                        *y = row.iter().zip(x).map(|(w, x)| w.to_f64() * x).sum();
-                    }
-                });
-            }
-        });
-        y
+        w.par_chunks(x.len()).with_min_len(256).map(|row| row.iter().zip(x).map(|(w, x)| w.to_f64() * x).sum()).collect()
     }
 
     fn rms_norm(x: &[f64], w: &[bf16]) -> Vec<f64> {
@@ -843,8 +826,8 @@ pub mod host {
     }
 
     impl Model {
-        /// Random weights (one seed per matrix, drawn from `seed`, matrices generated in
-        /// parallel) scaled so that every projection's outputs have about unit variance,
+        /// Random weights (one seed per matrix, drawn from `seed`, each matrix drawn in
+        /// parallel chunks) scaled so that every projection's outputs have about unit variance,
         /// caches of `max_len` tokens, the step at `position` for `token`: a model for tests and
         /// benchmarks.
         pub fn random(shape: Shape, seed: u64, position: usize, token: u32) -> Result<Self> {
@@ -854,27 +837,16 @@ pub mod host {
             let seeds: Vec<u64> = (0..8 * shape.layers + 3).map(|_| seeds_rng.random()).collect();
             let a = |k: usize| (3.0 / k as f32).sqrt();
             let cache_len = kv * shape.max_len;
-            let (layers, (embedding, (k_cache, v_cache))) = std::thread::scope(|s| {
-                let layers: Vec<_> = (0..shape.layers)
-                    .map(|l| {
-                        let seed = &seeds[8 * l..][..8];
-                        s.spawn(move || {
-                            let layer = Layer {
-                                norm1: uniform(seed[0], h, 0.5, 1.5),
-                                w_qkv: uniform(seed[1], shape.qkv_rows() * h, -a(h), a(h)),
-                                w_o: uniform(seed[2], h * h, -a(h), a(h)),
-                                norm2: uniform(seed[3], h, 0.5, 1.5),
-                                w_gate_up: uniform(seed[4], 2 * i * h, -a(h), a(h)),
-                                w_down: uniform(seed[5], h * i, -a(i), a(i)),
-                            };
-                            (layer, (uniform(seed[6], cache_len, -1.7, 1.7), uniform(seed[7], cache_len, -1.7, 1.7)))
-                        })
-                    })
-                    .collect();
-                let embedding = uniform(seeds[8 * shape.layers], shape.vocab * h, -0.05, 0.05);
-                let (layers, caches): (Vec<_>, (Vec<_>, Vec<_>)) = layers.into_iter().map(|t| t.join().expect("generator thread")).unzip();
-                (layers, (embedding, caches))
-            });
+            let layers: Vec<Layer> = seeds.chunks(8).take(shape.layers).map(|seed| Layer {
+                norm1: uniform(seed[0], h, 0.5, 1.5),
+                w_qkv: uniform(seed[1], shape.qkv_rows() * h, -a(h), a(h)),
+                w_o: uniform(seed[2], h * h, -a(h), a(h)),
+                norm2: uniform(seed[3], h, 0.5, 1.5),
+                w_gate_up: uniform(seed[4], 2 * i * h, -a(h), a(h)),
+                w_down: uniform(seed[5], h * i, -a(i), a(i)),
+            }).collect();
+            let (k_cache, v_cache) = seeds.chunks(8).take(shape.layers).map(|seed| (uniform(seed[6], cache_len, -1.7, 1.7), uniform(seed[7], cache_len, -1.7, 1.7))).unzip();
+            let embedding = uniform(seeds[8 * shape.layers], shape.vocab * h, -0.05, 0.05);
             let mut model = Self {
                 shape,
                 embedding,
