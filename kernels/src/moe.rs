@@ -32,10 +32,10 @@
 //!    all its loads of 4 K-steps (2 with 4 n-tiles) before its `mma`s. The epilogue writes
 //!    `h = silu(gate) ⊙ up` (bf16) per pair, in pair order.
 //!
-//! [`fn@moe_down_g8`] (and twins; launched programmatically after it; a cluster per 16 rows of
+//! [`fn@moe_down_g8`] (and `_g16`; launched programmatically after it; a cluster per 16 rows of
 //! the output, whose 1-4 blocks split K): each warp takes every `8·size`-th 32-wide K-step of
-//! each selected expert's `W_down` rows (one flat stream of steps across experts, 6, 3 or 2
-//! steps' loads in flight with groups of 8, 16 or 32 pairs), multiplies them with the pairs' `h`, and adds each finished expert's
+//! each selected expert's `W_down` rows (one flat stream of steps across experts, 6 or 3
+//! steps' loads in flight with groups of 8 or 16 pairs), multiplies them with the pairs' `h`, and adds each finished expert's
 //! result times its gate weight into its own per-token accumulators in shared memory; the
 //! block sums its warps' accumulators in warp order, `cluster::reduce` the blocks' in rank
 //! order, and the blocks write `y`. The combine is fused into the last projection, and
@@ -43,8 +43,9 @@
 //!
 //! Every weight byte of a selected expert is read from memory once per step (a warp's rows
 //! are read again only when an expert serves more pairs than its group holds: 8, 16 or 32
-//! pairs per group for the `_g8`, `_g16`, `_g32` kernels, chosen by [`host::plan`] at about
-//! twice the pairs an expert serves on average), and unselected experts are never touched.
+//! pairs per group for the `_g8`, `_g16`, `_g32` kernels — the down kernel's at most 16 —
+//! chosen by [`host::plan`] at about twice the pairs an expert serves on average), and
+//! unselected experts are never touched.
 //!
 //! ```no_run
 //! # fn main() -> clusterfuse::host::Result<()> {
@@ -82,8 +83,8 @@ pub const ROWS: usize = 16;
 const STEP: usize = 32;
 /// K-steps whose loads the gate/up kernel issues together (half as many with 4 n-tiles).
 const GATE_UP_UNROLL: usize = 4;
-/// K-steps whose loads the down kernel issues together, times its n-tiles (at least 2; 8
-/// spills 800 bytes at 128 registers).
+/// K-steps whose loads the down kernel issues together, times its n-tiles (8 spills 800
+/// bytes at 128 registers).
 const DOWN_UNROLL: usize = 6;
 
 /// The `k` largest of `len` keys (`key_at(i)`), largest first: `emit(j, key)` in every lane
@@ -426,8 +427,10 @@ fn gate_up<const NT: usize>(
     let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
     let tiles = ffn / ROWS;
     let steps = hidden / STEP;
-    let warps = grid::dim().x as usize * WARPS;
-    for q in (block::index_x() as usize * WARPS + warp..dispatch.items() * tiles).step_by(warps) {
+    // Items go to warp `w` of every block before warp `w + 1` of any, so that few items still
+    // spread over every SM.
+    let blocks = grid::dim().x as usize;
+    for q in (warp * blocks + block::index_x() as usize..dispatch.items() * tiles).step_by(blocks * WARPS) {
         let item = dispatch.item(q / tiles, group);
         let tile = item.expert * tiles + q % tiles;
         // The lane's pair column in each n-tile: its token's row of `x`, if it has one.
@@ -531,7 +534,7 @@ fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>
             // next ones in order).
             let (first, mut live, mut ends) = (i, 0, 0u32);
             unroll!(u in [0 1 2 3 4 5] {
-                if u < (DOWN_UNROLL / NT).max(2) && i < items {
+                if u < DOWN_UNROLL / NT && i < items {
                     // SAFETY: the row tile is the expert's (checked lengths) and `s < steps`;
                     // weights are inputs.
                     a[u] = unsafe { tile_words(w_down, item.expert * (hidden / ROWS) + tile, steps, s) };
@@ -599,31 +602,35 @@ fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>
 }
 
 macro_rules! moe_kernels {
-    ($($gate_up:ident, $down:ident, $nt:literal, $pairs:literal;)*) => {$(
-        /// MoE launch 1/2 (routing, gate and up projections) for experts serving up to
-        #[doc = concat!($pairs, " pairs per pass over their weights (more take another pass).")]
-        /// `top_ids`/`top_gates` (`tokens × top_k`) receive the routing; `h` (`tokens · top_k ×
-        /// ffn`) the pairs' activations, `routing` (`experts + tokens · top_k`: each
-        /// expert's pair count, then the pairs' tokens) and `pair_gate` what the down kernel needs.
-        #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
-        #[allow(clippy::too_many_arguments)]
-        pub fn $gate_up(x: &[bf16], router: &[bf16], w_gate: &[bf16], w_up: &[bf16], h: Out<bf16>, routing: Out<u32>, pair_gate: Out<f32>, top_ids: Out<u32>, top_gates: Out<f32>, top_k: u32, renormalize: u32) {
-            gate_up::<$nt>(x, router, w_gate, w_up, &h, &routing, &pair_gate, &top_ids, &top_gates, top_k as usize, renormalize != 0)
-        }
-
-        /// MoE launch 2/2 (down projection and combine) for experts serving up to
-        #[doc = concat!($pairs, " pairs per pass; `out` is `tokens × hidden`.")]
-        #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
-        pub fn $down(h: Out<bf16>, routing: Out<u32>, pair_gate: Out<f32>, w_down: &[bf16], out: Out<bf16>, top_k: u32) {
-            down::<$nt>(&h, &routing, &pair_gate, w_down, &out, top_k as usize)
-        }
-    )*};
+    (gate_up: [$($gate_up:ident, $g_nt:literal, $g_pairs:literal;)*] down: [$($down:ident, $d_nt:literal, $d_pairs:literal;)*]) => {
+        $(
+            /// MoE launch 1/2 (routing, gate and up projections) for experts serving up to
+            #[doc = concat!($g_pairs, " pairs per pass over their weights (more take another pass).")]
+            /// `top_ids`/`top_gates` (`tokens × top_k`) receive the routing; `h` (`tokens · top_k ×
+            /// ffn`) the pairs' activations, `routing` (`experts + tokens · top_k`: each
+            /// expert's pair count, then the pairs' tokens) and `pair_gate` what the down kernel needs.
+            #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
+            #[allow(clippy::too_many_arguments)]
+            pub fn $gate_up(x: &[bf16], router: &[bf16], w_gate: &[bf16], w_up: &[bf16], h: Out<bf16>, routing: Out<u32>, pair_gate: Out<f32>, top_ids: Out<u32>, top_gates: Out<f32>, top_k: u32, renormalize: u32) {
+                gate_up::<$g_nt>(x, router, w_gate, w_up, &h, &routing, &pair_gate, &top_ids, &top_gates, top_k as usize, renormalize != 0)
+            }
+        )*
+        $(
+            /// MoE launch 2/2 (down projection and combine) for experts serving up to
+            #[doc = concat!($d_pairs, " pairs per pass; `out` is `tokens × hidden`.")]
+            #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
+            pub fn $down(h: Out<bf16>, routing: Out<u32>, pair_gate: Out<f32>, w_down: &[bf16], out: Out<bf16>, top_k: u32) {
+                down::<$d_nt>(&h, &routing, &pair_gate, w_down, &out, top_k as usize)
+            }
+        )*
+    };
 }
 
+// The down kernel has no 32-pair form: with 4 n-tiles too few of its steps' loads fit in
+// flight (Mixtral's at 64 tokens took 809 µs against 414 with groups of 16).
 moe_kernels! {
-    moe_gate_up_g8, moe_down_g8, 1, 8;
-    moe_gate_up_g16, moe_down_g16, 2, 16;
-    moe_gate_up_g32, moe_down_g32, 4, 32;
+    gate_up: [moe_gate_up_g8, 1, 8; moe_gate_up_g16, 2, 16; moe_gate_up_g32, 4, 32;]
+    down: [moe_down_g8, 1, 8; moe_down_g16, 2, 16;]
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
@@ -809,26 +816,24 @@ pub mod host {
         tiled
     }
 
-    /// Both kernels of a pair-group size.
-    struct Pair<G, D> {
-        gate_up: G,
-        down: D,
-    }
-
     /// The MoE kernels, loaded on one device.
     pub struct Kernels {
-        g8: Pair<moe_gate_up_g8::Kernel, moe_down_g8::Kernel>,
-        g16: Pair<moe_gate_up_g16::Kernel, moe_down_g16::Kernel>,
-        g32: Pair<moe_gate_up_g32::Kernel, moe_down_g32::Kernel>,
+        gate_up_g8: moe_gate_up_g8::Kernel,
+        gate_up_g16: moe_gate_up_g16::Kernel,
+        gate_up_g32: moe_gate_up_g32::Kernel,
+        down_g8: moe_down_g8::Kernel,
+        down_g16: moe_down_g16::Kernel,
     }
 
     impl Kernels {
         /// Loads them.
         pub fn load(gpu: &Gpu) -> Result<Self> {
             Ok(Kernels {
-                g8: Pair { gate_up: moe_gate_up_g8::load(gpu)?, down: moe_down_g8::load(gpu)? },
-                g16: Pair { gate_up: moe_gate_up_g16::load(gpu)?, down: moe_down_g16::load(gpu)? },
-                g32: Pair { gate_up: moe_gate_up_g32::load(gpu)?, down: moe_down_g32::load(gpu)? },
+                gate_up_g8: moe_gate_up_g8::load(gpu)?,
+                gate_up_g16: moe_gate_up_g16::load(gpu)?,
+                gate_up_g32: moe_gate_up_g32::load(gpu)?,
+                down_g8: moe_down_g8::load(gpu)?,
+                down_g16: moe_down_g16::load(gpu)?,
             })
         }
     }
@@ -908,11 +913,13 @@ pub mod host {
         }
     }
 
-    /// How a step launches: the kernels' pair group, and both launch configurations.
+    /// How a step launches: each kernel's pair group, and both launch configurations.
     #[derive(Clone, Copy, Debug)]
     pub struct Plan {
-        /// Pairs an expert's pass over its weights serves: 8, 16 or 32.
-        pub group: usize,
+        /// Pairs an expert's pass over its weights serves in the gate/up kernel: 8, 16 or 32.
+        pub gate_up_group: usize,
+        /// The same in the down kernel: 8 or 16.
+        pub down_group: usize,
         pub gate_up: LaunchConfig,
         pub down: LaunchConfig,
     }
@@ -931,11 +938,11 @@ pub mod host {
     }
 
     /// The launches of `layer` at `tokens` tokens: gate/up in clusters of `cluster`, as many
-    /// blocks as the GPU holds at once (at most one per 8 items of the largest routing),
-    /// pairs in groups of 8, 16 or 32, the first that holds twice an expert's average share
-    /// (at most all tokens); the down kernel a cluster per 16 output
-    /// rows, of as many blocks (1, 2 or 4, splitting K) as keep the grid within two blocks
-    /// per SM, launched programmatically with `programmatic`.
+    /// blocks as the GPU holds at once (at most one per 2 items of the largest routing),
+    /// pairs in groups of 8, 16 or 32, whichever first holds twice an expert's average share;
+    /// the down kernel a cluster per 16 output rows, of as many blocks (1, 2 or 4, splitting
+    /// K) as keep the grid within two blocks per SM, launched programmatically with
+    /// `programmatic`.
     pub fn plan(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, cluster: u32, programmatic: bool) -> Result<Plan> {
         layer.check(tokens, cluster)?;
         // Groups hold about twice an expert's average share of the pairs (all tokens, at most).
@@ -944,13 +951,13 @@ pub mod host {
         let c = cluster as usize;
         let mut gate_up = LaunchConfig { grid: cluster.into(), block: BLOCK.into(), cluster: Some(cluster.into()), dynamic_smem_bytes: gate_up_smem(&layer, tokens, c) as u32, ..LaunchConfig::default() };
         let raw = match group {
-            8 => kernels.g8.gate_up.raw(),
-            16 => kernels.g16.gate_up.raw(),
-            _ => kernels.g32.gate_up.raw(),
+            8 => kernels.gate_up_g8.raw(),
+            16 => kernels.gate_up_g16.raw(),
+            _ => kernels.gate_up_g32.raw(),
         };
         let resident = raw.max_resident_blocks(gpu.stream(), &raw.plan(&gate_up)?)?;
         let items = layer.experts.min(tokens * layer.top_k) * layer.ffn / ROWS + tokens * layer.top_k / group * layer.ffn / ROWS;
-        let wanted = (items.div_ceil(WARPS) as u64).min(resident).max(1);
+        let wanted = (items.div_ceil(2) as u64).min(resident).max(1);
         gate_up.grid = (wanted.div_ceil(c as u64) as u32 * cluster).into();
         // The down kernel's clusters split K, so that its blocks fill two per SM.
         let tiles = layer.hidden / ROWS;
@@ -964,7 +971,7 @@ pub mod host {
             programmatic,
             ..LaunchConfig::default()
         };
-        Ok(Plan { group, gate_up, down })
+        Ok(Plan { gate_up_group: group, down_group: group.min(16), gate_up, down })
     }
 
     /// One step on `stream`: the two launches of `plan`.
@@ -981,10 +988,10 @@ pub mod host {
                 $kernel.launch(stream, &plan.gate_up, &b.x, &b.router, &b.w_gate, &b.w_up, &mut b.h, &mut b.routing, &mut b.pair_gate, &mut b.top_ids, &mut b.top_gates, k, renormalize)
             };
         }
-        match plan.group {
-            8 => launch!(kernels.g8.gate_up),
-            16 => launch!(kernels.g16.gate_up),
-            _ => launch!(kernels.g32.gate_up),
+        match plan.gate_up_group {
+            8 => launch!(kernels.gate_up_g8),
+            16 => launch!(kernels.gate_up_g16),
+            _ => launch!(kernels.gate_up_g32),
         }
     }
 
@@ -997,10 +1004,6 @@ pub mod host {
                 $kernel.launch(stream, &plan.down, &mut b.h, &mut b.routing, &mut b.pair_gate, &b.w_down, &mut b.out, k)
             };
         }
-        match plan.group {
-            8 => launch!(kernels.g8.down),
-            16 => launch!(kernels.g16.down),
-            _ => launch!(kernels.g32.down),
-        }
+        if plan.down_group == 8 { launch!(kernels.down_g8) } else { launch!(kernels.down_g16) }
     }
 }
