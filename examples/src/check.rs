@@ -94,6 +94,15 @@ pub fn emulator_shapes(gpu: &Gpu) -> bool {
     gpu.is_emulator() || SMALL.get()
 }
 
+/// The SM layout to plan split-K launches for: the GPU's, or `emulator_sms` uniform SMs on
+/// the emulator and on a GPU running the emulator's shapes (`--small`, `--agree`), so that
+/// both pick the same splits.
+pub fn planned_layout(gpu: &Gpu, emulator_sms: usize) -> Result<clusterfuse_kernels::wgmma_gemm::SmLayout> {
+    use clusterfuse_kernels::wgmma_gemm::SmLayout;
+    let measured = if emulator_shapes(gpu) { None } else { SmLayout::of(gpu)? };
+    Ok(measured.unwrap_or_else(|| SmLayout::uniform(emulator_sms)))
+}
+
 /// The median of `samples` (the upper one of an even count), for benchmarks.
 pub fn median<T: Copy + PartialOrd>(mut samples: Vec<T>) -> T {
     samples.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));

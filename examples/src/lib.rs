@@ -6,16 +6,6 @@
 
 clusterfuse::embed_ptx!();
 
-/// `body` once for each listed `$i`, unrolled, so that register arrays indexed by `$i` are
-/// indexed by constants (a run-time index sends them to local memory; LLVM leaves a loop with
-/// a large body rolled). Indices past a generic bound are skipped with `if $i < BOUND`, which
-/// each instantiation folds away.
-macro_rules! unroll {
-    ($i:ident in [$($n:literal)*] $body:block) => {{
-        $( { let $i: usize = $n; $body } )*
-    }};
-}
-
 #[path = "00-empty.rs"]
 pub mod empty;
 #[path = "01-saxpy.rs"]
@@ -24,6 +14,7 @@ pub mod saxpy;
 pub mod block_reduce;
 #[path = "03-dynamic-smem.rs"]
 pub mod dynamic_smem;
+#[cfg(not(target_arch = "nvptx64"))]
 #[path = "04-softmax.rs"]
 pub mod softmax;
 #[path = "05-cluster-collectives.rs"]
@@ -33,6 +24,7 @@ pub mod cluster_dtypes;
 #[path = "07-cluster-primitive.rs"]
 pub mod cluster_primitive;
 
+#[cfg(not(target_arch = "nvptx64"))]
 #[path = "08-fused-norms.rs"]
 pub mod fused_norms;
 #[cfg(not(target_arch = "nvptx64"))]
@@ -40,6 +32,7 @@ pub mod fused_norms;
 pub mod decode_attention;
 #[path = "10-gemm.rs"]
 pub mod gemm;
+#[cfg(not(target_arch = "nvptx64"))]
 #[path = "11-bert.rs"]
 pub mod bert;
 #[path = "12-wgmma-gemm.rs"]

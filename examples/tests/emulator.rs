@@ -155,7 +155,7 @@ fn a_ring_of_global_bulk_copies_streams_exactly_and_reading_early_is_a_race() {
 #[test]
 fn gemm_rejects_unsupported_shapes_before_launching() {
     use clusterfuse::f16;
-    use clusterfuse_examples::gemm::{config, EpilogueKind, GemmError, GemmType, HostOperands, Operands};
+    use clusterfuse_kernels::gemm::{config, EpilogueKind, GemmError, GemmType, HostOperands, Operands};
     for (m, n, k, what) in [(33, 40, 50, "multiples of 8"), (33, 44, 48, "multiples of 8"), (0, 8, 8, "at least 1")] {
         match config(m, n, k) {
             Err(err @ GemmError::Shape(_)) => assert!(err.to_string().contains(what), "{m} × {n} × {k}: {err}"),
@@ -166,7 +166,7 @@ fn gemm_rejects_unsupported_shapes_before_launching() {
 
     let gpu = Gpu::emulator();
     let kernels = f16::load(&gpu).unwrap();
-    let x = Operands::upload(&gpu, &HostOperands::<f16>::random(16, 16, 16)).unwrap();
+    let x = Operands::upload(&gpu, &HostOperands::<f16>::random(&mut rand::rng(), 16, 16, 16)).unwrap();
     let mut out = gpu.upload(&[f16::NAN; 255]).unwrap();
     let err = f16::launch(&kernels, &gpu, EpilogueKind::None, &x, &mut out, 16, 16, 16).unwrap_err();
     assert!(err.to_string().contains("C holds 255 elements"), "{err}");
@@ -213,8 +213,8 @@ fn a_tma_load_into_a_peers_shared_memory_lands_there() {
 fn wgmma_gemm_rejects_unsupported_shapes_before_launching() {
     use clusterfuse::bf16;
     use clusterfuse::host::Swizzle;
-    use clusterfuse_examples::gemm::{EpilogueKind, GemmError, HostOperands, Operands};
-    use clusterfuse_examples::wgmma_gemm::{config, split_k_config, Kernels, Maps, SmLayout};
+    use clusterfuse_kernels::gemm::{EpilogueKind, GemmError, HostOperands, Operands};
+    use clusterfuse_kernels::wgmma_gemm::{config, split_k_config, Kernels, Maps, SmLayout};
     for (m, n, k, what) in [(33, 40, 50, "multiple of 8"), (0, 8, 8, "at least 1")] {
         match config(m, n, k, 132) {
             Err(err @ GemmError::Shape(_)) => assert!(err.to_string().contains(what), "{m} × {n} × {k}: {err}"),
@@ -242,7 +242,7 @@ fn wgmma_gemm_rejects_unsupported_shapes_before_launching() {
     }
 
     let gpu = Gpu::emulator();
-    let x = Operands::upload(&gpu, &HostOperands::<bf16>::random(16, 16, 16)).unwrap();
+    let x = Operands::upload(&gpu, &HostOperands::<bf16>::random(&mut rand::rng(), 16, 16, 16)).unwrap();
     let err = gpu.tensor_map_2d(&x.a, (16, 20), (8, 8), Swizzle::B128).err().expect("rows of 40 bytes");
     assert!(err.to_string().contains("multiple of 16 bytes"), "{err}");
     let err = gpu.tensor_map_2d(&x.a, (16, 16), (8, 128), Swizzle::B128).err().expect("a 256-byte box row");
@@ -270,7 +270,7 @@ fn tensor_core_ops_need_the_whole_warp() {
 
 #[test]
 fn bert_rejects_sizes_its_kernels_cannot_run() {
-    use clusterfuse_examples::bert::{Dims, BERT_BASE, TINY};
+    use clusterfuse_kernels::bert::{Dims, BERT_BASE, TINY};
     assert_eq!(BERT_BASE.check(), Ok(()));
     assert_eq!(TINY.check(), Ok(()));
     for (dims, what) in [
@@ -294,10 +294,10 @@ fn bert_rejects_sizes_its_kernels_cannot_run() {
 /// on example 10's (unfused) or example 12's split-K kernels (fused, 7 kernels a layer).
 #[test]
 fn bert_launches_as_many_kernels_as_its_mode_says() {
-    use clusterfuse_examples::bert::{Batch, Kernels, Mode, Model, TINY};
-    use clusterfuse_examples::wgmma_gemm::SmLayout;
+    use clusterfuse_kernels::bert::{Batch, Kernels, Mode, Model, TINY};
+    use clusterfuse_kernels::wgmma_gemm::SmLayout;
     let gpu = Gpu::emulator();
-    let (kernels, model) = (Kernels::load(&gpu).unwrap(), Model::random(&gpu, TINY).unwrap());
+    let (kernels, model) = (Kernels::load(&gpu).unwrap(), Model::random(&gpu, TINY, rand::random()).unwrap());
     let layers = TINY.layers;
     let split = ["split"; 4];
     for (batch, sms, unfused, fused, fused_kernels) in [
@@ -332,8 +332,9 @@ fn bert_launches_as_many_kernels_as_its_mode_says() {
 /// batch 2 and 3 for 8 (two and three row tiles).
 #[test]
 fn bert_on_split_k_projections_matches_its_reference() {
-    use clusterfuse_examples::bert::{check_for_layout, TINY};
-    use clusterfuse_examples::wgmma_gemm::SmLayout;
+    use clusterfuse_examples::bert::check_for_layout;
+    use clusterfuse_kernels::bert::TINY;
+    use clusterfuse_kernels::wgmma_gemm::SmLayout;
     for (batch, sms) in [(1, 8), (1, 32), (2, 32), (2, 8), (3, 8)] {
         let report = check_for_layout(&Gpu::emulator(), TINY, batch, &SmLayout::uniform(sms)).unwrap();
         assert!(report.passed(), "batch {batch}, {sms} SMs: rel error {:.2e}, tolerance {:.0e}, {} unwritten", report.rel_error, report.tolerance, report.unwritten);
@@ -347,13 +348,13 @@ fn bert_on_split_k_projections_matches_its_reference() {
 fn gemm_split_k_over_4_and_8_blocks_matches_its_reference() {
     use clusterfuse::f16;
     use clusterfuse_examples::check::Report;
-    use clusterfuse_examples::gemm::{config, EpilogueKind, GemmType, HostOperands, Operands, F16_TOLERANCE};
+    use clusterfuse_kernels::gemm::{config, EpilogueKind, GemmType, HostOperands, Operands, F16_TOLERANCE};
     let gpu = Gpu::emulator();
     let kernels = f16::load(&gpu).unwrap();
     let (m, n, epilogue) = (100, 136, EpilogueKind::Residual);
     for (k, splits) in [(512, 4), (1024, 8)] {
         assert_eq!(config(m, n, k).unwrap().grid.z, splits, "K = {k}");
-        let host = HostOperands::<f16>::random(m, n, k);
+        let host = HostOperands::<f16>::random(&mut rand::rng(), m, n, k);
         let x = Operands::upload(&gpu, &host).unwrap();
         let mut out = gpu.upload(&vec![f16::NAN; m * n]).unwrap();
         f16::launch(&kernels, &gpu, epilogue, &x, &mut out, m, n, k).unwrap();

@@ -3,6 +3,16 @@
 //! [`Error::UnsupportedShape`](clusterfuse::host::Error::UnsupportedShape), and f64 references to
 //! test against.
 //!
+//! - [`gemm`]: `C = epilogue(A·B)` on `mma.sync` from a `cp.async` pipeline, f16 or bf16,
+//!   epilogues none / bias / bias + GELU / residual / scale, K split over a cluster at small M.
+//! - [`wgmma_gemm`]: `C = epilogue(A·Bᵀ)` on Hopper's `wgmma` fed by TMA (a persistent
+//!   producer/consumer pipeline), and split-K kernels that sum partial tiles over DSMEM and can
+//!   defer a LayerNorm into the next GEMM.
+//! - [`norms`]: LayerNorm(x + b) → GELU and RMSNorm(x + residual) as fused kernels (a block or
+//!   a warp a row) and as separate kernels.
+//! - [`softmax`]: row softmax, a warp a row.
+//! - [`bert`]: a BERT-base encoder (post-LN, fp16), unfused or fused, with flash attention
+//!   (prefill, on the tensor cores) and an f64 reference.
 //! - [`decode`]: the decode step of a Llama attention block (RMSNorm, QKV, RoPE, the KV-cache
 //!   append, flash-decoding, the output projection), f16 or bf16, batch 1-8: two launches (a
 //!   cluster per head, then the projection), three, five, or one persistent launch.
@@ -27,9 +37,14 @@ macro_rules! unroll {
     }};
 }
 
+pub mod bert;
 pub mod decode;
+pub mod gemm;
 pub mod llama;
 pub mod moe;
+pub mod norms;
+pub mod softmax;
+pub mod wgmma_gemm;
 
 /// `len` bf16 values uniform in `lo .. hi`, drawn from `seed` in chunks of 2²⁰ on every core:
 /// chunk `i` from its own generator, seeded `seed ^ i·φ` (φ = 2⁶⁴ / the golden ratio), so the

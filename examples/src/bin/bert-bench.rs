@@ -19,9 +19,11 @@
 use clusterfuse::f16;
 use clusterfuse::host::trace::{self, AdviceOptions, Summary, Trace};
 use clusterfuse::host::Gpu;
-use clusterfuse_examples::bert::{self, Batch, Dims, Kernels, Mode, Model, BERT_BASE};
-use clusterfuse_examples::check::{gpu_or_skip, median_latency_us, random, Report};
-use clusterfuse_examples::wgmma_gemm::{SmLayout, MAX_SPLITS};
+use clusterfuse_examples::bert;
+use clusterfuse_kernels::bert::{Batch, Dims, Kernels, Mode, Model, BERT_BASE};
+use clusterfuse_examples::check::{gpu_or_skip, median_latency_us, random, with_rng, Report};
+use rand::Rng;
+use clusterfuse_kernels::wgmma_gemm::{SmLayout, MAX_SPLITS};
 use std::error::Error;
 use std::path::{Path, PathBuf};
 
@@ -33,7 +35,7 @@ const CHECK_BATCHES: [usize; 4] = [1, 2, 8, 16];
 const WARMUP: usize = 3;
 const REPS: usize = 20;
 /// Relative difference allowed between the modes' 12-layer outputs: each is within
-/// [`bert::TOLERANCE`] of its reference over two layers, and their GELUs differ (erf, tanh).
+/// [`TOLERANCE`](clusterfuse_kernels::bert::TOLERANCE) of its reference over two layers, and their GELUs differ (erf, tanh).
 const MODES_AGREE: f64 = 2e-2;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
@@ -71,7 +73,7 @@ fn main() -> Result<()> {
         }
     }
     let kernels = Kernels::load(&gpu)?;
-    let model = Model::random(&gpu, d)?;
+    let model = Model::random(&gpu, d, with_rng(|rng| rng.random()))?;
     let agree = modes_agree(&gpu, &kernels, &model)?;
     println!("check: 12 layers, batch 1, unfused vs fused — rel difference {:.2e} (tolerance {MODES_AGREE:.0e}), {} unwritten", agree.rel_error, agree.unwritten);
     if !agree.passed() {

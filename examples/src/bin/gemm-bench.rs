@@ -13,10 +13,10 @@
 
 use clusterfuse::bf16;
 use clusterfuse::host::Buffer;
-use clusterfuse_examples::gemm::{EpilogueKind, GemmType, HostOperands, Operands};
-use clusterfuse_examples::wgmma_gemm::{self, Maps};
+use clusterfuse_kernels::gemm::{EpilogueKind, GemmType, HostOperands, Operands};
+use clusterfuse_kernels::wgmma_gemm::{self, Maps};
 use rand::Rng;
-use clusterfuse_examples::check::{gpu_or_skip, median_us_per_call};
+use clusterfuse_examples::check::{gpu_or_skip, median_us_per_call, with_rng};
 use std::error::Error;
 use std::process::ExitCode;
 
@@ -89,7 +89,7 @@ fn bench() -> Result<bool> {
     println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut all_passed = true;
     for (workload, m, n, k) in shapes() {
-        let host = HostOperands::<bf16>::random(m, n, k);
+        let host = with_rng(|rng| HostOperands::<bf16>::random(rng, m, n, k));
         let x = Operands::upload(&gpu, &host)?;
         let mut out = gpu.upload(&vec![bf16::NAN; m * n])?;
         let flops = 2.0 * (m * n * k) as f64;

@@ -22,7 +22,7 @@
 
 use clusterfuse::f16;
 use clusterfuse::host::{Gpu, LaunchConfig};
-use clusterfuse_examples::fused_norms::{add_bias, add_residual, gelu_kernel, layer_norm, rms_norm, row_config, Fused};
+use clusterfuse_kernels::norms::{add_bias, add_residual, gelu_kernel, layer_norm, rms_norm, row_config, Fused};
 use clusterfuse_examples::check::{gpu_or_skip, median_us_per_call};
 use std::error::Error;
 

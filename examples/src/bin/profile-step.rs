@@ -15,7 +15,8 @@
 //! `results/bert-h200.md` and `results/llama-h200.md` that name this binary).
 
 use clusterfuse::f16;
-use clusterfuse_examples::check::{gpu_or_skip, random};
+use clusterfuse_examples::check::{gpu_or_skip, random, with_rng};
+use rand::Rng;
 use clusterfuse_kernels::decode::host::{fused, spread, Buffers, DecodeType, Step};
 use std::error::Error;
 
@@ -41,10 +42,10 @@ fn main() -> Result<(), Box<dyn Error>> {
             }
         }
         "bert" => {
-            use clusterfuse_examples::bert::{Batch, Kernels, Mode, Model, BERT_BASE};
+            use clusterfuse_kernels::bert::{Batch, Kernels, Mode, Model, BERT_BASE};
             let (d, batch) = (BERT_BASE, size.unwrap_or(1));
             let kernels = Kernels::load(&gpu)?;
-            let model = Model::random(&gpu, d)?;
+            let model = Model::random(&gpu, d, with_rng(|rng| rng.random()))?;
             let x: Vec<f16> = random(batch * d.seq * d.hidden).into_iter().map(f16::from_f32).collect();
             Batch::new(&gpu, &d, batch, &x)?.forward(gpu.stream(), &kernels, &model, Mode::Fused)?;
         }

@@ -15,8 +15,9 @@ use clusterfuse::f16;
 use clusterfuse::host::trace::{self, AdviceOptions, Summary, Trace};
 use clusterfuse::host::{Buffer, Gpu, LaunchConfig};
 use clusterfuse_examples::check::{random, gpu_or_skip};
-use clusterfuse_examples::fused_norms::{add_bias, add_residual, gelu_kernel, layer_norm, rms_norm, row_config};
-use clusterfuse_examples::{saxpy::saxpy, softmax::softmax};
+use clusterfuse_kernels::norms::{add_bias, add_residual, gelu_kernel, layer_norm, rms_norm, row_config};
+use clusterfuse_examples::saxpy::saxpy;
+use clusterfuse_kernels::softmax::softmax;
 use std::error::Error;
 use std::path::{Path, PathBuf};
 
