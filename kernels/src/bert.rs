@@ -30,6 +30,20 @@
 //! global memory in f32, as `torch.bmm` → `softmax` → `torch.bmm` would. The two
 //! modes differ in GELU: the unfused kernel uses erf (BERT's definition), the GEMM epilogue
 //! the tanh form; each is checked against an f64 reference of its own.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use clusterfuse::{f16, host::Gpu};
+//! use clusterfuse_kernels::bert::{Batch, Kernels, Mode, Model, BERT_BASE};
+//!
+//! let gpu = Gpu::new(0)?;
+//! let model = Model::random(&gpu, BERT_BASE, 42)?; // 12 layers, random weights from seed 42
+//! let x = vec![f16::from_f32(0.1); 4 * BERT_BASE.seq * BERT_BASE.hidden]; // batch 4
+//! let mut batch = Batch::new(&gpu, &BERT_BASE, 4, &x)?; // picks each projection's GEMM
+//! batch.forward(gpu.stream(), &Kernels::load(&gpu)?, &model, Mode::Fused)?;
+//! let y = gpu.download(batch.x())?;
+//! # let _ = y; Ok(()) }
+//! ```
 
 use crate::norms::{layernorm_gelu, store_row};
 use clusterfuse::arch;
@@ -1011,7 +1025,9 @@ mod host {
         pub fn for_layout(gpu: &Gpu, dims: &Dims, batch: usize, x: &[f16], layout: &SmLayout) -> std::result::Result<Self, GemmError> {
             dims.check().map_err(GemmError::Shape)?;
             let (tokens, h, f) = (batch * dims.seq, dims.hidden, dims.ffn);
-            assert_eq!(x.len(), tokens * h, "the input is tokens × hidden");
+            if x.len() != tokens * h {
+                return Err(GemmError::Shape(format!("the input holds {} values; batch {batch} × seq {} × hidden {h} is {}", x.len(), dims.seq, tokens * h)));
+            }
             let poisoned = |len: usize| gpu.upload(&vec![f16::NAN; len]);
             let mapped = |buffer: Result<Buffer<f16>>, cols: usize| Mapped::new(gpu, buffer?, (tokens, cols), wgmma_gemm::a_map::<f16>);
             let rows = (tokens * dims.heads) as u32;

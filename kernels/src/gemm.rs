@@ -19,6 +19,21 @@
 //!
 //! Shapes: any M; N and K multiples of 8 (16-byte rows for the copies). The host rejects
 //! others before launching, with [`GemmError::Shape`].
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use clusterfuse::{bf16, host::Gpu};
+//! use clusterfuse_kernels::gemm::{EpilogueKind, GemmType, HostOperands, Operands};
+//!
+//! let gpu = Gpu::new(0)?;
+//! let (m, n, k) = (128, 3072, 768);
+//! let host = HostOperands::<bf16>::random(&mut rand::rng(), m, n, k); // A, B, bias, residual
+//! let x = Operands::upload(&gpu, &host)?;
+//! let mut c = gpu.zeros::<bf16>(m * n)?;
+//! let kernels = bf16::load(&gpu)?;
+//! bf16::launch(&kernels, &gpu, EpilogueKind::BiasGelu, &x, &mut c, m, n, k)?; // C = GELU(A·B + bias)
+//! # Ok(()) }
+//! ```
 
 use clusterfuse::arch;
 use clusterfuse::mma::{mma_m16n8k16, FragA, FragB, FragC, MmaInput};

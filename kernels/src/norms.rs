@@ -17,12 +17,27 @@
 //! the resident blocks compute. Many rows of at most 1024 values go a warp a row instead,
 //! four rows a block (`layernorm_gelu_warps`, `add_rmsnorm_warps`: the same stages; [`Fused`]
 //! launches the kernel a shape takes, [`warp_a_row`]).
+//!
+//! ```no_run
+//! # fn main() -> clusterfuse::host::Result<()> {
+//! use clusterfuse::{f16, host::Gpu};
+//! use clusterfuse_kernels::norms::Fused;
+//!
+//! let gpu = Gpu::new(0)?;
+//! let (rows, hidden) = (128, 4096);
+//! let x = gpu.upload(&vec![f16::from_f32(0.5); rows * hidden])?;
+//! let (r, w) = (gpu.upload(&vec![f16::from_f32(0.25); rows * hidden])?, gpu.upload(&vec![f16::ONE; hidden])?);
+//! let (mut residual, mut out) = (gpu.zeros::<f16>(rows * hidden)?, gpu.zeros::<f16>(rows * hidden)?);
+//! // residual = x + r; out = RMSNorm(residual) · w, one launch (programmatic: false).
+//! Fused::load(&gpu)?.add_rmsnorm(gpu.stream(), false, &x, &r, &w, &mut residual, &mut out, hidden as u32, rows as u32)?;
+//! # Ok(()) }
+//! ```
 
 use clusterfuse::arch::{self, add_rn_f16x2, cvt_rn_f16x2_f32, fma_rn_f16x2};
 use clusterfuse::packed::widen8;
 use clusterfuse::prelude::*;
 #[cfg(not(target_arch = "nvptx64"))]
-use clusterfuse::host::{Buffer, Result, Stream};
+use clusterfuse::host::{Buffer, Error, Result, Stream};
 
 /// Halves per 16-byte vector.
 pub const VECTOR: u32 = 8;
@@ -605,10 +620,13 @@ impl Fused {
         Ok(Self { ln: layernorm_gelu::load(gpu)?, ln_warps: layernorm_gelu_warps::load(gpu)?, rms: add_rmsnorm::load(gpu)?, rms_warps: add_rmsnorm_warps::load(gpu)? })
     }
 
-    /// `out = GELU(LayerNorm(x + b) · γ + β)`, with programmatic dependent launch if
-    /// `programmatic`.
+    /// `out = GELU(LayerNorm(x + b) · γ + β)` over `rows × hidden` (row-major), with
+    /// programmatic dependent launch if `programmatic`; [`Error::UnsupportedShape`] unless
+    /// hidden is a positive multiple of 256 up to [`MAX_HIDDEN`] and the buffers hold the
+    /// shape (`b`, `gamma`, `beta`: `hidden` values).
     #[allow(clippy::too_many_arguments)]
     pub fn layernorm_gelu(&self, s: &Stream, programmatic: bool, x: &Buffer<f16>, b: &Buffer<f16>, gamma: &Buffer<f16>, beta: &Buffer<f16>, out: &mut Buffer<f16>, hidden: u32, rows: u32) -> Result<()> {
+        check_shape("layernorm_gelu", hidden, rows, &[x, out], &[b, gamma, beta])?;
         if warp_a_row(hidden, rows) {
             self.ln_warps.launch(s, &LaunchConfig { programmatic, ..layernorm_gelu_warps::config(rows) }, x, b, gamma, beta, out, hidden, rows)
         } else {
@@ -616,15 +634,33 @@ impl Fused {
         }
     }
 
-    /// `residual_out = x + r`, `out = RMSNorm(residual_out) · w`, with programmatic dependent
-    /// launch if `programmatic`.
+    /// `residual_out = x + r`, `out = RMSNorm(residual_out) · w` over `rows × hidden`, with
+    /// programmatic dependent launch if `programmatic`; [`Error::UnsupportedShape`] as
+    /// [`Fused::layernorm_gelu`] (`w`: `hidden` values).
     #[allow(clippy::too_many_arguments)]
     pub fn add_rmsnorm(&self, s: &Stream, programmatic: bool, x: &Buffer<f16>, r: &Buffer<f16>, w: &Buffer<f16>, residual_out: &mut Buffer<f16>, out: &mut Buffer<f16>, hidden: u32, rows: u32) -> Result<()> {
+        check_shape("add_rmsnorm", hidden, rows, &[x, r, residual_out, out], &[w])?;
         if warp_a_row(hidden, rows) {
             self.rms_warps.launch(s, &LaunchConfig { programmatic, ..add_rmsnorm_warps::config(rows) }, x, r, w, residual_out, out, hidden, rows)
         } else {
             self.rms.launch(s, &LaunchConfig { programmatic, ..add_rmsnorm::config(hidden, rows) }, x, r, w, residual_out, out, hidden, rows)
         }
+    }
+}
+
+/// Whether the fused kernels take `rows × hidden` with these buffers: `rows` of the `rows`
+/// (activations) and a row of the `params`.
+#[cfg(not(target_arch = "nvptx64"))]
+fn check_shape(kernel: &'static str, hidden: u32, rows: u32, rows_of: &[&Buffer<f16>], params: &[&Buffer<f16>]) -> Result<()> {
+    let unsupported = |reason: String| Err(Error::UnsupportedShape { kernel, reason });
+    if hidden == 0 || !hidden.is_multiple_of(256) || hidden > MAX_HIDDEN {
+        return unsupported(format!("hidden {hidden}: a positive multiple of 256 up to {MAX_HIDDEN}"));
+    }
+    let (row, all) = (hidden as usize, rows as usize * hidden as usize);
+    match (rows_of.iter().find(|b| b.len() < all), params.iter().find(|b| b.len() < row)) {
+        (Some(b), _) => unsupported(format!("{rows} rows × {hidden} need {all} values; an activation buffer holds {}", b.len())),
+        (_, Some(b)) => unsupported(format!("hidden {hidden} needs {row} parameters; a parameter buffer holds {}", b.len())),
+        _ => Ok(()),
     }
 }
 

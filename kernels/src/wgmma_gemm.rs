@@ -19,6 +19,23 @@
 //!
 //! Shapes: any M and N; K a multiple of 8 (TMA needs rows of A and Bᵀ in multiples of 16
 //! bytes). The host rejects others before launching, with [`GemmError::Shape`](crate::gemm::GemmError::Shape).
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use clusterfuse::{bf16, host::Gpu};
+//! use clusterfuse_kernels::gemm::{EpilogueKind, HostOperands, Operands};
+//! use clusterfuse_kernels::wgmma_gemm::{transpose, Kernels, Maps};
+//!
+//! let gpu = Gpu::new(0)?;
+//! let (m, n, k) = (4096, 4096, 4096);
+//! let host = HostOperands::<bf16>::random(&mut rand::rng(), m, n, k);
+//! let x = Operands::upload(&gpu, &host)?;
+//! let bt = gpu.upload(&transpose(&host.b, k, n))?; // Bᵀ, N × K, as nn.Linear stores it
+//! let mut c = gpu.zeros::<bf16>(m * n)?;
+//! let maps = Maps::new(&gpu, &x.a, &bt, (m, n, k))?; // TMA descriptors of A and Bᵀ
+//! Kernels::<bf16>::load(&gpu)?.launch(&gpu, EpilogueKind::Residual, &maps, &x, &mut c, (m, n, k))?;
+//! # Ok(()) }
+//! ```
 
 use crate::gemm::{gelu, Bias, BiasGelu, Epilogue, Plain, Residual, Scale};
 use clusterfuse::arch;
