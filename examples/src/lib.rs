@@ -46,6 +46,9 @@ pub mod persistent_llama;
 #[cfg(not(target_arch = "nvptx64"))]
 #[path = "15-moe.rs"]
 pub mod moe;
+#[cfg(not(target_arch = "nvptx64"))]
+#[path = "16-rope.rs"]
+pub mod rope;
 
 /// Kernels of the `cluster-bench` benchmark.
 pub mod bench;
@@ -107,4 +110,6 @@ pub const EXAMPLES: &[(&str, check::Runner)] = &[
     ("13-llama-decode", llama_decode::run),
     ("14-persistent-llama", persistent_llama::run),
     ("15-moe", moe::run),
+    ("16-rope-f16", rope::run_f16),
+    ("16-rope-bf16", rope::run_bf16),
 ];

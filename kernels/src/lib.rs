@@ -11,6 +11,8 @@
 //! - [`norms`]: LayerNorm(x + b) → GELU and RMSNorm(x + residual) as fused kernels (a block or
 //!   a warp a row) and as separate kernels.
 //! - [`softmax`]: row softmax, a warp a row.
+//! - [`rope`]: rotary position embedding of queries and keys in place (rotate-half, grouped
+//!   heads, each token at its own position).
 //! - [`bert`]: a BERT-base encoder (post-LN, fp16), unfused or fused, with flash attention
 //!   (prefill, on the tensor cores) and an f64 reference.
 //! - [`decode`]: the decode step of a Llama attention block (RMSNorm, QKV, RoPE, the KV-cache
@@ -43,6 +45,7 @@ pub mod gemm;
 pub mod llama;
 pub mod moe;
 pub mod norms;
+pub mod rope;
 pub mod softmax;
 pub mod wgmma_gemm;
 

@@ -66,9 +66,11 @@ fn every_kernel_assembles_with_its_shared_memory_and_bounded_spills() {
         ("moe_down_g8", 0),
         ("moe_down_g16", 0),
         ("moe_gate_up_g32", 0),
-        // Row softmax, the norms (the block reductions' scratch; a warp a row: the
+        // Row softmax, RoPE, the norms (the block reductions' scratch; a warp a row: the
         // reductions' slots are never read, and ptxas drops them).
         ("softmax", 0),
+        ("rope_f16", 0),
+        ("rope_bf16", 0),
         ("layernorm_gelu", 2 * 32),
         ("add_rmsnorm", 32),
         ("layernorm_gelu_warps", 0),
