@@ -15,9 +15,10 @@
 //! bytes read + written per second, median of 20).
 //!
 //! `--dump DIR` writes each layer's weights and 64-token input, and the kernels' routing and
-//! output, as raw little-endian files for `scripts/moe-torch.py --check DIR`.
+//! output, as raw little-endian files for `scripts/moe-torch.py --check DIR`. `--only NAME
+//! TOKENS` runs one row (e.g. `--only DeepSeek 1`, for a profiler).
 //!
-//! `cargo run --release -p clusterfuse-examples --bin moe-bench [-- --dump DIR]`
+//! `cargo run --release -p clusterfuse-examples --bin moe-bench [-- --dump DIR | --only NAME TOKENS]`
 
 use clusterfuse::bf16;
 use clusterfuse::host::{Gpu, LaunchConfig};
@@ -74,15 +75,23 @@ fn dump(dir: &Path, name: &str, moe: &Moe, (out, ids, gates): &(Vec<f32>, Vec<u3
 
 fn main() -> Result<()> {
     let dump_dir = std::env::args().skip_while(|a| a != "--dump").nth(1).map(PathBuf::from);
+    let only: Vec<String> = std::env::args().skip_while(|a| a != "--only").skip(1).take(2).collect();
+    let wanted = |name: &str, tokens: usize| only.len() < 2 || (name.starts_with(only[0].as_str()) && only[1] == tokens.to_string());
     let Some(gpu) = gpu_or_skip("moe-bench") else { return Ok(()) };
     let kernels = Kernels::load(&gpu)?;
     let bandwidth = copy_bandwidth(&gpu)?;
     println!("copy bandwidth (cuMemcpyDtoD, 1 GiB): {:.2} TB/s", bandwidth / 1e12);
     let mut rows = Vec::new();
     for (name, layer) in [("Mixtral-8x7B", Layer::MIXTRAL_8X7B), ("DeepSeek-V2-Lite", Layer::DEEPSEEK_V2_LITE)] {
+        if !TOKENS.iter().any(|&t| wanted(name, t)) {
+            continue;
+        }
         eprintln!("{name}: generating weights ({:.1} GB) ...", layer.experts as f64 * layer.expert_bytes() as f64 / 1e9);
         let mut moe = Moe::random(layer, TOKENS[0], with_rng(|rng| rng.random()))?;
         for tokens in TOKENS {
+            if !wanted(name, tokens) {
+                continue;
+            }
             moe.x.truncate(tokens * layer.hidden);
             moe.tokens = tokens;
             eprintln!("{name}, {tokens} tokens: f64 reference and runs ...");
