@@ -11,16 +11,19 @@ use rand::Rng;
 
 /// Small layers on the emulator (Mixtral-like top 2 of 8 with renormalised gates, DeepSeek-like
 /// top 4 of 16 over the full softmax, at 1, 5 and 24 tokens, and top 2 of 4 at 20 tokens, so
-/// that pairs come in groups of 8, 16 and 32, and top 1 of 8 at 3 tokens; clusters of 2, 4 and
-/// 8; one router row doubled so that two experts tie); Mixtral-8x7B and DeepSeek-V2-Lite
-/// shapes at 8 tokens on a GPU.
+/// that pairs come in groups of 8, 16 and 32, top 1 of 8 at 3 tokens, and top 4 of 16 at one
+/// token, whose few units split K over 4 warps (hidden 512) or 2 (hidden 256, 8 K-steps);
+/// clusters of 2, 4 and 8; one router row
+/// doubled so that two experts tie); Mixtral-8x7B and DeepSeek-V2-Lite shapes at 8 tokens on a
+/// GPU.
 pub fn run(gpu: &Gpu) -> Result<Report> {
     let kernels = Kernels::load(gpu)?;
     let mixtral_like = Layer { hidden: 128, experts: 8, top_k: 2, ffn: 64, renormalize: true };
     let deepseek_like = Layer { hidden: 256, experts: 16, top_k: 4, ffn: 96, renormalize: false };
     let few_experts = Layer { hidden: 128, experts: 4, top_k: 2, ffn: 64, renormalize: false };
     let top_1 = Layer { hidden: 128, experts: 8, top_k: 1, ffn: 64, renormalize: false };
-    let cases = shape(gpu, vec![(Layer::MIXTRAL_8X7B, 8, 4), (Layer::DEEPSEEK_V2_LITE, 8, 4)], vec![(mixtral_like, 1, 2), (mixtral_like, 5, 4), (deepseek_like, 24, 4), (few_experts, 20, 2), (top_1, 3, 8)]);
+    let wide = Layer { hidden: 512, experts: 16, top_k: 4, ffn: 64, renormalize: false };
+    let cases = shape(gpu, vec![(Layer::MIXTRAL_8X7B, 8, 4), (Layer::DEEPSEEK_V2_LITE, 8, 4)], vec![(mixtral_like, 1, 2), (mixtral_like, 5, 4), (deepseek_like, 24, 4), (few_experts, 20, 2), (top_1, 3, 8), (wide, 1, 4), (deepseek_like, 1, 2)]);
     let (mut outs, mut refs, mut runs) = (Vec::new(), Vec::new(), Vec::new());
     for (layer, tokens, cluster) in cases {
         let mut moe = Moe::random(layer, tokens, with_rng(|rng| rng.random()))?;
@@ -44,7 +47,7 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
         outs.extend(out.iter().chain(&gates).map(|&v| if agrees { v } else { f32::NAN }));
         refs.extend(reference.out.iter().chain(&reference.gates));
         let mismatch = if mismatches.is_empty() { String::new() } else { format!(", routing differs at (token, slot, ours, reference) {:?}", &mismatches[..mismatches.len().min(4)]) };
-        runs.push(format!("{tokens} tok × top {} of {} (hidden {h}, ffn {}), {} experts used, cluster {cluster}{mismatch}", layer.top_k, layer.experts, layer.ffn, reference.selected(layer.experts)));
+        runs.push(format!("{tokens} tok × top {} of {} (hidden {h}, ffn {}), {} experts used, cluster {cluster}, K split {}{mismatch}", layer.top_k, layer.experts, layer.ffn, reference.selected(layer.experts), plan.gate_up_split));
     }
     Ok(Report::new(runs.join("; "), &outs, &refs, TOLERANCE))
 }

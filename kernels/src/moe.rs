@@ -21,7 +21,10 @@
 //!    by expert, then token — from a warp's prefix sums.
 //! 2. **Gate and up projections.** A warp owns 16 rows of one selected expert's `W_gate` and
 //!    `W_up` and a group of that expert's pairs (an *item*; items go round robin over the
-//!    grid's warps) and streams the rows whole through `mma.m16n8k16`: the weights are the A
+//!    grid's warps, warp `w` of every block before warp `w + 1` of any) and streams the rows
+//!    through `mma.m16n8k16` — whole, or, when the items are too few to keep most warps
+//!    streaming (DeepSeek's 8 experts at one token), split along K over 2 or 4 warps of a
+//!    block, whose sums the first adds in order through shared memory: the weights are the A
 //!    operand, loaded in 16-byte vectors straight into fragment registers, the pairs' token
 //!    vectors the B operand (8 pairs per n-tile). The experts' weights are stored in 16 × 32
 //!    tiles ([`host::tile`]), so that a warp reads 1 KB contiguous per K-step and its rows as
@@ -384,7 +387,9 @@ fn silu_gate(gate: f32, up: f32) -> f32 {
     gate * math::rcp(1.0 + math::exp(-gate)) * up
 }
 
-/// The gate/up kernel, for groups of `8 · NT` pairs.
+/// The gate/up kernel, for groups of `8 · NT` pairs, each unit (an item's 16 rows) split over
+/// `split` warps of a block along K (1, 2 or 4, and 1 unless `NT` is 1; more warps in flight
+/// when the units are few).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn gate_up<const NT: usize>(
@@ -399,18 +404,19 @@ fn gate_up<const NT: usize>(
     top_gates: &Out<f32>,
     k: usize,
     renormalize: bool,
+    split: usize,
 ) {
     grid::launch_dependents();
     let tokens = top_ids.len() / k;
     let hidden = x.len() / tokens;
     let ffn = h.len() / (tokens * k);
     let experts = router.len() / hidden;
-    if !hidden.is_multiple_of(STEP * GATE_UP_UNROLL) || !ffn.is_multiple_of(ROWS) || w_gate.len() != experts * ffn * hidden || w_up.len() != w_gate.len() {
+    if !matches!(split, 1 | 2 | 4) || (NT > 1 && split > 1) || !hidden.is_multiple_of(STEP * GATE_UP_UNROLL * split) || !ffn.is_multiple_of(ROWS) || w_gate.len() != experts * ffn * hidden || w_up.len() != w_gate.len() {
         arch::trap();
     }
-    let group = 8 * NT;
+    let group_pairs = 8 * NT;
     let mut smem = shared::dynamic();
-    let (dispatch, ids, gates) = route(&mut smem, x, router, tokens, k, renormalize, group);
+    let (dispatch, ids, gates) = route(&mut smem, x, router, tokens, k, renormalize, group_pairs);
     // Cluster 0's first block hands the routing to the down kernel (and the host).
     if cluster::index_in_grid().x == 0 && cluster::block_rank() == 0 {
         for e in block::stride_loop(0..experts) {
@@ -427,11 +433,21 @@ fn gate_up<const NT: usize>(
     let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
     let tiles = ffn / ROWS;
     let steps = hidden / STEP;
-    // Items go to warp `w` of every block before warp `w + 1` of any, so that few items still
-    // spread over every SM.
-    let blocks = grid::dim().x as usize;
-    for q in (warp * blocks + block::index_x() as usize..dispatch.items() * tiles).step_by(blocks * WARPS) {
-        let item = dispatch.item(q / tiles, group);
+    // A unit (16 rows of an item) goes to a group of `split` warps, each taking a contiguous
+    // `1 / split` of its K-steps; units go to group `g` of every block before group `g + 1`
+    // of any, so that few units still spread over every SM. Every block runs the same rounds,
+    // so that the groups' barriers match.
+    // (Groups of 8 pairs only: with more n-tiles the accumulators leave no registers for it.)
+    let split = if NT == 1 { split } else { 1 };
+    let (groups, blocks) = (WARPS / split, grid::dim().x as usize);
+    let (group, part, per) = (warp / split, warp % split, steps / split);
+    // The other parts' accumulators, for the group's first warp to add: a lane's values
+    // `slot · 32 + lane`, so that the warp's accesses hit 32 banks.
+    let partials = smem.take::<f32>(groups * (split - 1) * 2 * NT * 4 * 32);
+    let units = dispatch.items() * tiles;
+    for round in 0..units.div_ceil(blocks * groups) {
+        let q = (round * groups + group) * blocks + block::index_x() as usize;
+        let item = if q < units { dispatch.item(q / tiles, group_pairs) } else { Item { expert: 0, first: 0, len: 0 } };
         let tile = item.expert * tiles + q % tiles;
         // The lane's pair column in each n-tile: its token's row of `x`, if it has one.
         let x_rows: [Option<usize>; NT] = core::array::from_fn(|n| {
@@ -440,14 +456,16 @@ fn gate_up<const NT: usize>(
         });
         let mut acc = [[FragC::ZERO; NT]; 2];
         let unroll = if NT >= 4 { GATE_UP_UNROLL / 2 } else { GATE_UP_UNROLL };
-        for chunk in (0..steps).step_by(unroll) {
+        // A unit past the last streams nothing (`item.len == 0`) but still meets the barriers.
+        let mine = if item.len > 0 { part * per..(part + 1) * per } else { 0..0 };
+        for chunk in mine.step_by(unroll) {
             let mut a = [[[[0u32; 4]; 2]; 2]; GATE_UP_UNROLL];
             let mut b = [[[0u32; 4]; NT]; GATE_UP_UNROLL];
             unroll!(u in [0 1 2 3] {
                 if u < unroll {
                     let s = chunk + u;
                     // SAFETY: `tile` is a row tile of the expert's (checked lengths), and `s <
-                    // steps` (`steps` is a multiple of the unroll); weights and `x` are inputs.
+                    // steps` (`per` is a multiple of the unroll); weights and `x` are inputs.
                     unsafe {
                         a[u] = [tile_words(w_gate, tile, steps, s), tile_words(w_up, tile, steps, s)];
                         for n in 0..NT {
@@ -467,13 +485,47 @@ fn gate_up<const NT: usize>(
                 }
             });
         }
-        for (n, (gate, up)) in acc[0].iter().zip(&acc[1]).enumerate() {
-            for i in 0..4 {
-                let (r, c) = FragC::position(i);
-                let p = 8 * n + c;
-                if p < item.len {
-                    let value = silu_gate(gate.values[i], up.values[i]);
-                    h.set((item.first + p) * ffn + q % tiles * ROWS + r, bf16::from_f32(value));
+        if split > 1 {
+            // Parts 1.. hand their sums to part 0, which adds them in part order.
+            let slot = |p: usize, m: usize, n: usize, v: usize| ((((group * (split - 1) + p - 1) * 2 + m) * NT + n) * 4 + v) * 32 + lane;
+            // Unrolled: the accumulators stay in registers only while indexed by constants.
+            if part > 0 {
+                unroll!(m in [0 1] {
+                    unroll!(n in [0 1 2 3] {
+                        if n < NT {
+                            unroll!(v in [0 1 2 3] {
+                                partials.store(slot(part, m, n, v), acc[m][n].values[v]);
+                            });
+                        }
+                    });
+                });
+            }
+            block::sync();
+            if part == 0 {
+                for p in 1..split {
+                    unroll!(m in [0 1] {
+                        unroll!(n in [0 1 2 3] {
+                            if n < NT {
+                                unroll!(v in [0 1 2 3] {
+                                    acc[m][n].values[v] += partials.load(slot(p, m, n, v));
+                                });
+                            }
+                        });
+                    });
+                }
+            }
+            // The slots are free again once part 0 has read them.
+            block::sync();
+        }
+        if part == 0 {
+            for (n, (gate, up)) in acc[0].iter().zip(&acc[1]).enumerate() {
+                for i in 0..4 {
+                    let (r, c) = FragC::position(i);
+                    let p = 8 * n + c;
+                    if p < item.len {
+                        let value = silu_gate(gate.values[i], up.values[i]);
+                        h.set((item.first + p) * ffn + q % tiles * ROWS + r, bf16::from_f32(value));
+                    }
                 }
             }
         }
@@ -611,8 +663,8 @@ macro_rules! moe_kernels {
             /// expert's pair count, then the pairs' tokens) and `pair_gate` what the down kernel needs.
             #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
             #[allow(clippy::too_many_arguments)]
-            pub fn $gate_up(x: &[bf16], router: &[bf16], w_gate: &[bf16], w_up: &[bf16], h: Out<bf16>, routing: Out<u32>, pair_gate: Out<f32>, top_ids: Out<u32>, top_gates: Out<f32>, top_k: u32, renormalize: u32) {
-                gate_up::<$g_nt>(x, router, w_gate, w_up, &h, &routing, &pair_gate, &top_ids, &top_gates, top_k as usize, renormalize != 0)
+            pub fn $gate_up(x: &[bf16], router: &[bf16], w_gate: &[bf16], w_up: &[bf16], h: Out<bf16>, routing: Out<u32>, pair_gate: Out<f32>, top_ids: Out<u32>, top_gates: Out<f32>, top_k: u32, renormalize: u32, split: u32) {
+                gate_up::<$g_nt>(x, router, w_gate, w_up, &h, &routing, &pair_gate, &top_ids, &top_gates, top_k as usize, renormalize != 0, split as usize)
             }
         )*
         $(
@@ -918,17 +970,21 @@ pub mod host {
     pub struct Plan {
         /// Pairs an expert's pass over its weights serves in the gate/up kernel: 8, 16 or 32.
         pub gate_up_group: usize,
+        /// Warps of a gate/up block that split one unit's K-steps: 1, 2 or 4 (groups of 8 only).
+        pub gate_up_split: usize,
         /// The same in the down kernel: 8 or 16.
         pub down_group: usize,
         pub gate_up: LaunchConfig,
         pub down: LaunchConfig,
     }
 
-    /// Shared memory of the gate/up kernel: the routing's arrays, 16-byte aligned each.
-    fn gate_up_smem(layer: &Layer, tokens: usize, cluster: usize) -> usize {
+    /// Shared memory of the gate/up kernel: the routing's arrays, 16-byte aligned each, then
+    /// the K-split parts' accumulators (`group` pairs, `split` warps a unit).
+    fn gate_up_smem(layer: &Layer, tokens: usize, cluster: usize, group: usize, split: usize) -> usize {
         let (pairs, e) = (tokens * layer.top_k, layer.experts);
         let partials = WARPS * ROWS * tokens.next_multiple_of(8) * 4;
-        let sizes = [tokens * e / cluster * 4, partials, tokens * 4, pairs * cluster * 8, pairs * 8, pairs * 4, pairs * 4, 2 * e * 4];
+        let parts = WARPS / split * (split - 1) * 2 * (group / 8) * 4 * 32 * 4;
+        let sizes = [tokens * e / cluster * 4, partials, tokens * 4, pairs * cluster * 8, pairs * 8, pairs * 4, pairs * 4, 2 * e * 4, parts];
         sizes.iter().map(|b| b.next_multiple_of(16)).sum::<usize>() + dispatch_smem(layer, tokens)
     }
 
@@ -939,7 +995,9 @@ pub mod host {
 
     /// The launches of `layer` at `tokens` tokens: gate/up in clusters of `cluster`, as many
     /// blocks as the GPU holds at once (at most one per 2 items of the largest routing),
-    /// pairs in groups of 8, 16 or 32, whichever first holds twice an expert's average share;
+    /// pairs in groups of 8, 16 or 32, whichever first holds twice an expert's average share,
+    /// each unit's K split (groups of 8) over the most warps (4, 2 or 1) that keep all units in
+    /// one round;
     /// the down kernel a cluster per 16 output rows, of as many blocks (1, 2 or 4, splitting
     /// K) as keep the grid within two blocks per SM, launched programmatically with
     /// `programmatic`.
@@ -949,7 +1007,7 @@ pub mod host {
         let share = tokens.min(2 * tokens * layer.top_k / layer.experts);
         let group = [8, 16, 32].into_iter().find(|&g| g >= share).unwrap_or(32);
         let c = cluster as usize;
-        let mut gate_up = LaunchConfig { grid: cluster.into(), block: BLOCK.into(), cluster: Some(cluster.into()), dynamic_smem_bytes: gate_up_smem(&layer, tokens, c) as u32, ..LaunchConfig::default() };
+        let mut gate_up = LaunchConfig { grid: cluster.into(), block: BLOCK.into(), cluster: Some(cluster.into()), dynamic_smem_bytes: gate_up_smem(&layer, tokens, c, group, 1) as u32, ..LaunchConfig::default() };
         let raw = match group {
             8 => kernels.gate_up_g8.raw(),
             16 => kernels.gate_up_g16.raw(),
@@ -959,6 +1017,12 @@ pub mod host {
         let items = layer.experts.min(tokens * layer.top_k) * layer.ffn / ROWS + tokens * layer.top_k / group * layer.ffn / ROWS;
         let wanted = (items.div_ceil(2) as u64).min(resident).max(1);
         gate_up.grid = (wanted.div_ceil(c as u64) as u32 * cluster).into();
+        // Few units (DeepSeek's experts at a token or two) leave most warps idle: split each
+        // unit's K over 2 or 4 warps while every unit still has its group in the first round.
+        let warps = gate_up.grid.x as usize * WARPS;
+        let steps = layer.hidden / STEP;
+        let gate_up_split = [4, 2, 1].into_iter().find(|&s| s == 1 || (group == 8 && items * s <= warps && steps.is_multiple_of(s * GATE_UP_UNROLL))).unwrap_or(1);
+        gate_up.dynamic_smem_bytes = gate_up_smem(&layer, tokens, c, group, gate_up_split) as u32;
         // The down kernel's clusters split K, so that its blocks fill two per SM.
         let tiles = layer.hidden / ROWS;
         let sms = gpu.multiprocessors()?.unwrap_or(132);
@@ -971,7 +1035,7 @@ pub mod host {
             programmatic,
             ..LaunchConfig::default()
         };
-        Ok(Plan { gate_up_group: group, down_group: group.min(16), gate_up, down })
+        Ok(Plan { gate_up_group: group, gate_up_split, down_group: group.min(16), gate_up, down })
     }
 
     /// One step on `stream`: the two launches of `plan`.
@@ -982,10 +1046,10 @@ pub mod host {
 
     /// The first launch alone: routing, gate and up projections.
     pub fn gate_up(kernels: &Kernels, stream: &Stream, b: &mut Buffers, plan: &Plan) -> Result<()> {
-        let (k, renormalize) = (b.layer.top_k as u32, u32::from(b.layer.renormalize));
+        let (k, renormalize, split) = (b.layer.top_k as u32, u32::from(b.layer.renormalize), plan.gate_up_split as u32);
         macro_rules! launch {
             ($kernel:expr) => {
-                $kernel.launch(stream, &plan.gate_up, &b.x, &b.router, &b.w_gate, &b.w_up, &mut b.h, &mut b.routing, &mut b.pair_gate, &mut b.top_ids, &mut b.top_gates, k, renormalize)
+                $kernel.launch(stream, &plan.gate_up, &b.x, &b.router, &b.w_gate, &b.w_up, &mut b.h, &mut b.routing, &mut b.pair_gate, &mut b.top_ids, &mut b.top_gates, k, renormalize, split)
             };
         }
         match plan.gate_up_group {

@@ -101,7 +101,7 @@ fn main() -> Result<()> {
             let mut b = Buffers::upload(&gpu, &moe)?;
             let plan = plan(&kernels, &gpu, layer, tokens, CLUSTER, true)?;
             let down_cluster = plan.down.cluster.map_or(1, |c| c.x);
-            let layout = format!("{} + {} blocks, clusters of {CLUSTER} and {down_cluster}, groups of {} and {}", plan.gate_up.grid.x, plan.down.grid.x, plan.gate_up_group, plan.down_group);
+            let layout = format!("{} + {} blocks, clusters of {CLUSTER} and {down_cluster}, groups of {} and {}, K split {}", plan.gate_up.grid.x, plan.down.grid.x, plan.gate_up_group, plan.down_group, plan.gate_up_split);
             step(&kernels, gpu.stream(), &mut b, &plan)?;
             let first = b.results(&gpu)?;
             if tokens == TOKENS[0] {
