@@ -44,11 +44,21 @@ fn rotate<T: HalfFloat>(q: &Out<T>, k: &Out<T>, positions: &[u32], table: &[f32]
         let (token, head) = (row / (q_heads + kv_heads), row % (q_heads + kv_heads));
         let angles = positions[token] as usize * head_dim;
         let (cos, sin) = (table[angles + pair], table[angles + half + pair]);
-        let (x, at) = if head < q_heads { (q, (token * q_heads + head) * head_dim) } else { (k, (token * kv_heads + head - q_heads) * head_dim) };
-        let (lo, hi) = (x.get(at + pair).to_f32(), x.get(at + pair + half).to_f32());
-        x.set(at + pair, T::from_f32(lo * cos - hi * sin));
-        x.set(at + pair + half, T::from_f32(hi * cos + lo * sin));
+        // Two calls rather than a chosen `&Out`, which would put both in a stack frame.
+        if head < q_heads {
+            turn(q, (token * q_heads + head) * head_dim + pair, half, cos, sin);
+        } else {
+            turn(k, (token * kv_heads + head - q_heads) * head_dim + pair, half, cos, sin);
+        }
     }
+}
+
+/// Turns the pair `(x[i], x[i + half])` by the angle of `cos`, `sin`.
+#[inline(always)]
+fn turn<T: HalfFloat>(x: &Out<T>, i: usize, half: usize, cos: f32, sin: f32) {
+    let (lo, hi) = (x.get(i).to_f32(), x.get(i + half).to_f32());
+    x.set(i, T::from_f32(lo * cos - hi * sin));
+    x.set(i + half, T::from_f32(hi * cos + lo * sin));
 }
 
 macro_rules! rope_kernels {
