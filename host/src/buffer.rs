@@ -3,11 +3,13 @@
 use crate::error::{Error, Result};
 use crate::gpu::Stream;
 use std::sync::Arc;
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, SyncOnDrop};
+use cudarc::driver::{CudaContext, CudaSlice, DevicePtr, DevicePtrMut, SyncOnDrop};
+use std::marker::PhantomData;
 
 /// `len` values of `T` in device memory, as kernels take them (`&buffer` for a `&[T]`
 /// parameter, `&mut buffer` for an `Out<T>`). Made by [`Gpu::upload`](crate::Gpu::upload)
-/// and [`Gpu::zeros`](crate::Gpu::zeros).
+/// and [`Gpu::zeros`](crate::Gpu::zeros), or over memory another owner allocated by
+/// [`Buffer::from_raw`].
 pub struct Buffer<T> {
     storage: Storage<T>,
 }
@@ -15,6 +17,9 @@ pub struct Buffer<T> {
 enum Storage<T> {
     Cuda(CudaSlice<T>),
     Emulated(Vec<T>),
+    /// Memory of another owner: its address, length, and GPU (None: host memory, for the
+    /// emulator). Not freed on drop.
+    Borrowed { address: u64, len: usize, context: Option<Arc<CudaContext>>, values: PhantomData<T> },
 }
 
 /// A buffer's address for one launch, with cudarc's guard that orders the launch after the
@@ -26,11 +31,30 @@ impl<T> Buffer<T> {
         Self { storage: Storage::Emulated(values) }
     }
 
+    /// A buffer over `len` values of `T` at `address` that another owner allocated (a
+    /// framework's tensor, say), for launches on `stream`: device memory of `stream`'s GPU,
+    /// or on the emulator host memory. Dropping the buffer leaves the memory alone; only
+    /// launches read or write it.
+    ///
+    /// # Safety
+    /// 1. `address` points to `len` initialised values of `T`, aligned for `T` (16-byte
+    ///    vector loads need 16), in memory of `stream`'s device: an allocation in the
+    ///    context of `stream`'s GPU, or host memory on the emulator.
+    /// 2. The memory stays allocated until every launch given the buffer has completed.
+    /// 3. Nothing else accesses it while such a launch may run, except in `stream`'s order
+    ///    (work queued on `stream` before or after the launch), and no Rust reference to it
+    ///    (host memory) is used while a launch writes it.
+    pub unsafe fn from_raw(stream: &Stream, address: u64, len: usize) -> Self {
+        let context = stream.cuda().map(|s| s.context().clone());
+        Self { storage: Storage::Borrowed { address, len, context, values: PhantomData } }
+    }
+
     /// Number of elements.
     pub fn len(&self) -> usize {
         match &self.storage {
             Storage::Cuda(slice) => slice.len(),
             Storage::Emulated(values) => values.len(),
+            Storage::Borrowed { len, .. } => *len,
         }
     }
 
@@ -43,15 +67,15 @@ impl<T> Buffer<T> {
     pub fn as_cuda(&self) -> Option<&CudaSlice<T>> {
         match &self.storage {
             Storage::Cuda(slice) => Some(slice),
-            Storage::Emulated(_) => None,
+            Storage::Emulated(_) | Storage::Borrowed { .. } => None,
         }
     }
 
     /// The emulator's memory (None on a GPU).
     pub(crate) fn as_emulated(&self) -> Option<&[T]> {
         match &self.storage {
-            Storage::Cuda(_) => None,
             Storage::Emulated(values) => Some(values),
+            Storage::Cuda(_) | Storage::Borrowed { .. } => None,
         }
     }
 
@@ -67,6 +91,7 @@ impl<T> Buffer<T> {
                 Ok((ptr, Some(sync)))
             }
             (Storage::Emulated(values), None) => Ok((values.as_ptr() as u64, None)),
+            (Storage::Borrowed { address, context, .. }, stream) => borrowed(*address, context, stream),
             _ => Err(Error::WrongBackend),
         }
     }
@@ -82,13 +107,45 @@ impl<T> Buffer<T> {
                 Ok((ptr, Some(sync)))
             }
             (Storage::Emulated(values), None) => Ok((values.as_mut_ptr() as u64, None)),
+            (Storage::Borrowed { address, context, .. }, stream) => borrowed(*address, context, stream),
             _ => Err(Error::WrongBackend),
         }
+    }
+}
+
+/// A borrowed buffer's address for a launch on `stream`, if both are of one device. No
+/// guard: the owner orders its uses ([`Buffer::from_raw`]).
+fn borrowed<'a>(address: u64, context: &Option<Arc<CudaContext>>, stream: Option<&Arc<cudarc::driver::CudaStream>>) -> Result<LaunchPtr<'a>> {
+    match (context, stream) {
+        (Some(context), Some(stream)) if Arc::ptr_eq(context, stream.context()) => Ok((address, None)),
+        (None, None) => Ok((address, None)),
+        _ => Err(Error::WrongBackend),
     }
 }
 
 impl<T> From<CudaSlice<T>> for Buffer<T> {
     fn from(slice: CudaSlice<T>) -> Self {
         Self { storage: Storage::Cuda(slice) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Gpu;
+
+    #[test]
+    fn a_borrowed_buffer_passes_its_address_to_launches_and_leaves_the_memory_alone() {
+        let gpu = Gpu::emulator();
+        let mut values = vec![1.0f32, 2.0, 3.0];
+        let address = values.as_mut_ptr() as u64;
+        // SAFETY: host memory for the emulator, alive and not otherwise used while the buffer is.
+        let mut buffer = unsafe { Buffer::<f32>::from_raw(gpu.stream(), address, values.len()) };
+        assert_eq!(buffer.len(), 3);
+        assert!(buffer.as_cuda().is_none() && buffer.as_emulated().is_none());
+        assert_eq!(buffer.launch_ptr(gpu.stream()).map(|(a, _)| a).ok(), Some(address));
+        assert_eq!(buffer.launch_ptr_mut(gpu.stream()).map(|(a, _)| a).ok(), Some(address));
+        drop(buffer);
+        assert_eq!(values, [1.0, 2.0, 3.0]);
     }
 }

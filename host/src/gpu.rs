@@ -44,7 +44,7 @@ impl Stream {
     }
 }
 
-/// A device: one Hopper GPU (context, default stream, each PTX module loaded once), or the
+/// A device: one Hopper GPU (context, a stream, each PTX module loaded once), or the
 /// CPU emulator, which runs the same kernels and launchers on the host.
 pub struct Gpu {
     stream: Stream,
@@ -62,25 +62,36 @@ impl Gpu {
     /// Opens GPU `ordinal`. Fails with [`Error::NoGpu`], saying why, where there is no CUDA
     /// driver, no such device, or a device older than Hopper (sm_90).
     pub fn new(ordinal: usize) -> Result<Self> {
-        // SAFETY: only probes whether the driver library can be loaded.
+        // SAFETY: only probes whether the driver library can be loaded (linked, it is there).
+        #[cfg(not(feature = "dynamic-linking"))]
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err(Error::NoGpu("the CUDA driver library (libcuda.so) is not installed".into()));
         }
         let context = CudaContext::new(ordinal).map_err(|e| Error::NoGpu(format!("cannot open GPU {ordinal}: {e}")))?;
-        let (major, minor) = context.compute_capability().driver("cuDeviceGetAttribute", None)?;
-        if major < 9 {
-            let name = context.name().unwrap_or_default();
-            return Err(Error::NoGpu(format!("GPU {ordinal} ({name}) is sm_{major}{minor}; clusterfuse needs Hopper (sm_90)")));
-        }
-        let smem_limit = context.attribute(DevAttr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).driver("cuDeviceGetAttribute", None)? as u32;
         // SAFETY: no buffer exists yet. Work is ordered by clusterfuse itself: everything runs
         // on the default stream, and a graph's capture stream only records. Without this,
         // once a capture stream exists cudarc would add an event wait and record per buffer
         // to every launch, and put waits on events recorded outside a capture into it
         // (cudarc's own graph test turns tracking off for this reason).
         unsafe { context.disable_event_tracking() };
+        Self::on_stream(context.default_stream())
+    }
+
+    /// The GPU of `stream`, launching on `stream`: a device whose context and stream another
+    /// cudarc user owns (candle's CUDA backend, say), so that kernels launch on that user's
+    /// memory in its stream order ([`Buffer::from_raw`]). The context's settings, event
+    /// tracking included, are left as they are. Fails with [`Error::NoGpu`] on a device older
+    /// than Hopper (sm_90).
+    pub fn on_stream(stream: Arc<CudaStream>) -> Result<Self> {
+        let context = stream.context().clone();
+        let (major, minor) = context.compute_capability().driver("cuDeviceGetAttribute", None)?;
+        if major < 9 {
+            let name = context.name().unwrap_or_default();
+            return Err(Error::NoGpu(format!("GPU {} ({name}) is sm_{major}{minor}; clusterfuse needs Hopper (sm_90)", context.ordinal())));
+        }
+        let smem_limit = context.attribute(DevAttr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).driver("cuDeviceGetAttribute", None)? as u32;
         let recorder = Arc::new(Recorder::default());
-        let stream = Stream { cuda: Some(context.default_stream()), recorder: Some(recorder.clone()) };
+        let stream = Stream { cuda: Some(stream), recorder: Some(recorder.clone()) };
         let cuda = Cuda { context, modules: Mutex::new(HashMap::new()) };
         Ok(Self { stream, cuda: Some(cuda), smem_limit, recorder })
     }
@@ -119,7 +130,8 @@ impl Gpu {
         self.cuda.as_ref().map(|cuda| &cuda.context)
     }
 
-    /// The default stream.
+    /// The stream launches go to: the context's default stream ([`Gpu::new`]) or the one
+    /// the device was made on ([`Gpu::on_stream`]).
     pub fn stream(&self) -> &Stream {
         &self.stream
     }
@@ -179,7 +191,7 @@ impl Gpu {
         }
     }
 
-    /// How long the work `enqueue` puts on the default stream takes, in milliseconds: between
+    /// How long the work `enqueue` puts on the device's stream takes, in milliseconds: between
     /// two CUDA events recorded around it (on the emulator, which runs launches as they are
     /// made, the wall time of `enqueue`).
     pub fn time_ms<E: From<Error>>(&self, enqueue: impl FnOnce() -> Result<(), E>) -> Result<f64, E> {
@@ -194,7 +206,7 @@ impl Gpu {
         Ok(start.elapsed_ms(&end).driver("cuEventElapsedTime", None)? as f64)
     }
 
-    /// Waits for all work on the default stream; surfaces faults of earlier launches. A
+    /// Waits for all work on the device's stream; surfaces faults of earlier launches. A
     /// recording logs it; inside a graph capture it is [`CaptureError::Synchronize`](crate::CaptureError).
     pub fn synchronize(&self) -> Result<()> {
         graph::forbid_in_capture("Gpu::synchronize")?;
