@@ -53,7 +53,7 @@ mod host {
     /// Checks one kind against its f64 reference, on every output of two GEMMs: M, N, K off
     /// the tile sizes (on the emulator: two row tiles, the second 22 rows; two column tiles,
     /// the second 8 columns; four k-steps, the last 8 deep), split along K over a cluster
-    /// ([`split_k`]), and the same M, N with K = 40 (one k-step, no split).
+    /// ([`split_k`](clusterfuse_kernels::gemm::split_k)), and the same M, N with K = 40 (one k-step, no split).
     pub fn run<T: GemmType>(gpu: &Gpu, epilogue: EpilogueKind, tolerance: f64) -> Result<Report> {
         let (m, n, k) = shape(gpu, (1000, 1032, 1048), (150, 136, 200));
         let kernels = T::load(gpu)?;
