@@ -173,11 +173,7 @@ impl Kernels {
     /// `h` f32 `(hidden)`, `norm_w` bf16 `(hidden)`, `w_gate_up` bf16 `(2·inter, hidden)`, the
     /// gate rows then the up rows; returns f32 `(inter)`. One launch.
     pub fn gate_up(&self, h: &Tensor, norm_w: &Tensor, w_gate_up: &Tensor) -> Result<Tensor> {
-        let (rows, hidden) = w_gate_up.dims2()?;
-        self.check_projection("gate_up", hidden, rows)?;
-        self.check("h", h, DType::F32, &[hidden])?;
-        self.check("norm_w", norm_w, DType::BF16, &[hidden])?;
-        self.check("w_gate_up", w_gate_up, DType::BF16, &[rows, hidden])?;
+        self.check_normed_projection("gate_up", h, norm_w, ("w_gate_up", w_gate_up))?;
         h.apply_op3_no_bwd(norm_w, w_gate_up, &GateUp { kernels: self })
     }
 
@@ -185,12 +181,18 @@ impl Kernels {
     /// `(hidden)`, `embedding` bf16 `(vocab, hidden)`, vocab even; returns f32 `(vocab)`. One
     /// launch.
     pub fn lm_head(&self, h: &Tensor, norm_w: &Tensor, embedding: &Tensor) -> Result<Tensor> {
-        let (vocab, hidden) = embedding.dims2()?;
-        self.check_projection("lm_head", hidden, vocab)?;
+        self.check_normed_projection("lm_head", h, norm_w, ("embedding", embedding))?;
+        h.apply_op3_no_bwd(norm_w, embedding, &LmHead { kernels: self })
+    }
+
+    /// The operands of an op that projects `RMSNorm(h)·norm_w` by `w` (`rows × hidden`): `h`
+    /// f32 `(hidden)`, `norm_w` bf16 `(hidden)`, `w` bf16, a projection the kernels take.
+    fn check_normed_projection(&self, op: &str, h: &Tensor, norm_w: &Tensor, (name, w): (&str, &Tensor)) -> Result<()> {
+        let (rows, hidden) = w.dims2()?;
+        self.check_projection(op, hidden, rows)?;
         self.check("h", h, DType::F32, &[hidden])?;
         self.check("norm_w", norm_w, DType::BF16, &[hidden])?;
-        self.check("embedding", embedding, DType::BF16, &[vocab, hidden])?;
-        h.apply_op3_no_bwd(norm_w, embedding, &LmHead { kernels: self })
+        self.check(name, w, DType::BF16, &[rows, hidden])
     }
 
     /// A projection of `rows` rows over `k` columns: rows in pairs, columns in 16-byte

@@ -99,8 +99,7 @@ pub fn emulator_shapes(gpu: &Gpu) -> bool {
 /// both pick the same splits.
 pub fn planned_layout(gpu: &Gpu, emulator_sms: usize) -> Result<clusterfuse_kernels::wgmma_gemm::SmLayout> {
     use clusterfuse_kernels::wgmma_gemm::SmLayout;
-    let measured = if emulator_shapes(gpu) { None } else { SmLayout::of(gpu)? };
-    Ok(measured.unwrap_or_else(|| SmLayout::uniform(emulator_sms)))
+    if emulator_shapes(gpu) { Ok(SmLayout::uniform(emulator_sms)) } else { SmLayout::planned(gpu, emulator_sms) }
 }
 
 /// The median of `samples` (the upper one of an even count), for benchmarks.

@@ -1286,8 +1286,7 @@ pub mod host {
 
     /// cos then sin of `pos·θ^(−2i/128)`, `i < 64`, as Hugging Face's Llama computes them.
     pub fn rope(pos: usize) -> Vec<f32> {
-        let angles: Vec<f64> = (0..64).map(|i| pos as f64 * THETA.powf(-2.0 * i as f64 / HEAD_DIM as f64)).collect();
-        angles.iter().map(|a| a.cos() as f32).chain(angles.iter().map(|a| a.sin() as f32)).collect()
+        crate::rope::host::angles(pos, HEAD_DIM, THETA)
     }
 
     impl<T> Step<T> {

@@ -109,16 +109,16 @@ pub mod host {
         }
     }
 
-    /// cos then sin of `p · θ^(−2i/head_dim)`, `i < head_dim / 2`, for each position `p <
-    /// max_len`: the table [`rotate`] takes, computed in f64.
+    /// cos then sin of `p · θ^(−2i/head_dim)`, `i < head_dim / 2`, computed in f64 and
+    /// rounded once, as Hugging Face's Llama precomputes them: one position's row of [`table`].
+    pub fn angles(p: usize, head_dim: usize, theta: f64) -> Vec<f32> {
+        let angles: Vec<f64> = (0..head_dim / 2).map(|i| p as f64 * theta.powf(-2.0 * i as f64 / head_dim as f64)).collect();
+        angles.iter().map(|a| a.cos() as f32).chain(angles.iter().map(|a| a.sin() as f32)).collect()
+    }
+
+    /// [`angles`] of each position `p < max_len`: the table [`rotate`] takes.
     pub fn table(max_len: usize, head_dim: usize, theta: f64) -> Vec<f32> {
-        let half = head_dim / 2;
-        (0..max_len)
-            .flat_map(|p| {
-                let angles: Vec<f64> = (0..half).map(|i| p as f64 * theta.powf(-2.0 * i as f64 / head_dim as f64)).collect();
-                angles.iter().map(|a| a.cos() as f32).chain(angles.iter().map(|a| a.sin() as f32)).collect::<Vec<_>>()
-            })
-            .collect()
+        (0..max_len).flat_map(|p| angles(p, head_dim, theta)).collect()
     }
 
     /// An element type of the kernels: `f16` or `bf16`.

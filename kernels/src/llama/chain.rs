@@ -796,13 +796,7 @@ pub mod host {
 
     /// cos then sin of `pos·θ^(−2i/64)`, `i < 32`, for every position.
     pub fn rope_table(max_len: usize) -> Vec<f32> {
-        let mut table = Vec::with_capacity(max_len * HEAD_DIM);
-        for pos in 0..max_len {
-            let angles: Vec<f64> = (0..HEAD_DIM / 2).map(|i| pos as f64 * THETA.powf(-2.0 * i as f64 / HEAD_DIM as f64)).collect();
-            table.extend(angles.iter().map(|a| a.cos() as f32));
-            table.extend(angles.iter().map(|a| a.sin() as f32));
-        }
-        table
+        crate::rope::host::table(max_len, HEAD_DIM, THETA)
     }
 
     /// `y = W·x` for `W` row-major (`y.len() × x.len()`), in f64, over the host's threads.
