@@ -16,6 +16,7 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
     let fused = Fused::load(gpu)?;
     let (k_bias, k_ln, k_gelu) = (add_bias::load(gpu)?, layer_norm::load(gpu)?, gelu_kernel::load(gpu)?);
     let (k_add, k_rms) = (add_residual::load(gpu)?, rms_norm::load(gpu)?);
+    let (ln_warps, rms_warps) = (layernorm_gelu_warps::load(gpu)?, add_rmsnorm_warps::load(gpu)?);
     let (mut outs, mut refs) = (Vec::new(), Vec::new());
     let rows = 37u32;
     for hidden in [256u32, 768, 1024, 1280, 2048, 4096, 8192] {
@@ -36,7 +37,7 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
         // The warp-a-row kernel too, wherever it can run (here a partial last block).
         if hidden <= PER_WARP {
             let mut out = poisoned()?;
-            layernorm_gelu_warps::load(gpu)?.launch(s, &layernorm_gelu_warps::config(rows), &dx, &db, &dg, &dbeta, &mut out, hidden, rows)?;
+            ln_warps.launch(s, &layernorm_gelu_warps::config(rows), &dx, &db, &dg, &dbeta, &mut out, hidden, rows)?;
             outs.extend(floats(&gpu.download(&out)?));
             refs.extend(&ln_ref);
         }
@@ -56,7 +57,7 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
         refs.extend(h.iter().map(|&v| v as f64).chain(rms_ref.iter().copied()));
         if hidden <= PER_WARP {
             let (mut res, mut out) = (poisoned()?, poisoned()?);
-            add_rmsnorm_warps::load(gpu)?.launch(s, &add_rmsnorm_warps::config(rows), &dx, &dr, &dw, &mut res, &mut out, hidden, rows)?;
+            rms_warps.launch(s, &add_rmsnorm_warps::config(rows), &dx, &dr, &dw, &mut res, &mut out, hidden, rows)?;
             outs.extend(floats(&gpu.download(&res)?).into_iter().chain(floats(&gpu.download(&out)?)));
             refs.extend(h.iter().map(|&v| v as f64).chain(rms_ref.iter().copied()));
         }
