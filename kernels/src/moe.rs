@@ -7,11 +7,11 @@
 //! with `g` the softmax of the router logits `W_router · x[t]` (over all experts, or over the
 //! top k alone with `renormalize`: Mixtral's gating, where the two are the same numbers).
 //!
-//! [`fn@moe_gate_up_g8`] (and `_g16`, `_g32`; clusters of `C` blocks, as many as fit on the
-//! GPU at once, at most one per 8 items):
+//! [`fn@moe_gate_up_g8`] (and `_g16`, `_g32`, and the `moe_gate_up_staged_` forms; clusters
+//! of `C` blocks, as many as fit on the GPU at once):
 //! 1. **Routing, in every cluster.** Block `r` of a cluster computes the logits of experts
 //!    `r·E/C ..` for every token on tensor cores (its router rows against the tokens, the
-//!    warps splitting K, summed in warp order), and [`fn@top_k`] — a `#[cluster_primitive]` —
+//!    warps splitting K, each issuing 4 K-steps' loads at once, summed in warp order), and [`fn@top_k`] — a `#[cluster_primitive]` —
 //!    finds each token's `k` largest over the whole cluster through DSMEM: each block's warps
 //!    find its local top `k` and push them into every peer's shared memory, then every block
 //!    merges the `C·k` candidates. Ties go to the lower expert index (the order is total: a
@@ -32,14 +32,23 @@
 //!    16-byte load holds 8 consecutive k of one row, not the fragment's k order; the dot
 //!    product does not care, so B is loaded with the same permutation (lane `l` reads 8
 //!    consecutive k of token `l / 4`) and one pair of loads feeds two `mma`s. Each lane issues
-//!    all its loads of 4 K-steps (2 with 4 n-tiles) before its `mma`s. The epilogue writes
-//!    `h = silu(gate) ⊙ up` (bf16) per pair, in pair order.
+//!    all its weight loads of 4 K-steps (2 with 4 n-tiles) before its `mma`s. With groups of
+//!    8 pairs all of `x` is copied into shared memory (`cp.async`, before the routing) and B
+//!    read from there as each `mma` needs it, so that registers hold only the weights in
+//!    flight; with 16 or 32, B comes from L2 with the weights. The **staged** kernels
+//!    ([`host::Schedule::Staged`]) give a block's 8 warps 8 row tiles of one item instead (4
+//!    with groups of 32, each pair of warps splitting the pairs) and copy the item's pairs'
+//!    `x` into shared memory a window of 1024 columns at a time, so
+//!    that each pair's vector crosses from L2 once a block, not once a warp — the same sums
+//!    in the same order. The epilogue writes `h = silu(gate) ⊙ up` (bf16) per pair, in pair
+//!    order.
 //!
 //! [`fn@moe_down_g8`] (and `_g16`; launched programmatically after it; a cluster per 16 rows of
-//! the output, whose 1-4 blocks split K): each warp takes every `8·size`-th 32-wide K-step of
-//! each selected expert's `W_down` rows (one flat stream of steps across experts, 6 or 3
-//! steps' loads in flight with groups of 8 or 16 pairs), multiplies them with the pairs' `h`, and adds each finished expert's
-//! result times its gate weight into its own per-token accumulators in shared memory; the
+//! the output, whose 1-4 blocks split K): the cluster's warps split the flat list of
+//! (item, 32-wide K-step) units of the selected experts' `W_down` rows into contiguous
+//! ranges; each warp streams its range (6 or 3 steps' loads in flight with groups of 8 or 16
+//! pairs), multiplies it with the pairs' `h`, and adds each run inside one item times its
+//! pairs' gate weights into its own per-token accumulators in shared memory; the
 //! block sums its warps' accumulators in warp order, `cluster::reduce` the blocks' in rank
 //! order, and the blocks write `y`. The combine is fused into the last projection, and
 //! nothing is atomic: the output is bitwise deterministic.
@@ -86,6 +95,8 @@ pub const ROWS: usize = 16;
 const STEP: usize = 32;
 /// K-steps whose loads the gate/up kernel issues together (half as many with 4 n-tiles).
 const GATE_UP_UNROLL: usize = 4;
+/// K-steps of a warp whose router loads the routing issues together.
+const ROUTER_UNROLL: usize = 4;
 /// K-steps whose loads the down kernel issues together, times its n-tiles (8 spills 800
 /// bytes at 128 registers).
 const DOWN_UNROLL: usize = 6;
@@ -270,10 +281,25 @@ fn route(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k
         for n in 0..n_tiles {
             let t = 8 * n + lane / 4;
             let mut acc = FragC::ZERO;
-            for s in (warp..steps).step_by(WARPS) {
-                // SAFETY: rows of the router and of `x` (or none), `s < steps`; both are inputs.
-                let load = |w: &[bf16], r: Option<usize>| r.map_or([0; 4], |r| unsafe { row_words(w, r, hidden, s) });
-                acc = mma_step([load(router, r0), load(router, r8)], load(x, (t < tokens).then_some(t)), acc);
+            // The loads of ROUTER_UNROLL of the warp's steps, then their `mma`s: one memory
+            // round trip per chunk, not per step, before any weight streams.
+            for chunk in (warp..steps).step_by(WARPS * ROUTER_UNROLL) {
+                let mut a = [[[0u32; 4]; 2]; ROUTER_UNROLL];
+                let mut b = [[0u32; 4]; ROUTER_UNROLL];
+                unroll!(u in [0 1 2 3] {
+                    let s = chunk + u * WARPS;
+                    if s < steps {
+                        // SAFETY: rows of the router and of `x` (or none), `s < steps`; both
+                        // are inputs.
+                        let load = |w: &[bf16], r: Option<usize>| r.map_or([0; 4], |r| unsafe { row_words(w, r, hidden, s) });
+                        (a[u], b[u]) = ([load(router, r0), load(router, r8)], load(x, (t < tokens).then_some(t)));
+                    }
+                });
+                unroll!(u in [0 1 2 3] {
+                    if chunk + u * WARPS < steps {
+                        acc = mma_step(a[u], b[u], acc);
+                    }
+                });
             }
             for v in 0..4 {
                 let (r, c) = FragC::position(v);
@@ -387,12 +413,13 @@ fn silu_gate(gate: f32, up: f32) -> f32 {
     gate * math::rcp(1.0 + math::exp(-gate)) * up
 }
 
-/// The gate/up kernel, for groups of `8 · NT` pairs, each unit (an item's 16 rows) split over
-/// `split` warps of a block along K (1, 2 or 4, and 1 unless `NT` is 1; more warps in flight
-/// when the units are few).
+/// The gate/up kernel, for groups of `8 · NT` pairs: routing, the hand-over, then the units
+/// on one of two schedules — [`gate_up_warps`] (a unit per warp, or split over `split` warps
+/// of a block along K), or with `STAGED` [`gate_up_staged`] (a block's warps on 8 row tiles
+/// of one item, the item's `x` staged in shared memory; `split` 1).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn gate_up<const NT: usize>(
+fn gate_up<const NT: usize, const STAGED: bool>(
     x: &[bf16],
     router: &[bf16],
     w_gate: &[bf16],
@@ -411,12 +438,20 @@ fn gate_up<const NT: usize>(
     let hidden = x.len() / tokens;
     let ffn = h.len() / (tokens * k);
     let experts = router.len() / hidden;
-    if !matches!(split, 1 | 2 | 4) || (NT > 1 && split > 1) || !hidden.is_multiple_of(STEP * GATE_UP_UNROLL * split) || !ffn.is_multiple_of(ROWS) || w_gate.len() != experts * ffn * hidden || w_up.len() != w_gate.len() {
+    if !matches!(split, 1 | 2 | 4) || ((NT > 1 || STAGED) && split > 1) || !hidden.is_multiple_of(STEP * GATE_UP_UNROLL * split) || !ffn.is_multiple_of(ROWS) || w_gate.len() != experts * ffn * hidden || w_up.len() != w_gate.len() {
         arch::trap();
     }
     let group_pairs = 8 * NT;
     let mut smem = shared::dynamic();
+    // The warp schedule's B operand with groups of 8 pairs: `x` whole in shared memory (the
+    // host plans the staged schedule where it does not fit), its copies started before the
+    // routing (`x` is an input) and waited for after it.
+    let xs = (!STAGED && NT == 1).then(|| stage_x(&mut smem, x, tokens, hidden));
     let (dispatch, ids, gates) = route(&mut smem, x, router, tokens, k, renormalize, group_pairs);
+    if xs.is_some() {
+        shared::wait_async_copies();
+        block::sync();
+    }
     // Cluster 0's first block hands the routing to the down kernel (and the host).
     if cluster::index_in_grid().x == 0 && cluster::block_rank() == 0 {
         for e in block::stride_loop(0..experts) {
@@ -429,10 +464,93 @@ fn gate_up<const NT: usize>(
             top_gates.set(p, gates.load(p));
         }
     }
+    let shape = GateUp { x, w_gate, w_up, h, hidden, ffn };
+    if STAGED {
+        // 32 pairs as two halves of 16 (2 n-tiles a warp).
+        if NT == 4 {
+            gate_up_staged::<2>(&mut smem, dispatch, &shape, group_pairs);
+        } else {
+            gate_up_staged::<NT>(&mut smem, dispatch, &shape, group_pairs);
+        }
+    } else {
+        gate_up_warps::<NT>(&mut smem, dispatch, &shape, xs, split);
+    }
+}
 
+/// The gate/up projections' operands: `x`, the tiled weights, `h`, and the layer's widths.
+struct GateUp<'a> {
+    x: &'a [bf16],
+    w_gate: &'a [bf16],
+    w_up: &'a [bf16],
+    h: &'a Out<'a, bf16>,
+    hidden: usize,
+    ffn: usize,
+}
+
+impl GateUp<'_> {
+    /// `h = silu(gate) ⊙ up` of row tile `row_tile` (of the expert's) for the item's pairs,
+    /// from a warp's accumulators.
+    #[inline(always)]
+    fn write<const NT: usize>(&self, acc: &[[FragC; NT]; 2], item: Item, row_tile: usize) {
+        for (n, (gate, up)) in acc[0].iter().zip(&acc[1]).enumerate() {
+            for i in 0..4 {
+                let (r, c) = FragC::position(i);
+                let p = 8 * n + c;
+                if p < item.len {
+                    let value = silu_gate(gate.values[i], up.values[i]);
+                    self.h.set((item.first + p) * self.ffn + row_tile * ROWS + r, bf16::from_f32(value));
+                }
+            }
+        }
+    }
+}
+
+/// The most shared memory the warp schedule's `x` may take (two blocks an SM with the rest).
+const X_SMEM_BYTES: usize = 72 * 1024;
+
+/// Words of shared memory a row of `cols` halves takes when staged: 64 bytes more than the
+/// row, so that the 8 lanes of a quarter warp, reading 16 bytes each of two rows, hit 32
+/// different banks.
+const fn padded_row_words(cols: usize) -> usize {
+    cols / 2 + 16
+}
+
+/// Whether all of `x` (`tokens × hidden`) fits the warp schedule's shared memory.
+const fn x_fits(tokens: usize, hidden: usize) -> bool {
+    tokens * padded_row_words(hidden) * 4 <= X_SMEM_BYTES
+}
+
+/// Starts copying `x` (`tokens × hidden`) into shared memory, a [`padded_row_words`] row a
+/// token (`cp.async`, all threads); the caller waits with [`shared::wait_async_copies`] and a
+/// block barrier.
+fn stage_x(smem: &mut DynamicShared, x: &[bf16], tokens: usize, hidden: usize) -> SharedSlice<u32> {
+    let row = padded_row_words(hidden);
+    let xs = smem.take::<u32>(tokens * row);
+    let pieces = hidden / 8;
+    // SAFETY: `x` is a whole kernel argument.
+    let x_words = unsafe { words(x) };
+    for i in block::stride_loop(0..tokens * pieces) {
+        let (t, c) = (i / pieces, i % pieces);
+        xs.copy16_async::<4>(t * row / 4 + c, x_words, i);
+    }
+    xs
+}
+
+/// The gate/up units a warp at a time: each unit (an item's 16 rows) goes to a group of
+/// `split` warps of a block (1, 2 or 4, and 1 unless `NT` is 1; more warps in flight when the
+/// units are few), each streaming a contiguous `1 / split` of its K-steps. The pairs' `x`
+/// comes from `xs` (all of `x` in shared memory, [`stage_x`]: groups of 8) as each `mma`
+/// needs it, so that a warp's registers hold only the weights' loads in flight and the
+/// accumulators, or else (`None`: groups of 16 and 32) straight from global memory (L2),
+/// loaded with the weights.
+#[inline(always)]
+fn gate_up_warps<const NT: usize>(smem: &mut DynamicShared, dispatch: Dispatch, op: &GateUp, xs: Option<SharedSlice<u32>>, split: usize) {
+    let GateUp { x, w_gate, w_up, hidden, ffn, .. } = *op;
+    let group_pairs = 8 * NT;
     let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
     let tiles = ffn / ROWS;
     let steps = hidden / STEP;
+    let x_row = padded_row_words(hidden);
     // A unit (16 rows of an item) goes to a group of `split` warps, each taking a contiguous
     // `1 / split` of its K-steps; units go to group `g` of every block before group `g + 1`
     // of any, so that few units still spread over every SM. Every block runs the same rounds,
@@ -468,9 +586,11 @@ fn gate_up<const NT: usize>(
                     // steps` (`per` is a multiple of the unroll); weights and `x` are inputs.
                     unsafe {
                         a[u] = [tile_words(w_gate, tile, steps, s), tile_words(w_up, tile, steps, s)];
-                        for n in 0..NT {
-                            if let Some(t) = x_rows[n] {
-                                b[u][n] = row_words(x, t, hidden, s);
+                        if xs.is_none() {
+                            for n in 0..NT {
+                                if let Some(t) = x_rows[n] {
+                                    b[u][n] = row_words(x, t, hidden, s);
+                                }
                             }
                         }
                     }
@@ -479,8 +599,12 @@ fn gate_up<const NT: usize>(
             unroll!(u in [0 1 2 3] {
                 if u < unroll {
                     for n in 0..NT {
-                        acc[0][n] = mma_step(a[u][0], b[u][n], acc[0][n]);
-                        acc[1][n] = mma_step(a[u][1], b[u][n], acc[1][n]);
+                        let b = match xs {
+                            Some(xs) => x_rows[n].map_or([0; 4], |t| xs.load16::<4>(t * x_row / 4 + (chunk + u) * STEP / 8 + lane % 4)),
+                            None => b[u][n],
+                        };
+                        acc[0][n] = mma_step(a[u][0], b, acc[0][n]);
+                        acc[1][n] = mma_step(a[u][1], b, acc[1][n]);
                     }
                 }
             });
@@ -518,16 +642,90 @@ fn gate_up<const NT: usize>(
             block::sync();
         }
         if part == 0 {
-            for (n, (gate, up)) in acc[0].iter().zip(&acc[1]).enumerate() {
-                for i in 0..4 {
-                    let (r, c) = FragC::position(i);
-                    let p = 8 * n + c;
-                    if p < item.len {
-                        let value = silu_gate(gate.values[i], up.values[i]);
-                        h.set((item.first + p) * ffn + q % tiles * ROWS + r, bf16::from_f32(value));
-                    }
-                }
+            op.write(&acc, item, q % tiles);
+        }
+    }
+}
+
+
+/// K columns of the pairs' `x` a staged gate/up block holds in shared memory at once.
+const WINDOW: usize = 1024;
+
+/// Words of shared memory one pair's row of a staged window takes.
+const fn window_row_words(hidden: usize) -> usize {
+    padded_row_words(if hidden < WINDOW { hidden } else { WINDOW })
+}
+
+/// The gate/up units a block at a time: a *block unit* is row tiles of one item, one a warp
+/// (8, or 4 when the item's `group_pairs` are twice a warp's `8 · NT`: then warps `w` and
+/// `w + 4` take the same rows and each half of the pairs, so that a warp holds 2 n-tiles'
+/// accumulators, not 4, and the rows' second read hits the caches). The block copies the
+/// item's pairs' `x` into shared memory a window of [`WINDOW`] columns at a time
+/// (`cp.async`, all threads), so that the pairs' vectors cross from L2 once per block unit
+/// instead of once per warp, and a warp's registers hold only its weight loads and
+/// accumulators; each warp then streams its 16 rows of the window as the warp schedule does,
+/// reading B from shared memory. The K order of every sum is the warp schedule's, so the two
+/// give the same bits.
+#[inline(always)]
+fn gate_up_staged<const NT: usize>(smem: &mut DynamicShared, dispatch: Dispatch, op: &GateUp, group_pairs: usize) {
+    let GateUp { x, w_gate, w_up, hidden, ffn, .. } = *op;
+    let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
+    let (tiles, steps) = (ffn / ROWS, hidden / STEP);
+    let row_words = window_row_words(hidden);
+    let window_steps = (row_words - 16) * 2 / STEP;
+    let staged = smem.take::<u32>(group_pairs * row_words);
+    let unit_tiles = WARPS / (group_pairs / (8 * NT));
+    let (slot, half) = (warp % unit_tiles, warp / unit_tiles);
+    // SAFETY: `x` is a whole kernel argument.
+    let x_words = unsafe { words(x) };
+    let per_item = tiles.div_ceil(unit_tiles);
+    let units = dispatch.items() * per_item;
+    for unit in (block::index_x() as usize..units).step_by(grid::dim().x as usize) {
+        let item = dispatch.item(unit / per_item, group_pairs);
+        let row_tile = unit % per_item * unit_tiles + slot;
+        // This warp's pairs: its half of the item's (all of them, with one half).
+        let skip = half * 8 * NT;
+        let mine = Item { expert: item.expert, first: item.first + skip, len: item.len.saturating_sub(skip) };
+        // A warp past the expert's last row tile, or without pairs, streams nothing but meets
+        // the barriers.
+        let live = row_tile < tiles && mine.len > 0;
+        let tile = item.expert * tiles + row_tile;
+        let mut acc = [[FragC::ZERO; NT]; 2];
+        for start in (0..steps).step_by(window_steps) {
+            let pieces = window_steps.min(steps - start) * STEP / 8;
+            // The last window's (or unit's) readers are done with the slots.
+            block::sync();
+            for i in block::stride_loop(0..item.len * pieces) {
+                let (p, c) = (i / pieces, i % pieces);
+                let t = dispatch.pair_token.load(item.first + p) as usize;
+                staged.copy16_async::<4>(p * row_words / 4 + c, x_words, (t * hidden + start * STEP) / 8 + c);
             }
+            shared::wait_async_copies();
+            block::sync();
+            if !live {
+                continue;
+            }
+            for chunk in (start..start + pieces * 8 / STEP).step_by(GATE_UP_UNROLL) {
+                let mut a = [[[[0u32; 4]; 2]; 2]; GATE_UP_UNROLL];
+                unroll!(u in [0 1 2 3] {
+                    // SAFETY: `tile` is a row tile of the expert's (checked lengths), and `chunk
+                    // + u < steps` (a window's steps are whole chunks: `hidden` is a multiple of
+                    // `STEP · GATE_UP_UNROLL`); the weights are inputs.
+                    a[u] = unsafe { [tile_words(w_gate, tile, steps, chunk + u), tile_words(w_up, tile, steps, chunk + u)] };
+                });
+                unroll!(u in [0 1 2 3] {
+                    let [gate, up] = &mut acc;
+                    for (n, (gate, up)) in gate.iter_mut().zip(up).enumerate() {
+                        let p = 8 * n + lane / 4;
+                        let b = if p < mine.len { staged.load16::<4>((skip + p) * row_words / 4 + (chunk + u - start) * STEP / 8 + lane % 4) } else { [0; 4] };
+                        *gate = mma_step(a[u][0], b, *gate);
+                        *up = mma_step(a[u][1], b, *up);
+                    }
+                });
+            }
+        }
+        if live {
+            op.write(&acc, mine, row_tile);
         }
     }
 }
@@ -562,12 +760,14 @@ fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>
     dispatch.list_items(group);
 
     let steps = ffn / STEP;
-    // The cluster's blocks split K: this warp's steps of each item are `w, w + stride, ..`,
-    // `w` its index in the cluster's warps.
+    // The cluster's warps split the flat list of (item, K-step) units into contiguous ranges
+    // (`w` the warp's index in the cluster's), so that a warp streams each item's row tile in
+    // K order and changes item at most a few times.
     let (rank, size) = (cluster::block_rank() as usize, cluster::size() as usize);
-    let (w, stride) = (rank * WARPS + warp, size * WARPS);
-    let mine = steps.saturating_sub(w).div_ceil(stride);
-    let items = dispatch.items();
+    let (w, cluster_warps) = (rank * WARPS + warp, size * WARPS);
+    let units = dispatch.items() * steps;
+    let (lo, hi) = (w * units / cluster_warps, (w + 1) * units / cluster_warps);
+    let unroll = DOWN_UNROLL / NT;
     let clusters = grid::dim().x as usize / size;
     for tile in (cluster::index_in_grid().x as usize..hidden / ROWS).step_by(clusters) {
         for i in (lane..ROWS * tokens).step_by(32) {
@@ -575,63 +775,53 @@ fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>
         }
         // A lane's cells of a token change with each item's pair columns.
         warp::sync();
-        let mut acc = [FragC::ZERO; NT];
-        // The next unit: item `i`, its `j`-th step of this warp's, step `s`.
-        let (mut i, mut j, mut s) = (0, 0, w);
-        let mut item = if mine > 0 && items > 0 { dispatch.item(0, group) } else { Item { expert: 0, first: 0, len: 0 } };
-        while i < items && mine > 0 {
-            let mut a = [[[0u32; 4]; 2]; DOWN_UNROLL];
-            let mut b = [[[0u32; 4]; NT]; DOWN_UNROLL];
-            // The units of this chunk, and a bit for each that ends an item (`first`, then the
-            // next ones in order).
-            let (first, mut live, mut ends) = (i, 0, 0u32);
-            unroll!(u in [0 1 2 3 4 5] {
-                if u < DOWN_UNROLL / NT && i < items {
-                    // SAFETY: the row tile is the expert's (checked lengths) and `s < steps`;
-                    // weights are inputs.
-                    a[u] = unsafe { tile_words(w_down, item.expert * (hidden / ROWS) + tile, steps, s) };
-                    for (n, b) in b[u].iter_mut().enumerate() {
-                        let p = 8 * n + lane / 4;
-                        if p < item.len {
-                            *b = load_words_out(h, ((item.first + p) * ffn + s * STEP) / 8 + lane % 4);
-                        }
-                    }
-                    live = u + 1;
-                    (j, s) = (j + 1, s + stride);
-                    if j == mine {
-                        ends |= 1 << u;
-                        (i, j, s) = (i + 1, 0, w);
-                        if i < items {
-                            item = dispatch.item(i, group);
-                        }
-                    }
-                }
-            });
-            unroll!(u in [0 1 2 3 4 5] {
-                if u < live {
-                    for n in 0..NT {
-                        acc[n] = mma_step(a[u], b[u][n], acc[n]);
-                    }
-                }
-                // The item's last step: add its rows, times each pair's gate weight, to the
-                // pair's token.
-                if ends & (1 << u) != 0 {
-                    let item = dispatch.item(first + (ends & ((1 << u) - 1)).count_ones() as usize, group);
-                    for (n, acc) in acc.iter_mut().enumerate() {
-                        for v in 0..4 {
-                            let (r, c) = FragC::position(v);
-                            let p = 8 * n + c;
+        // Each run of the range inside one item: steps `first .. end` of item `i`.
+        let mut at = lo;
+        while at < hi {
+            let (i, first) = (at / steps, at % steps);
+            let end = first + (hi - at).min(steps - first);
+            let item = dispatch.item(i, group);
+            let row_tile = item.expert * (hidden / ROWS) + tile;
+            let mut acc = [FragC::ZERO; NT];
+            for chunk in (first..end).step_by(unroll) {
+                let mut a = [[[0u32; 4]; 2]; DOWN_UNROLL];
+                let mut b = [[[0u32; 4]; NT]; DOWN_UNROLL];
+                unroll!(u in [0 1 2 3 4 5] {
+                    let s = chunk + u;
+                    if u < unroll && s < end {
+                        // SAFETY: the row tile is the expert's (checked lengths) and `s <
+                        // steps`; weights are inputs.
+                        a[u] = unsafe { tile_words(w_down, row_tile, steps, s) };
+                        for (n, b) in b[u].iter_mut().enumerate() {
+                            let p = 8 * n + lane / 4;
                             if p < item.len {
-                                let t = dispatch.pair_token.load(item.first + p) as usize;
-                                let at = (warp * ROWS + r) * tokens + t;
-                                sums.store(at, sums.load(at) + dispatch.pair_gate.load(item.first + p) * acc.values[v]);
+                                *b = load_words_out(h, ((item.first + p) * ffn + s * STEP) / 8 + lane % 4);
                             }
                         }
-                        *acc = FragC::ZERO;
                     }
-                    warp::sync();
+                });
+                unroll!(u in [0 1 2 3 4 5] {
+                    if u < unroll && chunk + u < end {
+                        for n in 0..NT {
+                            acc[n] = mma_step(a[u], b[u][n], acc[n]);
+                        }
+                    }
+                });
+            }
+            // The run's rows, times each pair's gate weight, added to the pair's token.
+            for (n, acc) in acc.iter().enumerate() {
+                for v in 0..4 {
+                    let (r, c) = FragC::position(v);
+                    let p = 8 * n + c;
+                    if p < item.len {
+                        let t = dispatch.pair_token.load(item.first + p) as usize;
+                        let cell = (warp * ROWS + r) * tokens + t;
+                        sums.store(cell, sums.load(cell) + dispatch.pair_gate.load(item.first + p) * acc.values[v]);
+                    }
                 }
-            });
+            }
+            warp::sync();
+            at += end - first;
         }
         block::sync();
         // The block's sum over its warps, then the cluster's over its blocks (rank order).
@@ -654,17 +844,27 @@ fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>
 }
 
 macro_rules! moe_kernels {
-    (gate_up: [$($gate_up:ident, $g_nt:literal, $g_pairs:literal;)*] down: [$($down:ident, $d_nt:literal, $d_pairs:literal;)*]) => {
+    (gate_up: [$($gate_up:ident, $g_nt:literal, $g_pairs:literal;)*] staged: [$($staged:ident, $s_nt:literal, $s_pairs:literal;)*] down: [$($down:ident, $d_nt:literal, $d_pairs:literal;)*]) => {
         $(
             /// MoE launch 1/2 (routing, gate and up projections) for experts serving up to
             #[doc = concat!($g_pairs, " pairs per pass over their weights (more take another pass).")]
             /// `top_ids`/`top_gates` (`tokens × top_k`) receive the routing; `h` (`tokens · top_k ×
             /// ffn`) the pairs' activations, `routing` (`experts + tokens · top_k`: each
-            /// expert's pair count, then the pairs' tokens) and `pair_gate` what the down kernel needs.
+            /// expert's pair count, then the pairs' tokens) and `pair_gate` what the down kernel needs;
+            /// `split` warps share a unit ([`host::Schedule::Warps`]).
             #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
             #[allow(clippy::too_many_arguments)]
             pub fn $gate_up(x: &[bf16], router: &[bf16], w_gate: &[bf16], w_up: &[bf16], h: Out<bf16>, routing: Out<u32>, pair_gate: Out<f32>, top_ids: Out<u32>, top_gates: Out<f32>, top_k: u32, renormalize: u32, split: u32) {
-                gate_up::<$g_nt>(x, router, w_gate, w_up, &h, &routing, &pair_gate, &top_ids, &top_gates, top_k as usize, renormalize != 0, split as usize)
+                gate_up::<$g_nt, false>(x, router, w_gate, w_up, &h, &routing, &pair_gate, &top_ids, &top_gates, top_k as usize, renormalize != 0, split as usize)
+            }
+        )*
+        $(
+            /// MoE launch 1/2 on the staged schedule ([`host::Schedule::Staged`]), for experts serving up to
+            #[doc = concat!($s_pairs, " pairs per pass; arguments as the warp schedule's, less `split`.")]
+            #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
+            #[allow(clippy::too_many_arguments)]
+            pub fn $staged(x: &[bf16], router: &[bf16], w_gate: &[bf16], w_up: &[bf16], h: Out<bf16>, routing: Out<u32>, pair_gate: Out<f32>, top_ids: Out<u32>, top_gates: Out<f32>, top_k: u32, renormalize: u32) {
+                gate_up::<$s_nt, true>(x, router, w_gate, w_up, &h, &routing, &pair_gate, &top_ids, &top_gates, top_k as usize, renormalize != 0, 1)
             }
         )*
         $(
@@ -682,6 +882,7 @@ macro_rules! moe_kernels {
 // flight (Mixtral's at 64 tokens took 809 µs against 414 with groups of 16).
 moe_kernels! {
     gate_up: [moe_gate_up_g8, 1, 8; moe_gate_up_g16, 2, 16; moe_gate_up_g32, 4, 32;]
+    staged: [moe_gate_up_staged_g8, 1, 8; moe_gate_up_staged_g16, 2, 16; moe_gate_up_staged_g32, 4, 32;]
     down: [moe_down_g8, 1, 8; moe_down_g16, 2, 16;]
 }
 
@@ -873,6 +1074,9 @@ pub mod host {
         gate_up_g8: moe_gate_up_g8::Kernel,
         gate_up_g16: moe_gate_up_g16::Kernel,
         gate_up_g32: moe_gate_up_g32::Kernel,
+        staged_g8: moe_gate_up_staged_g8::Kernel,
+        staged_g16: moe_gate_up_staged_g16::Kernel,
+        staged_g32: moe_gate_up_staged_g32::Kernel,
         down_g8: moe_down_g8::Kernel,
         down_g16: moe_down_g16::Kernel,
     }
@@ -884,6 +1088,9 @@ pub mod host {
                 gate_up_g8: moe_gate_up_g8::load(gpu)?,
                 gate_up_g16: moe_gate_up_g16::load(gpu)?,
                 gate_up_g32: moe_gate_up_g32::load(gpu)?,
+                staged_g8: moe_gate_up_staged_g8::load(gpu)?,
+                staged_g16: moe_gate_up_staged_g16::load(gpu)?,
+                staged_g32: moe_gate_up_staged_g32::load(gpu)?,
                 down_g8: moe_down_g8::load(gpu)?,
                 down_g16: moe_down_g16::load(gpu)?,
             })
@@ -965,13 +1172,25 @@ pub mod host {
         }
     }
 
-    /// How a step launches: each kernel's pair group, and both launch configurations.
+    /// How the gate/up kernel spreads its units (16 rows of an item) over warps.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Schedule {
+        /// A unit per group of `split` warps of a block, which split its K-steps (1, 2 or 4;
+        /// 2 and 4 with groups of 8 pairs only); each warp reads its pairs' `x` from L2.
+        Warps { split: usize },
+        /// A block's 8 warps on 8 row tiles of one item, its pairs' `x` staged in shared
+        /// memory once per block (the same sums, bit for bit).
+        Staged,
+    }
+
+    /// How a step launches: each kernel's pair group, the gate/up schedule, and both launch
+    /// configurations.
     #[derive(Clone, Copy, Debug)]
     pub struct Plan {
         /// Pairs an expert's pass over its weights serves in the gate/up kernel: 8, 16 or 32.
         pub gate_up_group: usize,
-        /// Warps of a gate/up block that split one unit's K-steps: 1, 2 or 4 (groups of 8 only).
-        pub gate_up_split: usize,
+        /// How the gate/up kernel spreads its units.
+        pub gate_up_schedule: Schedule,
         /// The same in the down kernel: 8 or 16.
         pub down_group: usize,
         pub gate_up: LaunchConfig,
@@ -979,11 +1198,18 @@ pub mod host {
     }
 
     /// Shared memory of the gate/up kernel: the routing's arrays, 16-byte aligned each, then
-    /// the K-split parts' accumulators (`group` pairs, `split` warps a unit).
-    fn gate_up_smem(layer: &Layer, tokens: usize, cluster: usize, group: usize, split: usize) -> usize {
+    /// the schedule's: all of `x` when it fits and the K-split parts' accumulators (`group`
+    /// pairs, `split` warps a unit), or the staged window of `group` pairs' `x`.
+    fn gate_up_smem(layer: &Layer, tokens: usize, cluster: usize, group: usize, schedule: Schedule) -> usize {
         let (pairs, e) = (tokens * layer.top_k, layer.experts);
         let partials = WARPS * ROWS * tokens.next_multiple_of(8) * 4;
-        let parts = WARPS / split * (split - 1) * 2 * (group / 8) * 4 * 32 * 4;
+        let parts = match schedule {
+            Schedule::Warps { split } => {
+                let xs = if group == 8 { tokens * padded_row_words(layer.hidden) * 4 } else { 0 };
+                xs.next_multiple_of(16) + WARPS / split * (split - 1) * 2 * (group / 8) * 4 * 32 * 4
+            }
+            Schedule::Staged => group * window_row_words(layer.hidden) * 4,
+        };
         let sizes = [tokens * e / cluster * 4, partials, tokens * 4, pairs * cluster * 8, pairs * 8, pairs * 4, pairs * 4, 2 * e * 4, parts];
         sizes.iter().map(|b| b.next_multiple_of(16)).sum::<usize>() + dispatch_smem(layer, tokens)
     }
@@ -994,35 +1220,52 @@ pub mod host {
     }
 
     /// The launches of `layer` at `tokens` tokens: gate/up in clusters of `cluster`, as many
-    /// blocks as the GPU holds at once (at most one per 2 items of the largest routing),
+    /// blocks as the GPU holds at once (at most one per 2 units of the largest routing),
     /// pairs in groups of 8, 16 or 32, whichever first holds twice an expert's average share,
-    /// each unit's K split (groups of 8) over the most warps (4, 2 or 1) that keep all units in
-    /// one round;
-    /// the down kernel a cluster per 16 output rows, of as many blocks (1, 2 or 4, splitting
-    /// K) as keep the grid within two blocks per SM, launched programmatically with
-    /// `programmatic`.
+    /// on the warp schedule, each unit's K split (groups of 8) over the most warps (4, 2 or 1)
+    /// that keep all units in one round — or on the staged one where groups of 8 leave `x`
+    /// too large for shared memory (more than 8 tokens of hidden 4096); the down kernel a
+    /// cluster per 16 output rows, of as many blocks (1, 2 or 4, splitting K) as keep the
+    /// grid within two blocks per SM, launched programmatically with `programmatic`.
     pub fn plan(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, cluster: u32, programmatic: bool) -> Result<Plan> {
+        plan_for(kernels, gpu, layer, tokens, cluster, programmatic, false)
+    }
+
+    /// [`plan`] with the gate/up units on the [`Schedule::Staged`] schedule, as many blocks
+    /// as the GPU holds at once (at most one per 8 units).
+    pub fn staged_plan(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, cluster: u32, programmatic: bool) -> Result<Plan> {
+        plan_for(kernels, gpu, layer, tokens, cluster, programmatic, true)
+    }
+
+    fn plan_for(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, cluster: u32, programmatic: bool, staged: bool) -> Result<Plan> {
         layer.check(tokens, cluster)?;
         // Groups hold about twice an expert's average share of the pairs (all tokens, at most).
         let share = tokens.min(2 * tokens * layer.top_k / layer.experts);
         let group = [8, 16, 32].into_iter().find(|&g| g >= share).unwrap_or(32);
+        // The warp schedule with groups of 8 holds all of `x` in shared memory.
+        let staged = staged || (group == 8 && !x_fits(tokens, layer.hidden));
         let c = cluster as usize;
-        let mut gate_up = LaunchConfig { grid: cluster.into(), block: BLOCK.into(), cluster: Some(cluster.into()), dynamic_smem_bytes: gate_up_smem(&layer, tokens, c, group, 1) as u32, ..LaunchConfig::default() };
-        let raw = match group {
-            8 => kernels.gate_up_g8.raw(),
-            16 => kernels.gate_up_g16.raw(),
-            _ => kernels.gate_up_g32.raw(),
+        let first = if staged { Schedule::Staged } else { Schedule::Warps { split: 1 } };
+        let mut gate_up = LaunchConfig { grid: cluster.into(), block: BLOCK.into(), cluster: Some(cluster.into()), dynamic_smem_bytes: gate_up_smem(&layer, tokens, c, group, first) as u32, ..LaunchConfig::default() };
+        let raw = match (group, staged) {
+            (8, false) => kernels.gate_up_g8.raw(),
+            (16, false) => kernels.gate_up_g16.raw(),
+            (_, false) => kernels.gate_up_g32.raw(),
+            (8, true) => kernels.staged_g8.raw(),
+            (16, true) => kernels.staged_g16.raw(),
+            (_, true) => kernels.staged_g32.raw(),
         };
         let resident = raw.max_resident_blocks(gpu.stream(), &raw.plan(&gate_up)?)?;
-        let items = layer.experts.min(tokens * layer.top_k) * layer.ffn / ROWS + tokens * layer.top_k / group * layer.ffn / ROWS;
-        let wanted = (items.div_ceil(2) as u64).min(resident).max(1);
+        let units = layer.experts.min(tokens * layer.top_k) * layer.ffn / ROWS + tokens * layer.top_k / group * layer.ffn / ROWS;
+        let wanted = (units.div_ceil(if staged { WARPS } else { 2 }) as u64).min(resident).max(1);
         gate_up.grid = (wanted.div_ceil(c as u64) as u32 * cluster).into();
         // Few units (DeepSeek's experts at a token or two) leave most warps idle: split each
         // unit's K over 2 or 4 warps while every unit still has its group in the first round.
         let warps = gate_up.grid.x as usize * WARPS;
         let steps = layer.hidden / STEP;
-        let gate_up_split = [4, 2, 1].into_iter().find(|&s| s == 1 || (group == 8 && items * s <= warps && steps.is_multiple_of(s * GATE_UP_UNROLL))).unwrap_or(1);
-        gate_up.dynamic_smem_bytes = gate_up_smem(&layer, tokens, c, group, gate_up_split) as u32;
+        let split = [4, 2, 1].into_iter().find(|&s| s == 1 || (group == 8 && units * s <= warps && steps.is_multiple_of(s * GATE_UP_UNROLL))).unwrap_or(1);
+        let schedule = if staged { Schedule::Staged } else { Schedule::Warps { split } };
+        gate_up.dynamic_smem_bytes = gate_up_smem(&layer, tokens, c, group, schedule) as u32;
         // The down kernel's clusters split K, so that its blocks fill two per SM.
         let tiles = layer.hidden / ROWS;
         let sms = gpu.multiprocessors()?.unwrap_or(132);
@@ -1035,7 +1278,7 @@ pub mod host {
             programmatic,
             ..LaunchConfig::default()
         };
-        Ok(Plan { gate_up_group: group, gate_up_split, down_group: group.min(16), gate_up, down })
+        Ok(Plan { gate_up_group: group, gate_up_schedule: schedule, down_group: group.min(16), gate_up, down })
     }
 
     /// One step on `stream`: the two launches of `plan`.
@@ -1046,16 +1289,19 @@ pub mod host {
 
     /// The first launch alone: routing, gate and up projections.
     pub fn gate_up(kernels: &Kernels, stream: &Stream, b: &mut Buffers, plan: &Plan) -> Result<()> {
-        let (k, renormalize, split) = (b.layer.top_k as u32, u32::from(b.layer.renormalize), plan.gate_up_split as u32);
+        let (k, renormalize) = (b.layer.top_k as u32, u32::from(b.layer.renormalize));
         macro_rules! launch {
-            ($kernel:expr) => {
-                $kernel.launch(stream, &plan.gate_up, &b.x, &b.router, &b.w_gate, &b.w_up, &mut b.h, &mut b.routing, &mut b.pair_gate, &mut b.top_ids, &mut b.top_gates, k, renormalize, split)
+            ($kernel:expr $(, $split:expr)?) => {
+                $kernel.launch(stream, &plan.gate_up, &b.x, &b.router, &b.w_gate, &b.w_up, &mut b.h, &mut b.routing, &mut b.pair_gate, &mut b.top_ids, &mut b.top_gates, k, renormalize $(, $split)?)
             };
         }
-        match plan.gate_up_group {
-            8 => launch!(kernels.gate_up_g8),
-            16 => launch!(kernels.gate_up_g16),
-            _ => launch!(kernels.gate_up_g32),
+        match (plan.gate_up_group, plan.gate_up_schedule) {
+            (8, Schedule::Warps { split }) => launch!(kernels.gate_up_g8, split as u32),
+            (16, Schedule::Warps { split }) => launch!(kernels.gate_up_g16, split as u32),
+            (_, Schedule::Warps { split }) => launch!(kernels.gate_up_g32, split as u32),
+            (8, Schedule::Staged) => launch!(kernels.staged_g8),
+            (16, Schedule::Staged) => launch!(kernels.staged_g16),
+            (_, Schedule::Staged) => launch!(kernels.staged_g32),
         }
     }
 
