@@ -50,7 +50,10 @@
 //! pairs), multiplies it with the pairs' `h`, and adds each run inside one item times its
 //! pairs' gate weights into its own per-token accumulators in shared memory; the
 //! block sums its warps' accumulators in warp order, `cluster::reduce` the blocks' in rank
-//! order, and the blocks write `y`. The combine is fused into the last projection, and
+//! order, and the blocks write `y`. Its staged form ([`fn@moe_down_staged_g8`], `_g16`) gives
+//! a cluster 128 output rows instead, a row tile a warp, its blocks splitting the units, and
+//! copies each run's `h` into shared memory 24 K-steps at a time, so that `h` crosses from L2
+//! once per 128 rows, not once per 16. The combine is fused into the last projection, and
 //! nothing is atomic: the output is bitwise deterministic.
 //!
 //! Every weight byte of a selected expert is read from memory once per step (a warp's rows
@@ -225,6 +228,56 @@ impl Dispatch {
 
     fn items(self) -> usize {
         self.items.load(0) as usize
+    }
+
+    /// The down kernels' copy of the routing the gate/up kernel handed over (`routing`: each
+    /// expert's pair count, then the pairs' tokens; `pair_gate`), read once it has finished,
+    /// and the item list for groups of `group` pairs.
+    fn receive(self, routing: &Out<u32>, pair_gate: &Out<f32>, group: usize) {
+        let experts = self.count.len();
+        grid::wait_for_prerequisites();
+        for e in block::stride_loop(0..experts) {
+            self.count.store(e, routing.get(e));
+        }
+        for p in block::stride_loop(0..self.pair_token.len()) {
+            self.pair_token.store(p, routing.get(experts + p));
+            self.pair_gate.store(p, pair_gate.get(p));
+        }
+        block::sync();
+        self.list_items(group);
+    }
+
+    /// Calls `run(item, first..end)` for each run of the (item, K-step) units `units` (unit
+    /// `i · steps + s`: step `s` of item `i`, for groups of `group` pairs) inside one item, in
+    /// order.
+    #[inline(always)]
+    fn for_each_run(self, units: core::ops::Range<usize>, steps: usize, group: usize, mut run: impl FnMut(Item, core::ops::Range<usize>)) {
+        let mut at = units.start;
+        while at < units.end {
+            let (i, first) = (at / steps, at % steps);
+            let end = first + (units.end - at).min(steps - first);
+            run(self.item(i, group), first..end);
+            at += end - first;
+        }
+    }
+
+    /// Adds a warp's `acc` (16 rows × the n-tiles' pairs of `item`, a run of its K-steps) times
+    /// each pair's gate weight to the pair's token in `sums` (16 rows × tokens, the warp's
+    /// own), then syncs the warp: a lane's cells of a token change with each item's pairs.
+    #[inline(always)]
+    fn add_run<const NT: usize>(self, acc: &[FragC; NT], item: Item, sums: SharedSlice<f32>) {
+        let tokens = sums.len() / ROWS;
+        for (n, acc) in acc.iter().enumerate() {
+            for v in 0..4 {
+                let (r, c) = FragC::position(v);
+                let p = 8 * n + c;
+                if p < item.len {
+                    let cell = r * tokens + self.pair_token.load(item.first + p) as usize;
+                    sums.store(cell, sums.load(cell) + self.pair_gate.load(item.first + p) * acc.values[v]);
+                }
+            }
+        }
+        warp::sync();
     }
 
     /// Item `i` for groups of `group` pairs.
@@ -747,17 +800,7 @@ fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>
     let sums = smem.take::<f32>(WARPS * ROWS * tokens);
     let total = smem.take::<f32>(ROWS * tokens);
     let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
-
-    grid::wait_for_prerequisites();
-    for e in block::stride_loop(0..experts) {
-        dispatch.count.store(e, routing.get(e));
-    }
-    for p in block::stride_loop(0..tokens * k) {
-        dispatch.pair_token.store(p, routing.get(experts + p));
-        dispatch.pair_gate.store(p, pair_gate.get(p));
-    }
-    block::sync();
-    dispatch.list_items(group);
+    dispatch.receive(routing, pair_gate, group);
 
     let steps = ffn / STEP;
     // The cluster's warps split the flat list of (item, K-step) units into contiguous ranges
@@ -775,15 +818,11 @@ fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>
         }
         // A lane's cells of a token change with each item's pair columns.
         warp::sync();
-        // Each run of the range inside one item: steps `first .. end` of item `i`.
-        let mut at = lo;
-        while at < hi {
-            let (i, first) = (at / steps, at % steps);
-            let end = first + (hi - at).min(steps - first);
-            let item = dispatch.item(i, group);
+        dispatch.for_each_run(lo..hi, steps, group, |item, run| {
+            let end = run.end;
             let row_tile = item.expert * (hidden / ROWS) + tile;
             let mut acc = [FragC::ZERO; NT];
-            for chunk in (first..end).step_by(unroll) {
+            for chunk in run.step_by(unroll) {
                 let mut a = [[[0u32; 4]; 2]; DOWN_UNROLL];
                 let mut b = [[[0u32; 4]; NT]; DOWN_UNROLL];
                 unroll!(u in [0 1 2 3 4 5] {
@@ -808,21 +847,8 @@ fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>
                     }
                 });
             }
-            // The run's rows, times each pair's gate weight, added to the pair's token.
-            for (n, acc) in acc.iter().enumerate() {
-                for v in 0..4 {
-                    let (r, c) = FragC::position(v);
-                    let p = 8 * n + c;
-                    if p < item.len {
-                        let t = dispatch.pair_token.load(item.first + p) as usize;
-                        let cell = (warp * ROWS + r) * tokens + t;
-                        sums.store(cell, sums.load(cell) + dispatch.pair_gate.load(item.first + p) * acc.values[v]);
-                    }
-                }
-            }
-            warp::sync();
-            at += end - first;
-        }
+            dispatch.add_run(&acc, item, sums.slice(warp * ROWS * tokens, ROWS * tokens));
+        });
         block::sync();
         // The block's sum over its warps, then the cluster's over its blocks (rank order).
         for i in block::stride_loop(0..ROWS * tokens) {
@@ -843,8 +869,99 @@ fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>
     }
 }
 
+/// K-steps of `h` a staged down block holds in shared memory at once (a multiple of the
+/// unroll).
+const DOWN_WINDOW_STEPS: usize = 24;
+
+/// The down kernel on the staged schedule, for groups of `8 · NT` pairs: a cluster per 128
+/// output rows (8 row tiles, one a warp), whose blocks split the flat list of (item, K-step)
+/// units into contiguous ranges. A block walks its range a run (one item's steps) at a time,
+/// copies the run's `h` of the item's pairs into shared memory [`DOWN_WINDOW_STEPS`] K-steps
+/// at a time (`cp.async`), and each warp streams its 16 rows of the window against it, B read
+/// at each `mma`: `h` crosses from L2 once per 128 output rows instead of once per 16, and
+/// registers hold only the weights in flight. Each warp adds a run's rows times the gate
+/// weights to its own rows' sums, and `cluster::reduce_scatter` adds the blocks' in rank
+/// order into `y`.
+#[inline(always)]
+fn down_staged<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>, w_down: &[bf16], out: &Out<bf16>, k: usize) {
+    let tokens = pair_gate.len() / k;
+    let hidden = out.len() / tokens;
+    let ffn = h.len() / (tokens * k);
+    let experts = routing.len() - tokens * k;
+    if !ffn.is_multiple_of(STEP) || !hidden.is_multiple_of(ROWS * WARPS) || w_down.len() != experts * hidden * ffn {
+        arch::trap();
+    }
+    let group = 8 * NT;
+    let mut smem = shared::dynamic();
+    let dispatch = Dispatch::take(&mut smem, experts, tokens * k);
+    let row_words = padded_row_words(DOWN_WINDOW_STEPS * STEP);
+    let staged = smem.take::<u32>(group * row_words);
+    // Each warp's rows' per-token sums: output row `warp · 16 + r` of the cluster's 128 at
+    // `(warp · 16 + r) · tokens`.
+    let sums = smem.take::<f32>(WARPS * ROWS * tokens);
+    let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
+    dispatch.receive(routing, pair_gate, group);
+    // SAFETY: `h` is a whole kernel argument that no thread writes, and the kernel that wrote
+    // it has finished (`receive` waited for it); the view lives as long as the kernel's reads.
+    let h_words = unsafe { core::slice::from_raw_parts(h.as_mut_ptr().cast::<u32>(), h.len() / 2) };
+
+    let steps = ffn / STEP;
+    let (rank, size) = (cluster::block_rank() as usize, cluster::size() as usize);
+    let units = dispatch.items() * steps;
+    let (lo, hi) = (rank * units / size, (rank + 1) * units / size);
+    let clusters = grid::dim().x as usize / size;
+    let mine = sums.slice(warp * ROWS * tokens, ROWS * tokens);
+    for rows in (cluster::index_in_grid().x as usize..hidden / (ROWS * WARPS)).step_by(clusters) {
+        let row_tile = rows * WARPS + warp;
+        for i in (lane..ROWS * tokens).step_by(32) {
+            mine.store(i, 0.0);
+        }
+        warp::sync();
+        dispatch.for_each_run(lo..hi, steps, group, |item, run| {
+            let end = run.end;
+            let tile = item.expert * (hidden / ROWS) + row_tile;
+            let mut acc = [FragC::ZERO; NT];
+            for start in run.step_by(DOWN_WINDOW_STEPS) {
+                let window = DOWN_WINDOW_STEPS.min(end - start);
+                let pieces = window * STEP / 8;
+                // The last window's readers are done with the slots.
+                block::sync();
+                for j in block::stride_loop(0..item.len * pieces) {
+                    let (p, c) = (j / pieces, j % pieces);
+                    staged.copy16_async::<4>(p * row_words / 4 + c, h_words, ((item.first + p) * ffn + start * STEP) / 8 + c);
+                }
+                shared::wait_async_copies();
+                block::sync();
+                for chunk in (start..start + window).step_by(DOWN_UNROLL) {
+                    let mut a = [[[0u32; 4]; 2]; DOWN_UNROLL];
+                    unroll!(u in [0 1 2 3 4 5] {
+                        if chunk + u < start + window {
+                            // SAFETY: the row tile is the expert's (checked lengths) and
+                            // `chunk + u < steps`; weights are inputs.
+                            a[u] = unsafe { tile_words(w_down, tile, steps, chunk + u) };
+                        }
+                    });
+                    unroll!(u in [0 1 2 3 4 5] {
+                        if chunk + u < start + window {
+                            for (n, acc) in acc.iter_mut().enumerate() {
+                                let p = 8 * n + lane / 4;
+                                let b = if p < item.len { staged.load16::<4>(p * row_words / 4 + (chunk + u - start) * STEP / 8 + lane % 4) } else { [0; 4] };
+                                *acc = mma_step(a[u], b, *acc);
+                            }
+                        }
+                    });
+                }
+            }
+            dispatch.add_run(&acc, item, mine);
+        });
+        // The blocks' sums of the 128 rows, added in rank order, each block writing its share.
+        block::sync();
+        cluster::reduce_scatter(sums, Sum, |i, v| out.set(i % tokens * hidden + rows * WARPS * ROWS + i / tokens, bf16::from_f32(v)));
+    }
+}
+
 macro_rules! moe_kernels {
-    (gate_up: [$($gate_up:ident, $g_nt:literal, $g_pairs:literal;)*] staged: [$($staged:ident, $s_nt:literal, $s_pairs:literal;)*] down: [$($down:ident, $d_nt:literal, $d_pairs:literal;)*]) => {
+    (gate_up: [$($gate_up:ident, $g_nt:literal, $g_pairs:literal;)*] staged: [$($staged:ident, $s_nt:literal, $s_pairs:literal;)*] down: [$($down:ident, $d_nt:literal, $d_pairs:literal;)*] staged_down: [$($staged_down:ident, $sd_nt:literal, $sd_pairs:literal;)*]) => {
         $(
             /// MoE launch 1/2 (routing, gate and up projections) for experts serving up to
             #[doc = concat!($g_pairs, " pairs per pass over their weights (more take another pass).")]
@@ -875,6 +992,14 @@ macro_rules! moe_kernels {
                 down::<$d_nt>(&h, &routing, &pair_gate, w_down, &out, top_k as usize)
             }
         )*
+        $(
+            /// MoE launch 2/2 on the staged schedule ([`host::Schedule::Staged`]: a cluster per 128
+            #[doc = concat!("output rows), for up to ", $sd_pairs, " pairs per pass; arguments as the other down kernels'.")]
+            #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
+            pub fn $staged_down(h: Out<bf16>, routing: Out<u32>, pair_gate: Out<f32>, w_down: &[bf16], out: Out<bf16>, top_k: u32) {
+                down_staged::<$sd_nt>(&h, &routing, &pair_gate, w_down, &out, top_k as usize)
+            }
+        )*
     };
 }
 
@@ -884,6 +1009,7 @@ moe_kernels! {
     gate_up: [moe_gate_up_g8, 1, 8; moe_gate_up_g16, 2, 16; moe_gate_up_g32, 4, 32;]
     staged: [moe_gate_up_staged_g8, 1, 8; moe_gate_up_staged_g16, 2, 16; moe_gate_up_staged_g32, 4, 32;]
     down: [moe_down_g8, 1, 8; moe_down_g16, 2, 16;]
+    staged_down: [moe_down_staged_g8, 1, 8; moe_down_staged_g16, 2, 16;]
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
@@ -1079,6 +1205,8 @@ pub mod host {
         staged_g32: moe_gate_up_staged_g32::Kernel,
         down_g8: moe_down_g8::Kernel,
         down_g16: moe_down_g16::Kernel,
+        staged_down_g8: moe_down_staged_g8::Kernel,
+        staged_down_g16: moe_down_staged_g16::Kernel,
     }
 
     impl Kernels {
@@ -1093,6 +1221,8 @@ pub mod host {
                 staged_g32: moe_gate_up_staged_g32::load(gpu)?,
                 down_g8: moe_down_g8::load(gpu)?,
                 down_g16: moe_down_g16::load(gpu)?,
+                staged_down_g8: moe_down_staged_g8::load(gpu)?,
+                staged_down_g16: moe_down_staged_g16::load(gpu)?,
             })
         }
     }
@@ -1193,6 +1323,9 @@ pub mod host {
         pub gate_up_schedule: Schedule,
         /// The same in the down kernel: 8 or 16.
         pub down_group: usize,
+        /// Whether the down kernel is on the staged schedule (a cluster per 128 output rows,
+        /// `h` in shared memory) rather than a cluster per 16 rows reading `h` from L2.
+        pub down_staged: bool,
         pub gate_up: LaunchConfig,
         pub down: LaunchConfig,
     }
@@ -1231,8 +1364,11 @@ pub mod host {
         plan_for(kernels, gpu, layer, tokens, cluster, programmatic, false)
     }
 
-    /// [`plan`] with the gate/up units on the [`Schedule::Staged`] schedule, as many blocks
-    /// as the GPU holds at once (at most one per 8 units).
+    /// [`plan`] with both kernels on their staged schedules: the gate/up units on
+    /// [`Schedule::Staged`], as many blocks as the GPU holds at once (at most one per 8
+    /// units), and the down kernel a cluster per 128 output rows of as many blocks (1-16,
+    /// splitting K) as keep the grid within two blocks per SM and each block about two
+    /// windows of K-steps.
     pub fn staged_plan(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, cluster: u32, programmatic: bool) -> Result<Plan> {
         plan_for(kernels, gpu, layer, tokens, cluster, programmatic, true)
     }
@@ -1243,11 +1379,11 @@ pub mod host {
         let share = tokens.min(2 * tokens * layer.top_k / layer.experts);
         let group = [8, 16, 32].into_iter().find(|&g| g >= share).unwrap_or(32);
         // The warp schedule with groups of 8 holds all of `x` in shared memory.
-        let staged = staged || (group == 8 && !x_fits(tokens, layer.hidden));
+        let staged_gate_up = staged || (group == 8 && !x_fits(tokens, layer.hidden));
         let c = cluster as usize;
-        let first = if staged { Schedule::Staged } else { Schedule::Warps { split: 1 } };
+        let first = if staged_gate_up { Schedule::Staged } else { Schedule::Warps { split: 1 } };
         let mut gate_up = LaunchConfig { grid: cluster.into(), block: BLOCK.into(), cluster: Some(cluster.into()), dynamic_smem_bytes: gate_up_smem(&layer, tokens, c, group, first) as u32, ..LaunchConfig::default() };
-        let raw = match (group, staged) {
+        let raw = match (group, staged_gate_up) {
             (8, false) => kernels.gate_up_g8.raw(),
             (16, false) => kernels.gate_up_g16.raw(),
             (_, false) => kernels.gate_up_g32.raw(),
@@ -1257,28 +1393,38 @@ pub mod host {
         };
         let resident = raw.max_resident_blocks(gpu.stream(), &raw.plan(&gate_up)?)?;
         let units = layer.experts.min(tokens * layer.top_k) * layer.ffn / ROWS + tokens * layer.top_k / group * layer.ffn / ROWS;
-        let wanted = (units.div_ceil(if staged { WARPS } else { 2 }) as u64).min(resident).max(1);
+        let wanted = (units.div_ceil(if staged_gate_up { WARPS } else { 2 }) as u64).min(resident).max(1);
         gate_up.grid = (wanted.div_ceil(c as u64) as u32 * cluster).into();
         // Few units (DeepSeek's experts at a token or two) leave most warps idle: split each
         // unit's K over 2 or 4 warps while every unit still has its group in the first round.
         let warps = gate_up.grid.x as usize * WARPS;
         let steps = layer.hidden / STEP;
         let split = [4, 2, 1].into_iter().find(|&s| s == 1 || (group == 8 && units * s <= warps && steps.is_multiple_of(s * GATE_UP_UNROLL))).unwrap_or(1);
-        let schedule = if staged { Schedule::Staged } else { Schedule::Warps { split } };
+        let schedule = if staged_gate_up { Schedule::Staged } else { Schedule::Warps { split } };
         gate_up.dynamic_smem_bytes = gate_up_smem(&layer, tokens, c, group, schedule) as u32;
-        // The down kernel's clusters split K, so that its blocks fill two per SM.
-        let tiles = layer.hidden / ROWS;
+        // The down kernel's clusters (of 16, 32 ... output rows: a row tile, or a staged
+        // block's 8) split K, so that its blocks fill two per SM.
+        let down_group = group.min(16);
+        let row_groups = layer.hidden / if staged { ROWS * WARPS } else { ROWS };
         let sms = gpu.multiprocessors()?.unwrap_or(132);
-        let split = [4, 2, 1].into_iter().find(|&p| tiles * p <= 2 * sms).unwrap_or(1);
+        // Staged: no more blocks than leave each about two windows of the selected experts'
+        // K-steps.
+        let (sizes, most): (&[usize], usize) = if staged { (&[16, 8, 4, 2, 1], (layer.experts.min(tokens * layer.top_k) * layer.ffn / STEP / (2 * DOWN_WINDOW_STEPS)).max(1)) } else { (&[4, 2, 1], 4) };
+        let split = sizes.iter().copied().find(|&p| row_groups * p <= 2 * sms && p <= most).unwrap_or(1);
+        let down_smem = if staged {
+            (down_group * padded_row_words(DOWN_WINDOW_STEPS * STEP) * 4).next_multiple_of(16) + WARPS * ROWS * tokens * 4
+        } else {
+            (WARPS * ROWS * tokens * 4).next_multiple_of(16) + ROWS * tokens * 4
+        };
         let down = LaunchConfig {
-            grid: ((tiles * split) as u32).into(),
+            grid: ((row_groups * split) as u32).into(),
             block: BLOCK.into(),
             cluster: Some((split as u32).into()),
-            dynamic_smem_bytes: (dispatch_smem(&layer, tokens) + (WARPS + 1) * ROWS * tokens * 4) as u32,
+            dynamic_smem_bytes: (dispatch_smem(&layer, tokens) + down_smem) as u32,
             programmatic,
             ..LaunchConfig::default()
         };
-        Ok(Plan { gate_up_group: group, gate_up_schedule: schedule, down_group: group.min(16), gate_up, down })
+        Ok(Plan { gate_up_group: group, gate_up_schedule: schedule, down_group, down_staged: staged, gate_up, down })
     }
 
     /// One step on `stream`: the two launches of `plan`.
@@ -1314,6 +1460,11 @@ pub mod host {
                 $kernel.launch(stream, &plan.down, &mut b.h, &mut b.routing, &mut b.pair_gate, &b.w_down, &mut b.out, k)
             };
         }
-        if plan.down_group == 8 { launch!(kernels.down_g8) } else { launch!(kernels.down_g16) }
+        match (plan.down_group, plan.down_staged) {
+            (8, false) => launch!(kernels.down_g8),
+            (_, false) => launch!(kernels.down_g16),
+            (8, true) => launch!(kernels.staged_down_g8),
+            (_, true) => launch!(kernels.staged_down_g16),
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! programmatically) on a Mixtral-8x7B-shaped layer (hidden 4096, 8 experts, top 2, FFN
 //! 14336) and a DeepSeek-V2-Lite-shaped one (hidden 2048, 64 experts, top 8, FFN 1408), bf16,
 //! at 64, 8 and 1 tokens (the first rows of one random batch), launched and replayed from a
-//! CUDA graph, with the gate/up kernel on each of its schedules ([`plan`]'s and
+//! CUDA graph, with both kernels on each of their schedules ([`plan`]'s and
 //! [`staged_plan`]'s) side by side. A second table gives each launch alone, at the layer's
 //! FFN width and at 32 (where the weights almost vanish: what routing, launch and tail cost).
 //!
