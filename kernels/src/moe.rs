@@ -783,16 +783,26 @@ fn gate_up_staged<const NT: usize>(smem: &mut DynamicShared, dispatch: Dispatch,
     }
 }
 
-/// The down kernel, for groups of `8 · NT` pairs.
+/// The down kernels' sizes from their arguments, `(tokens, hidden, ffn, experts)`:
+/// `pair_gate` holds `tokens · k` values, `routing` `experts + tokens · k`, `h` `tokens · k`
+/// rows of `ffn`, `out` `tokens` rows of `hidden`. Traps unless the FFN is whole K-steps, `hidden` whole blocks of `rows` output rows
+/// and `w_down` the experts' `hidden × ffn`.
 #[inline(always)]
-fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>, w_down: &[bf16], out: &Out<bf16>, k: usize) {
+fn down_sizes(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>, w_down: &[bf16], out: &Out<bf16>, k: usize, rows: usize) -> (usize, usize, usize, usize) {
     let tokens = pair_gate.len() / k;
     let hidden = out.len() / tokens;
     let ffn = h.len() / (tokens * k);
     let experts = routing.len() - tokens * k;
-    if !ffn.is_multiple_of(STEP) || !hidden.is_multiple_of(ROWS) || w_down.len() != experts * hidden * ffn {
+    if !ffn.is_multiple_of(STEP) || !hidden.is_multiple_of(rows) || w_down.len() != experts * hidden * ffn {
         arch::trap();
     }
+    (tokens, hidden, ffn, experts)
+}
+
+/// The down kernel, for groups of `8 · NT` pairs.
+#[inline(always)]
+fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>, w_down: &[bf16], out: &Out<bf16>, k: usize) {
+    let (tokens, hidden, ffn, experts) = down_sizes(h, routing, pair_gate, w_down, out, k, ROWS);
     let group = 8 * NT;
     let mut smem = shared::dynamic();
     let dispatch = Dispatch::take(&mut smem, experts, tokens * k);
@@ -884,13 +894,7 @@ const DOWN_WINDOW_STEPS: usize = 24;
 /// order into `y`.
 #[inline(always)]
 fn down_staged<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>, w_down: &[bf16], out: &Out<bf16>, k: usize) {
-    let tokens = pair_gate.len() / k;
-    let hidden = out.len() / tokens;
-    let ffn = h.len() / (tokens * k);
-    let experts = routing.len() - tokens * k;
-    if !ffn.is_multiple_of(STEP) || !hidden.is_multiple_of(ROWS * WARPS) || w_down.len() != experts * hidden * ffn {
-        arch::trap();
-    }
+    let (tokens, hidden, ffn, experts) = down_sizes(h, routing, pair_gate, w_down, out, k, ROWS * WARPS);
     let group = 8 * NT;
     let mut smem = shared::dynamic();
     let dispatch = Dispatch::take(&mut smem, experts, tokens * k);
@@ -954,8 +958,8 @@ fn down_staged<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &O
             }
             dispatch.add_run(&acc, item, mine);
         });
-        // The blocks' sums of the 128 rows, added in rank order, each block writing its share.
-        block::sync();
+        // The blocks' sums of the 128 rows, added in rank order, each block writing its share
+        // (between two cluster barriers: the warps' sums are complete before any is read).
         cluster::reduce_scatter(sums, Sum, |i, v| out.set(i % tokens * hidden + rows * WARPS * ROWS + i / tokens, bf16::from_f32(v)));
     }
 }
