@@ -1414,13 +1414,12 @@ pub mod host {
         // Staged: no more blocks than leave each about two windows of the selected experts'
         // K-steps.
         let (sizes, most): (&[usize], usize) = if staged { (&[16, 8, 4, 2, 1], (layer.experts.min(tokens * layer.top_k) * layer.ffn / STEP / (2 * DOWN_WINDOW_STEPS)).max(1)) } else { (&[4, 2, 1], 4) };
-        let split = sizes.iter().copied().find(|&p| row_groups * p <= 2 * sms && p <= most).unwrap_or(1);
         let down_smem = if staged {
             (down_group * padded_row_words(DOWN_WINDOW_STEPS * STEP) * 4).next_multiple_of(16) + WARPS * ROWS * tokens * 4
         } else {
             (WARPS * ROWS * tokens * 4).next_multiple_of(16) + ROWS * tokens * 4
         };
-        let down = LaunchConfig {
+        let config = |split: usize| LaunchConfig {
             grid: ((row_groups * split) as u32).into(),
             block: BLOCK.into(),
             cluster: Some((split as u32).into()),
@@ -1428,6 +1427,21 @@ pub mod host {
             programmatic,
             ..LaunchConfig::default()
         };
+        let raw = match (down_group, staged) {
+            (8, false) => kernels.down_g8.raw(),
+            (_, false) => kernels.down_g16.raw(),
+            (8, true) => kernels.staged_down_g8.raw(),
+            (_, true) => kernels.staged_down_g16.raw(),
+        };
+        // The largest such cluster the GPU can hold (16 blocks, non-portable, may not be: a
+        // residency query that fails counts as no).
+        let mut down = config(1);
+        for split in sizes.iter().copied().filter(|&p| p > 1 && row_groups * p <= 2 * sms && p <= most) {
+            if raw.max_resident_blocks(gpu.stream(), &raw.plan(&config(split))?).is_ok_and(|blocks| blocks >= split as u64) {
+                down = config(split);
+                break;
+            }
+        }
         Ok(Plan { gate_up_group: group, gate_up_schedule: schedule, down_group, down_staged: staged, gate_up, down })
     }
 

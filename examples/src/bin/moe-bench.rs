@@ -105,48 +105,56 @@ fn main() -> Result<()> {
             let prefix = format!("| {name} | {tokens} | {selected} of {} |", layer.experts);
             let planners: [(&str, Planner); 2] = [("warps", plan), ("staged", staged_plan)];
             for (schedule, planner) in planners {
-                let plan = planner(&kernels, &gpu, layer, tokens, CLUSTER, true)?;
-                let down_cluster = plan.down.cluster.map_or(1, |c| c.x);
-                let split = match plan.gate_up_schedule {
-                    Schedule::Warps { split } => format!(", K split {split}"),
-                    Schedule::Staged => String::new(),
+                // A plan that fails to launch or to check costs its rows, not the run's.
+                let mut run = || -> Result<()> {
+                    let plan = planner(&kernels, &gpu, layer, tokens, CLUSTER, true)?;
+                    let down_cluster = plan.down.cluster.map_or(1, |c| c.x);
+                    let split = match plan.gate_up_schedule {
+                        Schedule::Warps { split } => format!(", K split {split}"),
+                        Schedule::Staged => String::new(),
+                    };
+                    let layout = format!("{schedule}{split}: {} + {} blocks, clusters of {CLUSTER} and {down_cluster}, groups of {} and {}", plan.gate_up.grid.x, plan.down.grid.x, plan.gate_up_group, plan.down_group);
+                    let mut b = Buffers::upload(&gpu, &moe)?;
+                    step(&kernels, gpu.stream(), &mut b, &plan)?;
+                    let first = b.results(&gpu)?;
+                    if let (Some(dir), true) = (&dump_dir, tokens == TOKENS[0] && schedule == "warps") {
+                        dump(dir, name, &moe, &first)?;
+                    }
+                    b.poison(&gpu)?;
+                    // Captured after `poison`, which reallocates the outputs: `b` is not changed again.
+                    let graph = gpu.capture(|s| step(&kernels, s, &mut b, &plan))?;
+                    // SAFETY: the graph holds `b`'s buffers, alive and unchanged until `b` drops,
+                    // after the graph.
+                    unsafe { graph.replay(gpu.stream())? };
+                    let second = b.results(&gpu)?;
+                    let mismatches = reference.routing_mismatches(&first.1, layer.experts);
+                    let report = Report::new(String::new(), &first.0.iter().chain(&first.2).copied().collect::<Vec<_>>(), &reference.out.iter().chain(&reference.gates).copied().collect::<Vec<_>>(), TOLERANCE);
+                    let same = first.0.iter().zip(&second.0).all(|(a, b)| a.to_bits() == b.to_bits()) && first.1 == second.1;
+                    if !report.passed() || !same || !mismatches.is_empty() {
+                        eprintln!("FAIL {name} at {tokens} tokens ({schedule}): {report:?}, deterministic {same}, routing mismatches {mismatches:?}");
+                        rows.push(format!("{prefix} clusterfuse ({layout}) | FAIL | {roofline_us:.1} | – | {:.2e} |", report.rel_error));
+                        return Ok(());
+                    }
+                    let launched = median_us_per_call(&gpu, (WARMUP, REPS), STEPS_PER_PASS, |_| step(&kernels, gpu.stream(), &mut b, &plan))?;
+                    // SAFETY: as above.
+                    let replayed = median_us_per_call(&gpu, (WARMUP, REPS), STEPS_PER_PASS, |_| unsafe { graph.replay(gpu.stream()) })?;
+                    for (variant, us) in [("2 launches, PDL", launched), ("CUDA graph of the 2, PDL", replayed)] {
+                        rows.push(format!("{prefix} clusterfuse {variant} ({layout}) | {us:.1} | {roofline_us:.1} | {:.0}% | {:.2e} |", roofline_us / us * 100.0, report.rel_error));
+                    }
+                    // Where the time goes: each launch alone, at this FFN width and at the
+                    // narrowest (32: the routing, launch and tail, with almost no weights).
+                    let (gate_up_us, down_us) = alone(&gpu, &kernels, &plan, &mut b)?;
+                    let narrow_layer = Layer { ffn: 32, ..layer };
+                    let narrow = Moe::random(narrow_layer, tokens, with_rng(|rng| rng.random()))?;
+                    let narrow_plan = planner(&kernels, &gpu, narrow_layer, tokens, CLUSTER, true)?;
+                    let (narrow_gate_up, narrow_down) = alone(&gpu, &kernels, &narrow_plan, &mut Buffers::upload(&gpu, &narrow)?)?;
+                    launches.push(format!("{prefix} {schedule} | {gate_up_us:.1} | {down_us:.1} | {narrow_gate_up:.1} | {narrow_down:.1} |"));
+                    Ok(())
                 };
-                let layout = format!("{schedule}{split}: {} + {} blocks, clusters of {CLUSTER} and {down_cluster}, groups of {} and {}", plan.gate_up.grid.x, plan.down.grid.x, plan.gate_up_group, plan.down_group);
-                let mut b = Buffers::upload(&gpu, &moe)?;
-                step(&kernels, gpu.stream(), &mut b, &plan)?;
-                let first = b.results(&gpu)?;
-                if let (Some(dir), true) = (&dump_dir, tokens == TOKENS[0] && schedule == "warps") {
-                    dump(dir, name, &moe, &first)?;
+                if let Err(err) = run() {
+                    eprintln!("ERROR {name} at {tokens} tokens ({schedule}): {err}");
+                    rows.push(format!("{prefix} clusterfuse ({schedule}) | ERROR: {err} | {roofline_us:.1} | – | – |"));
                 }
-                b.poison(&gpu)?;
-                // Captured after `poison`, which reallocates the outputs: `b` is not changed again.
-                let graph = gpu.capture(|s| step(&kernels, s, &mut b, &plan))?;
-                // SAFETY: the graph holds `b`'s buffers, alive and unchanged until `b` drops,
-                // after the graph.
-                unsafe { graph.replay(gpu.stream())? };
-                let second = b.results(&gpu)?;
-                let mismatches = reference.routing_mismatches(&first.1, layer.experts);
-                let report = Report::new(String::new(), &first.0.iter().chain(&first.2).copied().collect::<Vec<_>>(), &reference.out.iter().chain(&reference.gates).copied().collect::<Vec<_>>(), TOLERANCE);
-                let same = first.0.iter().zip(&second.0).all(|(a, b)| a.to_bits() == b.to_bits()) && first.1 == second.1;
-                if !report.passed() || !same || !mismatches.is_empty() {
-                    eprintln!("FAIL {name} at {tokens} tokens ({schedule}): {report:?}, deterministic {same}, routing mismatches {mismatches:?}");
-                    rows.push(format!("{prefix} clusterfuse ({layout}) | FAIL | {roofline_us:.1} | – | {:.2e} |", report.rel_error));
-                    continue;
-                }
-                let launched = median_us_per_call(&gpu, (WARMUP, REPS), STEPS_PER_PASS, |_| step(&kernels, gpu.stream(), &mut b, &plan))?;
-                // SAFETY: as above.
-                let replayed = median_us_per_call(&gpu, (WARMUP, REPS), STEPS_PER_PASS, |_| unsafe { graph.replay(gpu.stream()) })?;
-                for (variant, us) in [("2 launches, PDL", launched), ("CUDA graph of the 2, PDL", replayed)] {
-                    rows.push(format!("{prefix} clusterfuse {variant} ({layout}) | {us:.1} | {roofline_us:.1} | {:.0}% | {:.2e} |", roofline_us / us * 100.0, report.rel_error));
-                }
-                // Where the time goes: each launch alone, at this FFN width and at the
-                // narrowest (32: the routing, launch and tail, with almost no weights).
-                let (gate_up_us, down_us) = alone(&gpu, &kernels, &plan, &mut b)?;
-                let narrow_layer = Layer { ffn: 32, ..layer };
-                let narrow = Moe::random(narrow_layer, tokens, with_rng(|rng| rng.random()))?;
-                let narrow_plan = planner(&kernels, &gpu, narrow_layer, tokens, CLUSTER, true)?;
-                let (narrow_gate_up, narrow_down) = alone(&gpu, &kernels, &narrow_plan, &mut Buffers::upload(&gpu, &narrow)?)?;
-                launches.push(format!("{prefix} {schedule} | {gate_up_us:.1} | {down_us:.1} | {narrow_gate_up:.1} | {narrow_down:.1} |"));
             }
         }
     }
