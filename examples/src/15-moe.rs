@@ -15,10 +15,9 @@ use rand::Rng;
 /// that pairs come in groups of 8, 16 and 32, top 1 of 8 at 3 tokens, and top 4 of 16 at one
 /// token, whose few units split K over 4 warps (hidden 512) or 2 (hidden 256, 8 K-steps),
 /// top 2 of 4 at 9 tokens with hidden 1152 (the staged schedule's window and a part of one),
-/// top 1 of 4 with FFN 6400 (the staged down kernel's runs over several windows);
-/// clusters of 2, 4 and 8; one router row
-/// doubled so that two experts tie); Mixtral-8x7B and DeepSeek-V2-Lite shapes at 8 tokens on a
-/// GPU.
+/// top 1 of 4 with FFN 6400 (the staged down kernel's runs over several windows); clusters of
+/// 2, 4 and 8; one router row doubled so that two experts tie); Mixtral-8x7B and
+/// DeepSeek-V2-Lite shapes at 8 tokens on a GPU.
 pub fn run(gpu: &Gpu) -> Result<Report> {
     let kernels = Kernels::load(gpu)?;
     let mixtral_like = Layer { hidden: 128, experts: 8, top_k: 2, ffn: 64, renormalize: true };

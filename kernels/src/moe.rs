@@ -11,14 +11,15 @@
 //! of `C` blocks, as many as fit on the GPU at once):
 //! 1. **Routing, in every cluster.** Block `r` of a cluster computes the logits of experts
 //!    `r·E/C ..` for every token on tensor cores (its router rows against the tokens, the
-//!    warps splitting K, each issuing 4 K-steps' loads at once, summed in warp order), and [`fn@top_k`] — a `#[cluster_primitive]` —
-//!    finds each token's `k` largest over the whole cluster through DSMEM: each block's warps
-//!    find its local top `k` and push them into every peer's shared memory, then every block
-//!    merges the `C·k` candidates. Ties go to the lower expert index (the order is total: a
-//!    logit and its index form one key), so every cluster derives the same routing with no
-//!    grid-wide step: the gate weights, the tokens each expert serves (a 64-bit mask of
-//!    tokens, from warp ballots), and the *pairs* — the `T·k` (token, expert) choices sorted
-//!    by expert, then token — from a warp's prefix sums.
+//!    warps splitting K, each issuing 4 K-steps' loads at once, summed in warp order), and
+//!    [`fn@top_k`] — a `#[cluster_primitive]` — finds each token's `k` largest over the whole
+//!    cluster through DSMEM: each block's warps find its local top `k` and push them into
+//!    every peer's shared memory, then every block merges the `C·k` candidates. Ties go to
+//!    the lower expert index (the order is total: a logit and its index form one key), so
+//!    every cluster derives the same routing with no grid-wide step: the gate weights, the
+//!    tokens each expert serves (a 64-bit mask of tokens, from warp ballots), and the *pairs*
+//!    — the `T·k` (token, expert) choices sorted by expert, then token — from a warp's prefix
+//!    sums.
 //! 2. **Gate and up projections.** A warp owns 16 rows of one selected expert's `W_gate` and
 //!    `W_up` and a group of that expert's pairs (an *item*; items go round robin over the
 //!    grid's warps, warp `w` of every block before warp `w + 1` of any) and streams the rows
@@ -568,24 +569,34 @@ const fn padded_row_words(cols: usize) -> usize {
     cols / 2 + 16
 }
 
-/// Whether all of `x` (`tokens × hidden`) fits the warp schedule's shared memory.
+/// Bytes of shared memory all of `x` (`tokens × hidden`) takes staged ([`stage_x`]).
+const fn x_smem_bytes(tokens: usize, hidden: usize) -> usize {
+    tokens * padded_row_words(hidden) * 4
+}
+
+/// Whether all of `x` fits the warp schedule's shared memory.
 const fn x_fits(tokens: usize, hidden: usize) -> bool {
-    tokens * padded_row_words(hidden) * 4 <= X_SMEM_BYTES
+    x_smem_bytes(tokens, hidden) <= X_SMEM_BYTES
+}
+
+/// Starts copying `rows` rows of `pieces` 16-byte vectors of `src` into `dst`, row `p` from
+/// vector `first(p)` of `src` to word `p · row_words` of `dst` (`cp.async`, all threads of the
+/// block); the caller waits with [`shared::wait_async_copies`] and a block barrier.
+#[inline(always)]
+fn copy_rows_async(dst: SharedSlice<u32>, row_words: usize, src: &[u32], rows: usize, pieces: usize, first: impl Fn(usize) -> usize) {
+    for i in block::stride_loop(0..rows * pieces) {
+        let (p, c) = (i / pieces, i % pieces);
+        dst.copy16_async::<4>(p * row_words / 4 + c, src, first(p) + c);
+    }
 }
 
 /// Starts copying `x` (`tokens × hidden`) into shared memory, a [`padded_row_words`] row a
-/// token (`cp.async`, all threads); the caller waits with [`shared::wait_async_copies`] and a
-/// block barrier.
+/// token ([`copy_rows_async`]).
 fn stage_x(smem: &mut DynamicShared, x: &[bf16], tokens: usize, hidden: usize) -> SharedSlice<u32> {
     let row = padded_row_words(hidden);
     let xs = smem.take::<u32>(tokens * row);
-    let pieces = hidden / 8;
     // SAFETY: `x` is a whole kernel argument.
-    let x_words = unsafe { words(x) };
-    for i in block::stride_loop(0..tokens * pieces) {
-        let (t, c) = (i / pieces, i % pieces);
-        xs.copy16_async::<4>(t * row / 4 + c, x_words, i);
-    }
+    copy_rows_async(xs, row, unsafe { words(x) }, tokens, hidden / 8, |t| t * hidden / 8);
     xs
 }
 
@@ -704,9 +715,9 @@ fn gate_up_warps<const NT: usize>(smem: &mut DynamicShared, dispatch: Dispatch, 
 /// K columns of the pairs' `x` a staged gate/up block holds in shared memory at once.
 const WINDOW: usize = 1024;
 
-/// Words of shared memory one pair's row of a staged window takes.
-const fn window_row_words(hidden: usize) -> usize {
-    padded_row_words(if hidden < WINDOW { hidden } else { WINDOW })
+/// Columns of a staged gate/up window: [`WINDOW`], or all of a narrower `hidden`.
+const fn window_columns(hidden: usize) -> usize {
+    if hidden < WINDOW { hidden } else { WINDOW }
 }
 
 /// The gate/up units a block at a time: a *block unit* is row tiles of one item, one a warp
@@ -724,8 +735,8 @@ fn gate_up_staged<const NT: usize>(smem: &mut DynamicShared, dispatch: Dispatch,
     let GateUp { x, w_gate, w_up, hidden, ffn, .. } = *op;
     let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
     let (tiles, steps) = (ffn / ROWS, hidden / STEP);
-    let row_words = window_row_words(hidden);
-    let window_steps = (row_words - 16) * 2 / STEP;
+    let row_words = padded_row_words(window_columns(hidden));
+    let window_steps = window_columns(hidden) / STEP;
     let staged = smem.take::<u32>(group_pairs * row_words);
     let unit_tiles = WARPS / (group_pairs / (8 * NT));
     let (slot, half) = (warp % unit_tiles, warp / unit_tiles);
@@ -748,11 +759,7 @@ fn gate_up_staged<const NT: usize>(smem: &mut DynamicShared, dispatch: Dispatch,
             let pieces = window_steps.min(steps - start) * STEP / 8;
             // The last window's (or unit's) readers are done with the slots.
             block::sync();
-            for i in block::stride_loop(0..item.len * pieces) {
-                let (p, c) = (i / pieces, i % pieces);
-                let t = dispatch.pair_token.load(item.first + p) as usize;
-                staged.copy16_async::<4>(p * row_words / 4 + c, x_words, (t * hidden + start * STEP) / 8 + c);
-            }
+            copy_rows_async(staged, row_words, x_words, item.len, pieces, |p| (dispatch.pair_token.load(item.first + p) as usize * hidden + start * STEP) / 8);
             shared::wait_async_copies();
             block::sync();
             if !live {
@@ -785,8 +792,8 @@ fn gate_up_staged<const NT: usize>(smem: &mut DynamicShared, dispatch: Dispatch,
 
 /// The down kernels' sizes from their arguments, `(tokens, hidden, ffn, experts)`:
 /// `pair_gate` holds `tokens · k` values, `routing` `experts + tokens · k`, `h` `tokens · k`
-/// rows of `ffn`, `out` `tokens` rows of `hidden`. Traps unless the FFN is whole K-steps, `hidden` whole blocks of `rows` output rows
-/// and `w_down` the experts' `hidden × ffn`.
+/// rows of `ffn`, `out` `tokens` rows of `hidden`. Traps unless the FFN is whole K-steps,
+/// `hidden` whole blocks of `rows` output rows and `w_down` the experts' `hidden × ffn`.
 #[inline(always)]
 fn down_sizes(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>, w_down: &[bf16], out: &Out<bf16>, k: usize, rows: usize) -> (usize, usize, usize, usize) {
     let tokens = pair_gate.len() / k;
@@ -930,10 +937,7 @@ fn down_staged<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &O
                 let pieces = window * STEP / 8;
                 // The last window's readers are done with the slots.
                 block::sync();
-                for j in block::stride_loop(0..item.len * pieces) {
-                    let (p, c) = (j / pieces, j % pieces);
-                    staged.copy16_async::<4>(p * row_words / 4 + c, h_words, ((item.first + p) * ffn + start * STEP) / 8 + c);
-                }
+                copy_rows_async(staged, row_words, h_words, item.len, pieces, |p| ((item.first + p) * ffn + start * STEP) / 8);
                 shared::wait_async_copies();
                 block::sync();
                 for chunk in (start..start + window).step_by(DOWN_UNROLL) {
@@ -1342,10 +1346,10 @@ pub mod host {
         let partials = WARPS * ROWS * tokens.next_multiple_of(8) * 4;
         let parts = match schedule {
             Schedule::Warps { split } => {
-                let xs = if group == 8 { tokens * padded_row_words(layer.hidden) * 4 } else { 0 };
+                let xs = if group == 8 { x_smem_bytes(tokens, layer.hidden) } else { 0 };
                 xs.next_multiple_of(16) + WARPS / split * (split - 1) * 2 * (group / 8) * 4 * 32 * 4
             }
-            Schedule::Staged => group * window_row_words(layer.hidden) * 4,
+            Schedule::Staged => group * padded_row_words(window_columns(layer.hidden)) * 4,
         };
         let sizes = [tokens * e / cluster * 4, partials, tokens * 4, pairs * cluster * 8, pairs * 8, pairs * 4, pairs * 4, 2 * e * 4, parts];
         sizes.iter().map(|b| b.next_multiple_of(16)).sum::<usize>() + dispatch_smem(layer, tokens)
@@ -1396,7 +1400,9 @@ pub mod host {
             (_, true) => kernels.staged_g32.raw(),
         };
         let resident = raw.max_resident_blocks(gpu.stream(), &raw.plan(&gate_up)?)?;
-        let units = layer.experts.min(tokens * layer.top_k) * layer.ffn / ROWS + tokens * layer.top_k / group * layer.ffn / ROWS;
+        // The most experts a routing can select.
+        let selected = layer.experts.min(tokens * layer.top_k);
+        let units = selected * layer.ffn / ROWS + tokens * layer.top_k / group * layer.ffn / ROWS;
         let wanted = (units.div_ceil(if staged_gate_up { WARPS } else { 2 }) as u64).min(resident).max(1);
         gate_up.grid = (wanted.div_ceil(c as u64) as u32 * cluster).into();
         // Few units (DeepSeek's experts at a token or two) leave most warps idle: split each
@@ -1413,7 +1419,7 @@ pub mod host {
         let sms = gpu.multiprocessors()?.unwrap_or(132);
         // Staged: no more blocks than leave each about two windows of the selected experts'
         // K-steps.
-        let (sizes, most): (&[usize], usize) = if staged { (&[16, 8, 4, 2, 1], (layer.experts.min(tokens * layer.top_k) * layer.ffn / STEP / (2 * DOWN_WINDOW_STEPS)).max(1)) } else { (&[4, 2, 1], 4) };
+        let (sizes, most): (&[usize], usize) = if staged { (&[16, 8, 4, 2, 1], (selected * layer.ffn / STEP / (2 * DOWN_WINDOW_STEPS)).max(1)) } else { (&[4, 2, 1], 4) };
         let down_smem = if staged {
             (down_group * padded_row_words(DOWN_WINDOW_STEPS * STEP) * 4).next_multiple_of(16) + WARPS * ROWS * tokens * 4
         } else {
