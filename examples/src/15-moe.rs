@@ -2,22 +2,21 @@
 //! [`clusterfuse_kernels::moe`] (routing by a cluster top-k over DSMEM, then the selected
 //! experts' SiLU-gated FFNs on tensor cores with the combine fused into the down
 //! projection), checked against its f64 reference: the routing exactly, the gate weights and
-//! the output by relative error, each step launched twice for bitwise-equal outputs, then
-//! once more with both kernels on their staged schedules.
+//! the output by relative error, each step launched twice for bitwise-equal outputs.
 
 use crate::check::{shape, with_rng, Report};
 use clusterfuse::host::{Gpu, Result};
-use clusterfuse_kernels::moe::host::{plan, staged_plan, step, Buffers, Kernels, Layer, Moe, Reference, Schedule, TOLERANCE};
+use clusterfuse_kernels::moe::host::{plan, step, Buffers, Kernels, Layer, Moe, Reference, TOLERANCE};
 use rand::Rng;
 
 /// Small layers on the emulator (Mixtral-like top 2 of 8 with renormalised gates, DeepSeek-like
 /// top 4 of 16 over the full softmax, at 1, 5 and 24 tokens, and top 2 of 4 at 20 tokens, so
-/// that pairs come in groups of 8, 16 and 32, top 1 of 8 at 3 tokens, and top 4 of 16 at one
-/// token, whose few units split K over 4 warps (hidden 512) or 2 (hidden 256, 8 K-steps),
-/// top 2 of 4 at 9 tokens with hidden 1152 (the staged schedule's window and a part of one),
-/// top 1 of 4 with FFN 6400 (the staged down kernel's runs over several windows); clusters of
-/// 2, 4 and 8; one router row doubled so that two experts tie); Mixtral-8x7B and
-/// DeepSeek-V2-Lite shapes at 8 tokens on a GPU.
+/// that pairs come in groups of 8, 16 (8 K-steps: a last chunk of 2) and 32, top 1 of 8 at 3
+/// tokens, top 2 of 8 over clusters of 8 (a block's one expert, fewer than k), top 4 of 16
+/// at one token with hidden 512, top 2 of 4 at 4 tokens with hidden 1152
+/// (the staged gate/up window of `x` and a part of one), top 1 of 4 with FFN 6400 (one item's
+/// long runs of down K-steps); clusters of 2, 4 and 8; one router row doubled so that two
+/// experts tie); Mixtral-8x7B and DeepSeek-V2-Lite shapes at 8 tokens on a GPU.
 pub fn run(gpu: &Gpu) -> Result<Report> {
     let kernels = Kernels::load(gpu)?;
     let mixtral_like = Layer { hidden: 128, experts: 8, top_k: 2, ffn: 64, renormalize: true };
@@ -27,9 +26,9 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
     let wide = Layer { hidden: 512, experts: 16, top_k: 4, ffn: 64, renormalize: false };
     // Wider than the staged schedule's window of x: a whole window, then a part of one.
     let windows = Layer { hidden: 1152, experts: 4, top_k: 2, ffn: 32, renormalize: true };
-    // Runs of the staged down kernel over several of its windows of `h`.
+    // One item's K-steps of the down projection spread over a cluster's warps in long runs.
     let long_ffn = Layer { hidden: 128, experts: 4, top_k: 1, ffn: 6400, renormalize: false };
-    let cases = shape(gpu, vec![(Layer::MIXTRAL_8X7B, 8, 4), (Layer::DEEPSEEK_V2_LITE, 8, 4)], vec![(mixtral_like, 1, 2), (mixtral_like, 5, 4), (deepseek_like, 24, 4), (few_experts, 20, 2), (top_1, 3, 8), (wide, 1, 4), (deepseek_like, 1, 2), (windows, 9, 2), (long_ffn, 1, 2)]);
+    let cases = shape(gpu, vec![(Layer::MIXTRAL_8X7B, 8, 4), (Layer::DEEPSEEK_V2_LITE, 8, 4)], vec![(mixtral_like, 1, 2), (mixtral_like, 5, 8), (deepseek_like, 24, 4), (few_experts, 20, 2), (top_1, 3, 8), (wide, 1, 4), (deepseek_like, 1, 2), (windows, 4, 2), (long_ffn, 1, 2)]);
     let (mut outs, mut refs, mut runs) = (Vec::new(), Vec::new(), Vec::new());
     for (layer, tokens, cluster) in cases {
         let mut moe = Moe::random(layer, tokens, with_rng(|rng| rng.random()))?;
@@ -47,25 +46,13 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
         step(&kernels, gpu.stream(), &mut b, &plan)?;
         let second = b.results(gpu)?;
         let same = first.0.iter().chain(&first.2).zip(second.0.iter().chain(&second.2)).all(|(a, b)| a.to_bits() == b.to_bits()) && first.1 == second.1;
-        // Then both kernels on their staged schedules.
-        b.poison(gpu)?;
-        step(&kernels, gpu.stream(), &mut b, &staged_plan(&kernels, gpu, layer, tokens, cluster, true)?)?;
-        let staged = b.results(gpu)?;
-        let mut mismatches = Vec::new();
-        for (run, (out, ids, gates)) in [second, staged].into_iter().enumerate() {
-            let differs = reference.routing_mismatches(&ids, layer.experts);
-            // A routing that differs, or a second run that does, counts as unwritten outputs.
-            let agrees = (same || run == 1) && differs.is_empty();
-            outs.extend(out.iter().chain(&gates).map(|&v| if agrees { v } else { f32::NAN }));
-            refs.extend(reference.out.iter().chain(&reference.gates));
-            mismatches.extend(differs);
-        }
-        let mismatch = if mismatches.is_empty() { String::new() } else { format!(", routing differs at (token, slot, ours, reference) {:?}", &mismatches[..mismatches.len().min(4)]) };
-        let split = match plan.gate_up_schedule {
-            Schedule::Warps { split } => split,
-            Schedule::Staged => 1,
-        };
-        runs.push(format!("{tokens} tok × top {} of {} (hidden {h}, ffn {}), {} experts used, cluster {cluster}, K split {split}{mismatch}", layer.top_k, layer.experts, layer.ffn, reference.selected(layer.experts)));
+        let differs = reference.routing_mismatches(&second.1, layer.experts);
+        // A routing that differs, or a second run that does, counts as unwritten outputs.
+        let agrees = same && differs.is_empty();
+        outs.extend(second.0.iter().chain(&second.2).map(|&v| if agrees { v } else { f32::NAN }));
+        refs.extend(reference.out.iter().chain(&reference.gates));
+        let mismatch = if differs.is_empty() { String::new() } else { format!(", routing differs at (token, slot, ours, reference) {:?}", &differs[..differs.len().min(4)]) };
+        runs.push(format!("{tokens} tok × top {} of {} (hidden {h}, ffn {}), {} experts used, cluster {cluster}, groups of {}{mismatch}", layer.top_k, layer.experts, layer.ffn, reference.selected(layer.experts), plan.gate_up_group));
     }
     Ok(Report::new(runs.join("; "), &outs, &refs, TOLERANCE))
 }

@@ -7,42 +7,37 @@
 //! with `g` the softmax of the router logits `W_router · x[t]` (over all experts, or over the
 //! top k alone with `renormalize`: Mixtral's gating, where the two are the same numbers).
 //!
-//! [`fn@moe_gate_up_g8`] (and `_g16`, `_g32`, and the `moe_gate_up_staged_` forms; clusters
-//! of `C` blocks, as many as fit on the GPU at once):
+//! [`fn@moe_gate_up_g8`] (and `_g16`, `_g32`; clusters of `C` blocks, as many as fit on the
+//! GPU at once):
 //! 1. **Routing, in every cluster.** Block `r` of a cluster computes the logits of experts
 //!    `r·E/C ..` for every token on tensor cores (its router rows against the tokens, the
-//!    warps splitting K, each issuing 4 K-steps' loads at once, summed in warp order), and
-//!    [`fn@top_k`] — a `#[cluster_primitive]` — finds each token's `k` largest over the whole
-//!    cluster through DSMEM: each block's warps find its local top `k` and push them into
-//!    every peer's shared memory, then every block merges the `C·k` candidates. Ties go to
-//!    the lower expert index (the order is total: a logit and its index form one key), so
-//!    every cluster derives the same routing with no grid-wide step: the gate weights, the
-//!    tokens each expert serves (a 64-bit mask of tokens, from warp ballots), and the *pairs*
-//!    — the `T·k` (token, expert) choices sorted by expert, then token — from a warp's prefix
-//!    sums.
-//! 2. **Gate and up projections.** A warp owns 16 rows of one selected expert's `W_gate` and
-//!    `W_up` and a group of that expert's pairs (an *item*; items go round robin over the
-//!    grid's warps, warp `w` of every block before warp `w + 1` of any) and streams the rows
-//!    through `mma.m16n8k16` — whole, or, when the items are too few to keep most warps
-//!    streaming (DeepSeek's 8 experts at one token), split along K over 2 or 4 warps of a
-//!    block, whose sums the first adds in order through shared memory: the weights are the A
-//!    operand, loaded in 16-byte vectors straight into fragment registers, the pairs' token
-//!    vectors the B operand (8 pairs per n-tile). The experts' weights are stored in 16 × 32
-//!    tiles ([`host::tile`]), so that a warp reads 1 KB contiguous per K-step and its rows as
-//!    one stream (row-major rows, 64 bytes per row and step, ran at 72% of this speed). A
-//!    16-byte load holds 8 consecutive k of one row, not the fragment's k order; the dot
-//!    product does not care, so B is loaded with the same permutation (lane `l` reads 8
-//!    consecutive k of token `l / 4`) and one pair of loads feeds two `mma`s. Each lane issues
-//!    all its weight loads of 4 K-steps (2 with 4 n-tiles) before its `mma`s. With groups of
-//!    8 pairs all of `x` is copied into shared memory (`cp.async`, before the routing) and B
-//!    read from there as each `mma` needs it, so that registers hold only the weights in
-//!    flight; with 16 or 32, B comes from L2 with the weights. The **staged** kernels
-//!    ([`host::Schedule::Staged`]) give a block's 8 warps 8 row tiles of one item instead (4
-//!    with groups of 32, each pair of warps splitting the pairs) and copy the item's pairs'
-//!    `x` into shared memory a window of 1024 columns at a time, so
-//!    that each pair's vector crosses from L2 once a block, not once a warp — the same sums
-//!    in the same order. The epilogue writes `h = silu(gate) ⊙ up` (bf16) per pair, in pair
-//!    order.
+//!    warps splitting K, each chunk issuing the loads of 2-4 K-steps for up to 4 n-tiles of
+//!    tokens at once, summed in warp order), and [`fn@top_k`] — a `#[cluster_primitive]` —
+//!    finds each token's `k` largest over the whole cluster through DSMEM: each block's warps
+//!    rank its local logits (each lane counts the larger ones) and push the top `k` into
+//!    every peer's shared memory, then every block ranks the `C·k` candidates the same way.
+//!    Ties go to the lower expert index (the order is total: a logit and its index form one
+//!    key), so every cluster derives the same routing with no grid-wide step: the gate
+//!    weights, the tokens each expert serves (a 64-bit mask of tokens, from warp ballots),
+//!    and the *pairs* — the `T·k` (token, expert) choices sorted by expert, then token — from
+//!    a warp's prefix sums.
+//! 2. **Gate and up projections** of 16 rows of one selected expert's `W_gate` and `W_up`
+//!    for a group of that expert's pairs (an *item*) at a time, through `mma.m16n8k16`: the
+//!    weights are the A operand, loaded in 16-byte vectors straight into fragment registers,
+//!    the pairs' token vectors the B operand (8 pairs per n-tile). The experts' weights are
+//!    stored in 16 × 32 tiles ([`host::tile`]), so that a warp reads 1 KB contiguous per
+//!    K-step and its rows as one stream (row-major rows, 64 bytes per row and step, ran at
+//!    72% of this speed). A 16-byte load holds 8 consecutive k of one row, not the
+//!    fragment's k order; the dot product does not care, so B is loaded with the same
+//!    permutation (lane `l` reads 8 consecutive k of token `l / 4`) and one pair of loads
+//!    feeds two `mma`s. With groups of 8 pairs a block's 8 warps take 8 row tiles of one
+//!    item, and the block copies the item's pairs' `x` into shared memory a window of 1024
+//!    columns at a time (`cp.async`), so that a pair's vector crosses from L2 once a block
+//!    and registers hold only the weights in flight (4 K-steps' loads at once). With 16 or
+//!    32 pairs a warp takes an item's 16 rows alone (items round robin over the grid's warps,
+//!    warp `w` of every block before warp `w + 1` of any) and loads its pairs' `x` from L2
+//!    with the weights, 3 or 2 K-steps at once. The epilogue writes `h = silu(gate) ⊙ up`
+//!    (bf16) per pair, in pair order.
 //!
 //! [`fn@moe_down_g8`] (and `_g16`; launched programmatically after it; a cluster per 16 rows of
 //! the output, whose 1-4 blocks split K): the cluster's warps split the flat list of
@@ -51,12 +46,9 @@
 //! pairs), multiplies it with the pairs' `h`, and adds each run inside one item times its
 //! pairs' gate weights into its own per-token accumulators in shared memory; the
 //! block sums its warps' accumulators in warp order, `cluster::reduce` the blocks' in rank
-//! order, and the blocks write `y`. Its staged form ([`fn@moe_down_staged_g8`], `_g16`) gives
-//! a cluster 128 output rows instead, a row tile a warp, its blocks splitting the units, and
-//! copies each run's `h` into shared memory 24 K-steps at a time, so that `h` crosses from L2
-//! once per 128 rows, not once per 16. The combine is fused into the last projection, and
+//! order, and the blocks write `y`. The combine is fused into the last projection, and
 //! nothing is atomic: the output is bitwise deterministic.
-//!
+
 //! Every weight byte of a selected expert is read from memory once per step (a warp's rows
 //! are read again only when an expert serves more pairs than its group holds: 8, 16 or 32
 //! pairs per group for the `_g8`, `_g16`, `_g32` kernels — the down kernel's at most 16 —
@@ -99,27 +91,55 @@ pub const ROWS: usize = 16;
 const STEP: usize = 32;
 /// K-steps whose loads the gate/up kernel issues together (half as many with 4 n-tiles).
 const GATE_UP_UNROLL: usize = 4;
-/// K-steps of a warp whose router loads the routing issues together.
-const ROUTER_UNROLL: usize = 4;
 /// K-steps whose loads the down kernel issues together, times its n-tiles (8 spills 800
 /// bytes at 128 registers).
 const DOWN_UNROLL: usize = 6;
 
-/// The `k` largest of `len` keys (`key_at(i)`), largest first: `emit(j, key)` in every lane
-/// for round `j` (0 once the keys run out). The whole warp calls it together.
+/// Longest row whose top `k` a warp finds by ranking every key ([`warp_top_k`]).
+const RANKED_ROW: usize = 64;
+
+/// The `k` largest of `len` distinct keys (`key_at(i)`), largest first: `emit(j, key)` for
+/// each place `j < k`, by one lane (key 0 for places past `len`). The whole warp calls it
+/// together. Up to [`RANKED_ROW`] keys each lane ranks its keys by counting the larger ones
+/// (independent loads, so the row costs about one round trip); longer rows take `k` rounds
+/// of [`warp::reduce_max_u64`], each a chain of shuffles.
 #[inline(always)]
 fn warp_top_k(len: usize, k: usize, key_at: impl Fn(usize) -> u64, mut emit: impl FnMut(usize, u64)) {
-    let mut bound = u64::MAX;
-    for j in 0..k {
-        let mut best = 0;
-        for i in (warp::lane() as usize..len).step_by(32) {
+    let lane = warp::lane() as usize;
+    if len <= RANKED_ROW {
+        for i in (lane..len).step_by(32) {
             let key = key_at(i);
-            if key < bound && key > best {
-                best = key;
+            // 8 keys' loads at a time, independent of each other.
+            let mut place = 0;
+            for first in (0..len).step_by(8) {
+                unroll!(u in [0 1 2 3 4 5 6 7] {
+                    if first + u < len {
+                        place += usize::from(key_at(first + u) > key);
+                    }
+                });
+            }
+            if place < k {
+                emit(place, key);
             }
         }
-        bound = warp::reduce_max_u64(best);
-        emit(j, bound);
+    } else {
+        let mut bound = u64::MAX;
+        for j in 0..k.min(len) {
+            let mut best = 0;
+            for i in (lane..len).step_by(32) {
+                let key = key_at(i);
+                if key < bound && key > best {
+                    best = key;
+                }
+            }
+            bound = warp::reduce_max_u64(best);
+            if lane == 0 {
+                emit(j, bound);
+            }
+        }
+    }
+    if len + lane < k {
+        emit(len + lane, 0);
     }
 }
 
@@ -130,11 +150,11 @@ fn warp_top_k(len: usize, k: usize, key_at: impl Fn(usize) -> u64, mut emit: imp
 /// exchange buffer; `k ≤ 32` and `cluster::size() ≤ 32`. Every thread of every block calls
 /// it, after the block has written `values`; `top` is ready in every thread on return.
 ///
-/// Each warp takes rows round robin, finds the row's local top `k` in rounds of
-/// [`warp::reduce_max_u64`] and lane `p` pushes it into block `p`'s `candidates` (after the
-/// first barrier: a peer's shared memory exists only once it has started); after the second,
-/// each warp merges a row's `size · k` candidates the same way; the third lets `candidates`
-/// be reused.
+/// Each warp takes rows round robin, finds the row's local top `k` ([`warp_top_k`]: each key
+/// ranked against the row's others) and pushes it into every block's `candidates` (after
+/// the first barrier: a peer's shared memory exists only once it has started); after the
+/// second, each warp merges a row's `size · k` candidates the same way; the third lets
+/// `candidates` be reused.
 #[cluster_primitive(barriers = 3)]
 pub fn top_k(_scope: &Cluster, values: SharedSlice<f32>, rows: usize, k: usize, candidates: SharedSlice<u64>, top: SharedSlice<u64>) {
     let (rank, size) = (cluster::block_rank() as usize, cluster::size() as usize);
@@ -142,24 +162,19 @@ pub fn top_k(_scope: &Cluster, values: SharedSlice<f32>, rows: usize, k: usize, 
         arch::trap();
     }
     let n = values.len() / rows;
-    let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
-    let warps = block::warps() as usize;
+    let (warp, warps) = (warp::index_in_block() as usize, block::warps() as usize);
     cluster::sync();
     for row in (warp..rows).step_by(warps) {
         let key_at = |i: usize| rank_key(values.load(row * n + i), (rank * n + i) as u32);
         warp_top_k(n, k, key_at, |j, best| {
-            if lane < size {
-                candidates.in_block(lane as u32).store((row * size + rank) * k + j, best);
+            for peer in 0..size as u32 {
+                candidates.in_block(peer).store((row * size + rank) * k + j, best);
             }
         });
     }
     cluster::sync();
     for row in (warp..rows).step_by(warps) {
-        warp_top_k(size * k, k, |i| candidates.load(row * size * k + i), |j, best| {
-            if lane == 0 {
-                top.store(row * k + j, best);
-            }
-        });
+        warp_top_k(size * k, k, |i| candidates.load(row * size * k + i), |j, best| top.store(row * k + j, best));
     }
     cluster::sync();
 }
@@ -327,38 +342,14 @@ fn route(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k
     // Logits of this block's experts on tensor cores: A = their router rows (16 a tile,
     // zeros past the last), B = the tokens (8 an n-tile); the warps split the K-steps, and the
     // block sums their tiles in warp order.
-    let steps = hidden / STEP;
     let n_tiles = tokens.div_ceil(8);
     for m in (0..local).step_by(ROWS) {
         let row = |r: usize| (m + r < local).then_some(rank * local + m + r);
-        let (r0, r8) = (row(lane / 4), row(lane / 4 + 8));
-        for n in 0..n_tiles {
-            let t = 8 * n + lane / 4;
-            let mut acc = FragC::ZERO;
-            // The loads of ROUTER_UNROLL of the warp's steps, then their `mma`s: one memory
-            // round trip per chunk, not per step, before any weight streams.
-            for chunk in (warp..steps).step_by(WARPS * ROUTER_UNROLL) {
-                let mut a = [[[0u32; 4]; 2]; ROUTER_UNROLL];
-                let mut b = [[0u32; 4]; ROUTER_UNROLL];
-                unroll!(u in [0 1 2 3] {
-                    let s = chunk + u * WARPS;
-                    if s < steps {
-                        // SAFETY: rows of the router and of `x` (or none), `s < steps`; both
-                        // are inputs.
-                        let load = |w: &[bf16], r: Option<usize>| r.map_or([0; 4], |r| unsafe { row_words(w, r, hidden, s) });
-                        (a[u], b[u]) = ([load(router, r0), load(router, r8)], load(x, (t < tokens).then_some(t)));
-                    }
-                });
-                unroll!(u in [0 1 2 3] {
-                    if chunk + u * WARPS < steps {
-                        acc = mma_step(a[u], b[u], acc);
-                    }
-                });
-            }
-            for v in 0..4 {
-                let (r, c) = FragC::position(v);
-                partials.store(((warp * n_tiles + n) * ROWS + r) * 8 + c, acc.values[v]);
-            }
+        let rows = [row(lane / 4), row(lane / 4 + 8)];
+        match n_tiles {
+            1 => router_tile::<1, 4>(x, router, tokens, rows, 0, partials),
+            2 => router_tile::<2, 4>(x, router, tokens, rows, 0, partials),
+            _ => (0..n_tiles).step_by(4).for_each(|first| router_tile::<4, 2>(x, router, tokens, rows, first, partials)),
         }
         block::sync();
         for i in block::stride_loop(0..ROWS.min(local - m) * tokens) {
@@ -390,10 +381,25 @@ fn route(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k
     }
     block::sync();
 
-    // Each expert's tokens, as a 64-bit mask from two ballots (tokens `lane`, `lane + 32`).
+    // Each expert's tokens, as a 64-bit mask from two ballots (tokens `lane`, `lane + 32`,
+    // whose choices a lane holds in registers).
+    let mut choices = [[u32::MAX; MAX_TOP_K]; 2];
+    unroll!(h in [0 1] {
+        unroll!(j in [0 1 2 3 4 5 6 7] {
+            let t = lane + 32 * h;
+            if t < tokens && j < k {
+                choices[h][j] = ids.load(t * k + j);
+            }
+        });
+    });
     for e in (warp..experts).step_by(WARPS) {
-        let chose = |t: usize| t < tokens && (0..k).any(|j| ids.load(t * k + j) == e as u32);
-        let (low, high) = (warp::ballot(chose(lane)), warp::ballot(chose(lane + 32)));
+        let mut chose = [false; 2];
+        unroll!(h in [0 1] {
+            unroll!(j in [0 1 2 3 4 5 6 7] {
+                chose[h] |= choices[h][j] == e as u32;
+            });
+        });
+        let (low, high) = (warp::ballot(chose[0]), warp::ballot(chose[1]));
         if lane == 0 {
             masks.store(2 * e, low);
             masks.store(2 * e + 1, high);
@@ -412,6 +418,52 @@ fn route(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k
     }
     block::sync();
     (dispatch, ids, gates)
+}
+
+/// A warp's share of one 16-row tile of router logits: router rows `rows` (this lane's two,
+/// or none) times the tokens of n-tiles `first .. first + NT`, over every 8th K-step from the
+/// warp's, into `partials` at `((warp · n-tiles + n) · 16 + row) · 8 + column`. Each chunk
+/// issues the loads of `U` steps for the `NT` n-tiles before its `mma`s: the router rows once
+/// per step, not once per n-tile, and one memory round trip per chunk. (8 n-tiles at once
+/// spill at 128 registers: 5-8 take two calls.)
+#[inline(always)]
+fn router_tile<const NT: usize, const U: usize>(x: &[bf16], router: &[bf16], tokens: usize, rows: [Option<usize>; 2], first: usize, partials: SharedSlice<f32>) {
+    let hidden = x.len() / tokens;
+    let (steps, n_tiles) = (hidden / STEP, tokens.div_ceil(8));
+    let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
+    let mut acc = [FragC::ZERO; NT];
+    for chunk in (warp..steps).step_by(WARPS * U) {
+        let mut a = [[[0u32; 4]; 2]; U];
+        let mut b = [[[0u32; 4]; NT]; U];
+        unroll!(u in [0 1 2 3] {
+            let s = chunk + u * WARPS;
+            if u < U && s < steps {
+                // SAFETY: rows of the router and of `x` (or none), `s < steps`; both are
+                // inputs.
+                let load = |w: &[bf16], r: Option<usize>| r.map_or([0; 4], |r| unsafe { row_words(w, r, hidden, s) });
+                a[u] = [load(router, rows[0]), load(router, rows[1])];
+                for (n, b) in b[u].iter_mut().enumerate() {
+                    let t = 8 * (first + n) + lane / 4;
+                    *b = load(x, (t < tokens).then_some(t));
+                }
+            }
+        });
+        unroll!(u in [0 1 2 3] {
+            if u < U && chunk + u * WARPS < steps {
+                for (n, acc) in acc.iter_mut().enumerate() {
+                    if first + n < n_tiles {
+                        *acc = mma_step(a[u], b[u][n], *acc);
+                    }
+                }
+            }
+        });
+    }
+    for (n, acc) in acc.iter().enumerate().take(n_tiles - first) {
+        for v in 0..4 {
+            let (r, c) = FragC::position(v);
+            partials.store(((warp * n_tiles + first + n) * ROWS + r) * 8 + c, acc.values[v]);
+        }
+    }
 }
 
 /// This lane's 16 bytes of row `row` (`len` columns) of `x` in K-step `s`, as words:
@@ -468,12 +520,12 @@ fn silu_gate(gate: f32, up: f32) -> f32 {
 }
 
 /// The gate/up kernel, for groups of `8 · NT` pairs: routing, the hand-over, then the units
-/// on one of two schedules — [`gate_up_warps`] (a unit per warp, or split over `split` warps
-/// of a block along K), or with `STAGED` [`gate_up_staged`] (a block's warps on 8 row tiles
-/// of one item, the item's `x` staged in shared memory; `split` 1).
+/// — with groups of 8 on the staged schedule ([`gate_up_staged`]: a block's warps on 8 row
+/// tiles of one item, the item's `x` staged in shared memory), with 16 or 32 a unit a warp
+/// ([`gate_up_warps`]).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn gate_up<const NT: usize, const STAGED: bool>(
+fn gate_up<const NT: usize>(
     x: &[bf16],
     router: &[bf16],
     w_gate: &[bf16],
@@ -485,27 +537,18 @@ fn gate_up<const NT: usize, const STAGED: bool>(
     top_gates: &Out<f32>,
     k: usize,
     renormalize: bool,
-    split: usize,
 ) {
     grid::launch_dependents();
     let tokens = top_ids.len() / k;
     let hidden = x.len() / tokens;
     let ffn = h.len() / (tokens * k);
     let experts = router.len() / hidden;
-    if !matches!(split, 1 | 2 | 4) || ((NT > 1 || STAGED) && split > 1) || !hidden.is_multiple_of(STEP * GATE_UP_UNROLL * split) || !ffn.is_multiple_of(ROWS) || w_gate.len() != experts * ffn * hidden || w_up.len() != w_gate.len() {
+    if !hidden.is_multiple_of(STEP * GATE_UP_UNROLL) || !ffn.is_multiple_of(ROWS) || w_gate.len() != experts * ffn * hidden || w_up.len() != w_gate.len() {
         arch::trap();
     }
     let group_pairs = 8 * NT;
     let mut smem = shared::dynamic();
-    // The warp schedule's B operand with groups of 8 pairs: `x` whole in shared memory (the
-    // host plans the staged schedule where it does not fit), its copies started before the
-    // routing (`x` is an input) and waited for after it.
-    let xs = (!STAGED && NT == 1).then(|| stage_x(&mut smem, x, tokens, hidden));
     let (dispatch, ids, gates) = route(&mut smem, x, router, tokens, k, renormalize, group_pairs);
-    if xs.is_some() {
-        shared::wait_async_copies();
-        block::sync();
-    }
     // Cluster 0's first block hands the routing to the down kernel (and the host).
     if cluster::index_in_grid().x == 0 && cluster::block_rank() == 0 {
         for e in block::stride_loop(0..experts) {
@@ -519,15 +562,10 @@ fn gate_up<const NT: usize, const STAGED: bool>(
         }
     }
     let shape = GateUp { x, w_gate, w_up, h, hidden, ffn };
-    if STAGED {
-        // 32 pairs as two halves of 16 (2 n-tiles a warp).
-        if NT == 4 {
-            gate_up_staged::<2>(&mut smem, dispatch, &shape, group_pairs);
-        } else {
-            gate_up_staged::<NT>(&mut smem, dispatch, &shape, group_pairs);
-        }
+    if NT == 1 {
+        gate_up_staged(&mut smem, dispatch, &shape);
     } else {
-        gate_up_warps::<NT>(&mut smem, dispatch, &shape, xs, split);
+        gate_up_warps::<NT>(dispatch, &shape);
     }
 }
 
@@ -559,77 +597,28 @@ impl GateUp<'_> {
     }
 }
 
-/// The most shared memory the warp schedule's `x` may take (two blocks an SM with the rest).
-const X_SMEM_BYTES: usize = 72 * 1024;
-
-/// Words of shared memory a row of `cols` halves takes when staged: 64 bytes more than the
-/// row, so that the 8 lanes of a quarter warp, reading 16 bytes each of two rows, hit 32
-/// different banks.
-const fn padded_row_words(cols: usize) -> usize {
-    cols / 2 + 16
+/// K-steps whose loads a gate/up warp with `NT` n-tiles issues together: as many as 128
+/// registers hold beside `x` and the accumulators (4 with 2 n-tiles issued only half their
+/// loads before the first `mma`; 3 need not divide a unit's steps).
+const fn gate_up_unroll(nt: usize) -> usize {
+    if nt == 2 { 3 } else { GATE_UP_UNROLL / 2 }
 }
 
-/// Bytes of shared memory all of `x` (`tokens × hidden`) takes staged ([`stage_x`]).
-const fn x_smem_bytes(tokens: usize, hidden: usize) -> usize {
-    tokens * padded_row_words(hidden) * 4
-}
-
-/// Whether all of `x` fits the warp schedule's shared memory.
-const fn x_fits(tokens: usize, hidden: usize) -> bool {
-    x_smem_bytes(tokens, hidden) <= X_SMEM_BYTES
-}
-
-/// Starts copying `rows` rows of `pieces` 16-byte vectors of `src` into `dst`, row `p` from
-/// vector `first(p)` of `src` to word `p · row_words` of `dst` (`cp.async`, all threads of the
-/// block); the caller waits with [`shared::wait_async_copies`] and a block barrier.
+/// The gate/up units a warp at a time (groups of 16 and 32 pairs): unit `q` (16 rows of an
+/// item) goes to warp `q / blocks` of block `q % blocks`, so that few units still spread
+/// over every SM; the warp streams its rows and its pairs' `x` from global memory (`x` from
+/// L2), [`gate_up_unroll`] K-steps' loads at once.
 #[inline(always)]
-fn copy_rows_async(dst: SharedSlice<u32>, row_words: usize, src: &[u32], rows: usize, pieces: usize, first: impl Fn(usize) -> usize) {
-    for i in block::stride_loop(0..rows * pieces) {
-        let (p, c) = (i / pieces, i % pieces);
-        dst.copy16_async::<4>(p * row_words / 4 + c, src, first(p) + c);
-    }
-}
-
-/// Starts copying `x` (`tokens × hidden`) into shared memory, a [`padded_row_words`] row a
-/// token ([`copy_rows_async`]).
-fn stage_x(smem: &mut DynamicShared, x: &[bf16], tokens: usize, hidden: usize) -> SharedSlice<u32> {
-    let row = padded_row_words(hidden);
-    let xs = smem.take::<u32>(tokens * row);
-    // SAFETY: `x` is a whole kernel argument.
-    copy_rows_async(xs, row, unsafe { words(x) }, tokens, hidden / 8, |t| t * hidden / 8);
-    xs
-}
-
-/// The gate/up units a warp at a time: each unit (an item's 16 rows) goes to a group of
-/// `split` warps of a block (1, 2 or 4, and 1 unless `NT` is 1; more warps in flight when the
-/// units are few), each streaming a contiguous `1 / split` of its K-steps. The pairs' `x`
-/// comes from `xs` (all of `x` in shared memory, [`stage_x`]: groups of 8) as each `mma`
-/// needs it, so that a warp's registers hold only the weights' loads in flight and the
-/// accumulators, or else (`None`: groups of 16 and 32) straight from global memory (L2),
-/// loaded with the weights.
-#[inline(always)]
-fn gate_up_warps<const NT: usize>(smem: &mut DynamicShared, dispatch: Dispatch, op: &GateUp, xs: Option<SharedSlice<u32>>, split: usize) {
+fn gate_up_warps<const NT: usize>(dispatch: Dispatch, op: &GateUp) {
     let GateUp { x, w_gate, w_up, hidden, ffn, .. } = *op;
     let group_pairs = 8 * NT;
     let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
-    let tiles = ffn / ROWS;
-    let steps = hidden / STEP;
-    let x_row = padded_row_words(hidden);
-    // A unit (16 rows of an item) goes to a group of `split` warps, each taking a contiguous
-    // `1 / split` of its K-steps; units go to group `g` of every block before group `g + 1`
-    // of any, so that few units still spread over every SM. Every block runs the same rounds,
-    // so that the groups' barriers match.
-    // (Groups of 8 pairs only: with more n-tiles the accumulators leave no registers for it.)
-    let split = if NT == 1 { split } else { 1 };
-    let (groups, blocks) = (WARPS / split, grid::dim().x as usize);
-    let (group, part, per) = (warp / split, warp % split, steps / split);
-    // The other parts' accumulators, for the group's first warp to add: a lane's values
-    // `slot · 32 + lane`, so that the warp's accesses hit 32 banks.
-    let partials = smem.take::<f32>(groups * (split - 1) * 2 * NT * 4 * 32);
+    let (tiles, steps) = (ffn / ROWS, hidden / STEP);
+    let blocks = grid::dim().x as usize;
+    let unroll = gate_up_unroll(NT);
     let units = dispatch.items() * tiles;
-    for round in 0..units.div_ceil(blocks * groups) {
-        let q = (round * groups + group) * blocks + block::index_x() as usize;
-        let item = if q < units { dispatch.item(q / tiles, group_pairs) } else { Item { expert: 0, first: 0, len: 0 } };
+    for q in (warp * blocks + block::index_x() as usize..units).step_by(WARPS * blocks) {
+        let item = dispatch.item(q / tiles, group_pairs);
         let tile = item.expert * tiles + q % tiles;
         // The lane's pair column in each n-tile: its token's row of `x`, if it has one.
         let x_rows: [Option<usize>; NT] = core::array::from_fn(|n| {
@@ -637,80 +626,43 @@ fn gate_up_warps<const NT: usize>(smem: &mut DynamicShared, dispatch: Dispatch, 
             (p < item.len).then(|| dispatch.pair_token.load(item.first + p) as usize)
         });
         let mut acc = [[FragC::ZERO; NT]; 2];
-        let unroll = if NT >= 4 { GATE_UP_UNROLL / 2 } else { GATE_UP_UNROLL };
-        // A unit past the last streams nothing (`item.len == 0`) but still meets the barriers.
-        let mine = if item.len > 0 { part * per..(part + 1) * per } else { 0..0 };
-        for chunk in mine.step_by(unroll) {
+        for chunk in (0..steps).step_by(unroll) {
             let mut a = [[[[0u32; 4]; 2]; 2]; GATE_UP_UNROLL];
             let mut b = [[[0u32; 4]; NT]; GATE_UP_UNROLL];
             unroll!(u in [0 1 2 3] {
-                if u < unroll {
+                if u < unroll && (GATE_UP_UNROLL.is_multiple_of(unroll) || chunk + u < steps) {
                     let s = chunk + u;
                     // SAFETY: `tile` is a row tile of the expert's (checked lengths), and `s <
-                    // steps` (`per` is a multiple of the unroll); weights and `x` are inputs.
+                    // steps`; weights and `x` are inputs.
                     unsafe {
                         a[u] = [tile_words(w_gate, tile, steps, s), tile_words(w_up, tile, steps, s)];
-                        if xs.is_none() {
-                            for n in 0..NT {
-                                if let Some(t) = x_rows[n] {
-                                    b[u][n] = row_words(x, t, hidden, s);
-                                }
+                        for n in 0..NT {
+                            if let Some(t) = x_rows[n] {
+                                b[u][n] = row_words(x, t, hidden, s);
                             }
                         }
                     }
                 }
             });
             unroll!(u in [0 1 2 3] {
-                if u < unroll {
+                if u < unroll && (GATE_UP_UNROLL.is_multiple_of(unroll) || chunk + u < steps) {
                     for n in 0..NT {
-                        let b = match xs {
-                            Some(xs) => x_rows[n].map_or([0; 4], |t| xs.load16::<4>(t * x_row / 4 + (chunk + u) * STEP / 8 + lane % 4)),
-                            None => b[u][n],
-                        };
-                        acc[0][n] = mma_step(a[u][0], b, acc[0][n]);
-                        acc[1][n] = mma_step(a[u][1], b, acc[1][n]);
+                        acc[0][n] = mma_step(a[u][0], b[u][n], acc[0][n]);
+                        acc[1][n] = mma_step(a[u][1], b[u][n], acc[1][n]);
                     }
                 }
             });
         }
-        if split > 1 {
-            // Parts 1.. hand their sums to part 0, which adds them in part order.
-            let slot = |p: usize, m: usize, n: usize, v: usize| ((((group * (split - 1) + p - 1) * 2 + m) * NT + n) * 4 + v) * 32 + lane;
-            // Unrolled: the accumulators stay in registers only while indexed by constants.
-            if part > 0 {
-                unroll!(m in [0 1] {
-                    unroll!(n in [0 1 2 3] {
-                        if n < NT {
-                            unroll!(v in [0 1 2 3] {
-                                partials.store(slot(part, m, n, v), acc[m][n].values[v]);
-                            });
-                        }
-                    });
-                });
-            }
-            block::sync();
-            if part == 0 {
-                for p in 1..split {
-                    unroll!(m in [0 1] {
-                        unroll!(n in [0 1 2 3] {
-                            if n < NT {
-                                unroll!(v in [0 1 2 3] {
-                                    acc[m][n].values[v] += partials.load(slot(p, m, n, v));
-                                });
-                            }
-                        });
-                    });
-                }
-            }
-            // The slots are free again once part 0 has read them.
-            block::sync();
-        }
-        if part == 0 {
-            op.write(&acc, item, q % tiles);
-        }
+        op.write(&acc, item, q % tiles);
     }
 }
 
+/// Words of shared memory a row of `cols` halves takes when staged: 64 bytes more than the
+/// row, so that the 8 lanes of a quarter warp, reading 16 bytes each of two rows, hit 32
+/// different banks.
+const fn padded_row_words(cols: usize) -> usize {
+    cols / 2 + 16
+}
 
 /// K columns of the pairs' `x` a staged gate/up block holds in shared memory at once.
 const WINDOW: usize = 1024;
@@ -720,46 +672,41 @@ const fn window_columns(hidden: usize) -> usize {
     if hidden < WINDOW { hidden } else { WINDOW }
 }
 
-/// The gate/up units a block at a time: a *block unit* is row tiles of one item, one a warp
-/// (8, or 4 when the item's `group_pairs` are twice a warp's `8 · NT`: then warps `w` and
-/// `w + 4` take the same rows and each half of the pairs, so that a warp holds 2 n-tiles'
-/// accumulators, not 4, and the rows' second read hits the caches). The block copies the
-/// item's pairs' `x` into shared memory a window of [`WINDOW`] columns at a time
-/// (`cp.async`, all threads), so that the pairs' vectors cross from L2 once per block unit
-/// instead of once per warp, and a warp's registers hold only its weight loads and
-/// accumulators; each warp then streams its 16 rows of the window as the warp schedule does,
-/// reading B from shared memory. The K order of every sum is the warp schedule's, so the two
-/// give the same bits.
+/// The gate/up units a block at a time (groups of 8 pairs): a *block unit* is 8 row tiles
+/// of one item, one a warp. The block copies the item's pairs' `x` into shared memory a
+/// window of [`WINDOW`] columns at a time (`cp.async`, all threads), so that the pairs'
+/// vectors cross from L2 once per block unit instead of once per warp, and a warp's
+/// registers hold only its weight loads and accumulators; each warp then streams its 16
+/// rows of the window, [`GATE_UP_UNROLL`] K-steps' loads at once, reading B from shared
+/// memory as each `mma` needs it.
 #[inline(always)]
-fn gate_up_staged<const NT: usize>(smem: &mut DynamicShared, dispatch: Dispatch, op: &GateUp, group_pairs: usize) {
+fn gate_up_staged(smem: &mut DynamicShared, dispatch: Dispatch, op: &GateUp) {
     let GateUp { x, w_gate, w_up, hidden, ffn, .. } = *op;
     let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
     let (tiles, steps) = (ffn / ROWS, hidden / STEP);
     let row_words = padded_row_words(window_columns(hidden));
     let window_steps = window_columns(hidden) / STEP;
-    let staged = smem.take::<u32>(group_pairs * row_words);
-    let unit_tiles = WARPS / (group_pairs / (8 * NT));
-    let (slot, half) = (warp % unit_tiles, warp / unit_tiles);
+    let staged = smem.take::<u32>(8 * row_words);
     // SAFETY: `x` is a whole kernel argument.
     let x_words = unsafe { words(x) };
-    let per_item = tiles.div_ceil(unit_tiles);
+    let per_item = tiles.div_ceil(WARPS);
     let units = dispatch.items() * per_item;
     for unit in (block::index_x() as usize..units).step_by(grid::dim().x as usize) {
-        let item = dispatch.item(unit / per_item, group_pairs);
-        let row_tile = unit % per_item * unit_tiles + slot;
-        // This warp's pairs: its half of the item's (all of them, with one half).
-        let skip = half * 8 * NT;
-        let mine = Item { expert: item.expert, first: item.first + skip, len: item.len.saturating_sub(skip) };
-        // A warp past the expert's last row tile, or without pairs, streams nothing but meets
-        // the barriers.
-        let live = row_tile < tiles && mine.len > 0;
+        let item = dispatch.item(unit / per_item, 8);
+        let row_tile = unit % per_item * WARPS + warp;
+        // A warp past the expert's last row tile streams nothing but meets the barriers.
+        let live = row_tile < tiles;
         let tile = item.expert * tiles + row_tile;
-        let mut acc = [[FragC::ZERO; NT]; 2];
+        let mut acc = [[FragC::ZERO; 1]; 2];
         for start in (0..steps).step_by(window_steps) {
             let pieces = window_steps.min(steps - start) * STEP / 8;
             // The last window's (or unit's) readers are done with the slots.
             block::sync();
-            copy_rows_async(staged, row_words, x_words, item.len, pieces, |p| (dispatch.pair_token.load(item.first + p) as usize * hidden + start * STEP) / 8);
+            for i in block::stride_loop(0..item.len * pieces) {
+                let (p, c) = (i / pieces, i % pieces);
+                let token = dispatch.pair_token.load(item.first + p) as usize;
+                staged.copy16_async::<4>(p * row_words / 4 + c, x_words, (token * hidden + start * STEP) / 8 + c);
+            }
             shared::wait_async_copies();
             block::sync();
             if !live {
@@ -774,42 +721,31 @@ fn gate_up_staged<const NT: usize>(smem: &mut DynamicShared, dispatch: Dispatch,
                     a[u] = unsafe { [tile_words(w_gate, tile, steps, chunk + u), tile_words(w_up, tile, steps, chunk + u)] };
                 });
                 unroll!(u in [0 1 2 3] {
-                    let [gate, up] = &mut acc;
-                    for (n, (gate, up)) in gate.iter_mut().zip(up).enumerate() {
-                        let p = 8 * n + lane / 4;
-                        let b = if p < mine.len { staged.load16::<4>((skip + p) * row_words / 4 + (chunk + u - start) * STEP / 8 + lane % 4) } else { [0; 4] };
-                        *gate = mma_step(a[u][0], b, *gate);
-                        *up = mma_step(a[u][1], b, *up);
-                    }
+                    let p = lane / 4;
+                    let b = if p < item.len { staged.load16::<4>(p * row_words / 4 + (chunk + u - start) * STEP / 8 + lane % 4) } else { [0; 4] };
+                    acc[0][0] = mma_step(a[u][0], b, acc[0][0]);
+                    acc[1][0] = mma_step(a[u][1], b, acc[1][0]);
                 });
             }
         }
         if live {
-            op.write(&acc, mine, row_tile);
+            op.write(&acc, item, row_tile);
         }
     }
-}
-
-/// The down kernels' sizes from their arguments, `(tokens, hidden, ffn, experts)`:
-/// `pair_gate` holds `tokens · k` values, `routing` `experts + tokens · k`, `h` `tokens · k`
-/// rows of `ffn`, `out` `tokens` rows of `hidden`. Traps unless the FFN is whole K-steps,
-/// `hidden` whole blocks of `rows` output rows and `w_down` the experts' `hidden × ffn`.
-#[inline(always)]
-fn down_sizes(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>, w_down: &[bf16], out: &Out<bf16>, k: usize, rows: usize) -> (usize, usize, usize, usize) {
-    let tokens = pair_gate.len() / k;
-    let hidden = out.len() / tokens;
-    let ffn = h.len() / (tokens * k);
-    let experts = routing.len() - tokens * k;
-    if !ffn.is_multiple_of(STEP) || !hidden.is_multiple_of(rows) || w_down.len() != experts * hidden * ffn {
-        arch::trap();
-    }
-    (tokens, hidden, ffn, experts)
 }
 
 /// The down kernel, for groups of `8 · NT` pairs.
 #[inline(always)]
 fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>, w_down: &[bf16], out: &Out<bf16>, k: usize) {
-    let (tokens, hidden, ffn, experts) = down_sizes(h, routing, pair_gate, w_down, out, k, ROWS);
+    // Sizes: `pair_gate` holds `tokens · k` values, `routing` `experts + tokens · k`, `h`
+    // `tokens · k` rows of `ffn`, `out` `tokens` rows of `hidden`.
+    let tokens = pair_gate.len() / k;
+    let hidden = out.len() / tokens;
+    let ffn = h.len() / (tokens * k);
+    let experts = routing.len() - tokens * k;
+    if !ffn.is_multiple_of(STEP) || !hidden.is_multiple_of(ROWS) || w_down.len() != experts * hidden * ffn {
+        arch::trap();
+    }
     let group = 8 * NT;
     let mut smem = shared::dynamic();
     let dispatch = Dispatch::take(&mut smem, experts, tokens * k);
@@ -886,110 +822,18 @@ fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>
     }
 }
 
-/// K-steps of `h` a staged down block holds in shared memory at once (a multiple of the
-/// unroll).
-const DOWN_WINDOW_STEPS: usize = 24;
-
-/// The down kernel on the staged schedule, for groups of `8 · NT` pairs: a cluster per 128
-/// output rows (8 row tiles, one a warp), whose blocks split the flat list of (item, K-step)
-/// units into contiguous ranges. A block walks its range a run (one item's steps) at a time,
-/// copies the run's `h` of the item's pairs into shared memory [`DOWN_WINDOW_STEPS`] K-steps
-/// at a time (`cp.async`), and each warp streams its 16 rows of the window against it, B read
-/// at each `mma`: `h` crosses from L2 once per 128 output rows instead of once per 16, and
-/// registers hold only the weights in flight. Each warp adds a run's rows times the gate
-/// weights to its own rows' sums, and `cluster::reduce_scatter` adds the blocks' in rank
-/// order into `y`.
-#[inline(always)]
-fn down_staged<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>, w_down: &[bf16], out: &Out<bf16>, k: usize) {
-    let (tokens, hidden, ffn, experts) = down_sizes(h, routing, pair_gate, w_down, out, k, ROWS * WARPS);
-    let group = 8 * NT;
-    let mut smem = shared::dynamic();
-    let dispatch = Dispatch::take(&mut smem, experts, tokens * k);
-    let row_words = padded_row_words(DOWN_WINDOW_STEPS * STEP);
-    let staged = smem.take::<u32>(group * row_words);
-    // Each warp's rows' per-token sums: output row `warp · 16 + r` of the cluster's 128 at
-    // `(warp · 16 + r) · tokens`.
-    let sums = smem.take::<f32>(WARPS * ROWS * tokens);
-    let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
-    dispatch.receive(routing, pair_gate, group);
-    // SAFETY: `h` is a whole kernel argument that no thread writes, and the kernel that wrote
-    // it has finished (`receive` waited for it); the view lives as long as the kernel's reads.
-    let h_words = unsafe { core::slice::from_raw_parts(h.as_mut_ptr().cast::<u32>(), h.len() / 2) };
-
-    let steps = ffn / STEP;
-    let (rank, size) = (cluster::block_rank() as usize, cluster::size() as usize);
-    let units = dispatch.items() * steps;
-    let (lo, hi) = (rank * units / size, (rank + 1) * units / size);
-    let clusters = grid::dim().x as usize / size;
-    let mine = sums.slice(warp * ROWS * tokens, ROWS * tokens);
-    for rows in (cluster::index_in_grid().x as usize..hidden / (ROWS * WARPS)).step_by(clusters) {
-        let row_tile = rows * WARPS + warp;
-        for i in (lane..ROWS * tokens).step_by(32) {
-            mine.store(i, 0.0);
-        }
-        warp::sync();
-        dispatch.for_each_run(lo..hi, steps, group, |item, run| {
-            let end = run.end;
-            let tile = item.expert * (hidden / ROWS) + row_tile;
-            let mut acc = [FragC::ZERO; NT];
-            for start in run.step_by(DOWN_WINDOW_STEPS) {
-                let window = DOWN_WINDOW_STEPS.min(end - start);
-                let pieces = window * STEP / 8;
-                // The last window's readers are done with the slots.
-                block::sync();
-                copy_rows_async(staged, row_words, h_words, item.len, pieces, |p| ((item.first + p) * ffn + start * STEP) / 8);
-                shared::wait_async_copies();
-                block::sync();
-                for chunk in (start..start + window).step_by(DOWN_UNROLL) {
-                    let mut a = [[[0u32; 4]; 2]; DOWN_UNROLL];
-                    unroll!(u in [0 1 2 3 4 5] {
-                        if chunk + u < start + window {
-                            // SAFETY: the row tile is the expert's (checked lengths) and
-                            // `chunk + u < steps`; weights are inputs.
-                            a[u] = unsafe { tile_words(w_down, tile, steps, chunk + u) };
-                        }
-                    });
-                    unroll!(u in [0 1 2 3 4 5] {
-                        if chunk + u < start + window {
-                            for (n, acc) in acc.iter_mut().enumerate() {
-                                let p = 8 * n + lane / 4;
-                                let b = if p < item.len { staged.load16::<4>(p * row_words / 4 + (chunk + u - start) * STEP / 8 + lane % 4) } else { [0; 4] };
-                                *acc = mma_step(a[u], b, *acc);
-                            }
-                        }
-                    });
-                }
-            }
-            dispatch.add_run(&acc, item, mine);
-        });
-        // The blocks' sums of the 128 rows, added in rank order, each block writing its share
-        // (between two cluster barriers: the warps' sums are complete before any is read).
-        cluster::reduce_scatter(sums, Sum, |i, v| out.set(i % tokens * hidden + rows * WARPS * ROWS + i / tokens, bf16::from_f32(v)));
-    }
-}
-
 macro_rules! moe_kernels {
-    (gate_up: [$($gate_up:ident, $g_nt:literal, $g_pairs:literal;)*] staged: [$($staged:ident, $s_nt:literal, $s_pairs:literal;)*] down: [$($down:ident, $d_nt:literal, $d_pairs:literal;)*] staged_down: [$($staged_down:ident, $sd_nt:literal, $sd_pairs:literal;)*]) => {
+    (gate_up: [$($gate_up:ident, $g_nt:literal, $g_pairs:literal;)*] down: [$($down:ident, $d_nt:literal, $d_pairs:literal;)*]) => {
         $(
             /// MoE launch 1/2 (routing, gate and up projections) for experts serving up to
             #[doc = concat!($g_pairs, " pairs per pass over their weights (more take another pass).")]
             /// `top_ids`/`top_gates` (`tokens × top_k`) receive the routing; `h` (`tokens · top_k ×
             /// ffn`) the pairs' activations, `routing` (`experts + tokens · top_k`: each
-            /// expert's pair count, then the pairs' tokens) and `pair_gate` what the down kernel needs;
-            /// `split` warps share a unit ([`host::Schedule::Warps`]).
+            /// expert's pair count, then the pairs' tokens) and `pair_gate` what the down kernel needs.
             #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
             #[allow(clippy::too_many_arguments)]
-            pub fn $gate_up(x: &[bf16], router: &[bf16], w_gate: &[bf16], w_up: &[bf16], h: Out<bf16>, routing: Out<u32>, pair_gate: Out<f32>, top_ids: Out<u32>, top_gates: Out<f32>, top_k: u32, renormalize: u32, split: u32) {
-                gate_up::<$g_nt, false>(x, router, w_gate, w_up, &h, &routing, &pair_gate, &top_ids, &top_gates, top_k as usize, renormalize != 0, split as usize)
-            }
-        )*
-        $(
-            /// MoE launch 1/2 on the staged schedule ([`host::Schedule::Staged`]), for experts serving up to
-            #[doc = concat!($s_pairs, " pairs per pass; arguments as the warp schedule's, less `split`.")]
-            #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
-            #[allow(clippy::too_many_arguments)]
-            pub fn $staged(x: &[bf16], router: &[bf16], w_gate: &[bf16], w_up: &[bf16], h: Out<bf16>, routing: Out<u32>, pair_gate: Out<f32>, top_ids: Out<u32>, top_gates: Out<f32>, top_k: u32, renormalize: u32) {
-                gate_up::<$s_nt, true>(x, router, w_gate, w_up, &h, &routing, &pair_gate, &top_ids, &top_gates, top_k as usize, renormalize != 0, 1)
+            pub fn $gate_up(x: &[bf16], router: &[bf16], w_gate: &[bf16], w_up: &[bf16], h: Out<bf16>, routing: Out<u32>, pair_gate: Out<f32>, top_ids: Out<u32>, top_gates: Out<f32>, top_k: u32, renormalize: u32) {
+                gate_up::<$g_nt>(x, router, w_gate, w_up, &h, &routing, &pair_gate, &top_ids, &top_gates, top_k as usize, renormalize != 0)
             }
         )*
         $(
@@ -1000,14 +844,6 @@ macro_rules! moe_kernels {
                 down::<$d_nt>(&h, &routing, &pair_gate, w_down, &out, top_k as usize)
             }
         )*
-        $(
-            /// MoE launch 2/2 on the staged schedule ([`host::Schedule::Staged`]: a cluster per 128
-            #[doc = concat!("output rows), for up to ", $sd_pairs, " pairs per pass; arguments as the other down kernels'.")]
-            #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
-            pub fn $staged_down(h: Out<bf16>, routing: Out<u32>, pair_gate: Out<f32>, w_down: &[bf16], out: Out<bf16>, top_k: u32) {
-                down_staged::<$sd_nt>(&h, &routing, &pair_gate, w_down, &out, top_k as usize)
-            }
-        )*
     };
 }
 
@@ -1015,9 +851,7 @@ macro_rules! moe_kernels {
 // flight (Mixtral's at 64 tokens took 809 µs against 414 with groups of 16).
 moe_kernels! {
     gate_up: [moe_gate_up_g8, 1, 8; moe_gate_up_g16, 2, 16; moe_gate_up_g32, 4, 32;]
-    staged: [moe_gate_up_staged_g8, 1, 8; moe_gate_up_staged_g16, 2, 16; moe_gate_up_staged_g32, 4, 32;]
     down: [moe_down_g8, 1, 8; moe_down_g16, 2, 16;]
-    staged_down: [moe_down_staged_g8, 1, 8; moe_down_staged_g16, 2, 16;]
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
@@ -1208,13 +1042,8 @@ pub mod host {
         gate_up_g8: moe_gate_up_g8::Kernel,
         gate_up_g16: moe_gate_up_g16::Kernel,
         gate_up_g32: moe_gate_up_g32::Kernel,
-        staged_g8: moe_gate_up_staged_g8::Kernel,
-        staged_g16: moe_gate_up_staged_g16::Kernel,
-        staged_g32: moe_gate_up_staged_g32::Kernel,
         down_g8: moe_down_g8::Kernel,
         down_g16: moe_down_g16::Kernel,
-        staged_down_g8: moe_down_staged_g8::Kernel,
-        staged_down_g16: moe_down_staged_g16::Kernel,
     }
 
     impl Kernels {
@@ -1224,13 +1053,8 @@ pub mod host {
                 gate_up_g8: moe_gate_up_g8::load(gpu)?,
                 gate_up_g16: moe_gate_up_g16::load(gpu)?,
                 gate_up_g32: moe_gate_up_g32::load(gpu)?,
-                staged_g8: moe_gate_up_staged_g8::load(gpu)?,
-                staged_g16: moe_gate_up_staged_g16::load(gpu)?,
-                staged_g32: moe_gate_up_staged_g32::load(gpu)?,
                 down_g8: moe_down_g8::load(gpu)?,
                 down_g16: moe_down_g16::load(gpu)?,
-                staged_down_g8: moe_down_staged_g8::load(gpu)?,
-                staged_down_g16: moe_down_staged_g16::load(gpu)?,
             })
         }
     }
@@ -1310,48 +1134,25 @@ pub mod host {
         }
     }
 
-    /// How the gate/up kernel spreads its units (16 rows of an item) over warps.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    pub enum Schedule {
-        /// A unit per group of `split` warps of a block, which split its K-steps (1, 2 or 4;
-        /// 2 and 4 with groups of 8 pairs only); each warp reads its pairs' `x` from L2.
-        Warps { split: usize },
-        /// A block's 8 warps on 8 row tiles of one item, its pairs' `x` staged in shared
-        /// memory once per block (the same sums, bit for bit).
-        Staged,
-    }
-
-    /// How a step launches: each kernel's pair group, the gate/up schedule, and both launch
-    /// configurations.
+    /// How a step launches: each kernel's pair group and both launch configurations.
     #[derive(Clone, Copy, Debug)]
     pub struct Plan {
-        /// Pairs an expert's pass over its weights serves in the gate/up kernel: 8, 16 or 32.
+        /// Pairs an expert's pass over its weights serves in the gate/up kernel: 8 (the staged
+        /// schedule), 16 or 32 (a unit a warp).
         pub gate_up_group: usize,
-        /// How the gate/up kernel spreads its units.
-        pub gate_up_schedule: Schedule,
         /// The same in the down kernel: 8 or 16.
         pub down_group: usize,
-        /// Whether the down kernel is on the staged schedule (a cluster per 128 output rows,
-        /// `h` in shared memory) rather than a cluster per 16 rows reading `h` from L2.
-        pub down_staged: bool,
         pub gate_up: LaunchConfig,
         pub down: LaunchConfig,
     }
 
-    /// Shared memory of the gate/up kernel: the routing's arrays, 16-byte aligned each, then
-    /// the schedule's: all of `x` when it fits and the K-split parts' accumulators (`group`
-    /// pairs, `split` warps a unit), or the staged window of `group` pairs' `x`.
-    fn gate_up_smem(layer: &Layer, tokens: usize, cluster: usize, group: usize, schedule: Schedule) -> usize {
+    /// Shared memory of the gate/up kernel: the routing's arrays, 16-byte aligned each, and
+    /// with groups of 8 the staged window of the pairs' `x`.
+    fn gate_up_smem(layer: &Layer, tokens: usize, cluster: usize, group: usize) -> usize {
         let (pairs, e) = (tokens * layer.top_k, layer.experts);
         let partials = WARPS * ROWS * tokens.next_multiple_of(8) * 4;
-        let parts = match schedule {
-            Schedule::Warps { split } => {
-                let xs = if group == 8 { x_smem_bytes(tokens, layer.hidden) } else { 0 };
-                xs.next_multiple_of(16) + WARPS / split * (split - 1) * 2 * (group / 8) * 4 * 32 * 4
-            }
-            Schedule::Staged => group * padded_row_words(window_columns(layer.hidden)) * 4,
-        };
-        let sizes = [tokens * e / cluster * 4, partials, tokens * 4, pairs * cluster * 8, pairs * 8, pairs * 4, pairs * 4, 2 * e * 4, parts];
+        let window = if group == 8 { 8 * padded_row_words(window_columns(layer.hidden)) * 4 } else { 0 };
+        let sizes = [tokens * e / cluster * 4, partials, tokens * 4, pairs * cluster * 8, pairs * 8, pairs * 4, pairs * 4, 2 * e * 4, window];
         sizes.iter().map(|b| b.next_multiple_of(16)).sum::<usize>() + dispatch_smem(layer, tokens)
     }
 
@@ -1360,95 +1161,54 @@ pub mod host {
         [layer.experts * 4, layer.experts * 4, pairs * 4, pairs * 4, (pairs + 1) * 4].iter().map(|b| b.next_multiple_of(16)).sum()
     }
 
-    /// The launches of `layer` at `tokens` tokens: gate/up in clusters of `cluster`, as many
-    /// blocks as the GPU holds at once (at most one per 2 units of the largest routing),
-    /// pairs in groups of 8, 16 or 32, whichever first holds twice an expert's average share,
-    /// on the warp schedule, each unit's K split (groups of 8) over the most warps (4, 2 or 1)
-    /// that keep all units in one round — or on the staged one where groups of 8 leave `x`
-    /// too large for shared memory (more than 8 tokens of hidden 4096); the down kernel a
-    /// cluster per 16 output rows, of as many blocks (1, 2 or 4, splitting K) as keep the
-    /// grid within two blocks per SM, launched programmatically with `programmatic`.
+    /// The launches of `layer` at `tokens` tokens: gate/up in clusters of `cluster`, pairs in
+    /// groups of 8, 16 or 32, whichever first holds twice an expert's average share, as many
+    /// blocks as the GPU holds at once (at most one per 8 units of the largest routing with
+    /// groups of 8, a unit a warp, or per 2 units with 16 and 32); the down kernel a cluster
+    /// per 16 output rows, of as many blocks (1, 2 or 4, splitting K) as keep the grid within
+    /// two blocks per SM, launched programmatically with `programmatic`.
     pub fn plan(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, cluster: u32, programmatic: bool) -> Result<Plan> {
-        plan_for(kernels, gpu, layer, tokens, cluster, programmatic, false)
-    }
-
-    /// [`plan`] with both kernels on their staged schedules: the gate/up units on
-    /// [`Schedule::Staged`], as many blocks as the GPU holds at once (at most one per 8
-    /// units), and the down kernel a cluster per 128 output rows of as many blocks (1-16,
-    /// splitting K) as keep the grid within two blocks per SM and each block about two
-    /// windows of K-steps.
-    pub fn staged_plan(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, cluster: u32, programmatic: bool) -> Result<Plan> {
-        plan_for(kernels, gpu, layer, tokens, cluster, programmatic, true)
-    }
-
-    fn plan_for(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, cluster: u32, programmatic: bool, staged: bool) -> Result<Plan> {
         layer.check(tokens, cluster)?;
         // Groups hold about twice an expert's average share of the pairs (all tokens, at most).
         let share = tokens.min(2 * tokens * layer.top_k / layer.experts);
         let group = [8, 16, 32].into_iter().find(|&g| g >= share).unwrap_or(32);
-        // The warp schedule with groups of 8 holds all of `x` in shared memory.
-        let staged_gate_up = staged || (group == 8 && !x_fits(tokens, layer.hidden));
         let c = cluster as usize;
-        let first = if staged_gate_up { Schedule::Staged } else { Schedule::Warps { split: 1 } };
-        let mut gate_up = LaunchConfig { grid: cluster.into(), block: BLOCK.into(), cluster: Some(cluster.into()), dynamic_smem_bytes: gate_up_smem(&layer, tokens, c, group, first) as u32, ..LaunchConfig::default() };
-        let raw = match (group, staged_gate_up) {
-            (8, false) => kernels.gate_up_g8.raw(),
-            (16, false) => kernels.gate_up_g16.raw(),
-            (_, false) => kernels.gate_up_g32.raw(),
-            (8, true) => kernels.staged_g8.raw(),
-            (16, true) => kernels.staged_g16.raw(),
-            (_, true) => kernels.staged_g32.raw(),
+        let mut gate_up = LaunchConfig { grid: cluster.into(), block: BLOCK.into(), cluster: Some(cluster.into()), dynamic_smem_bytes: gate_up_smem(&layer, tokens, c, group) as u32, ..LaunchConfig::default() };
+        let raw = match group {
+            8 => kernels.gate_up_g8.raw(),
+            16 => kernels.gate_up_g16.raw(),
+            _ => kernels.gate_up_g32.raw(),
         };
         let resident = raw.max_resident_blocks(gpu.stream(), &raw.plan(&gate_up)?)?;
-        // The most experts a routing can select.
+        // The most experts a routing can select, and the units (16 rows of an item) of the
+        // largest routing.
         let selected = layer.experts.min(tokens * layer.top_k);
         let units = selected * layer.ffn / ROWS + tokens * layer.top_k / group * layer.ffn / ROWS;
-        let wanted = (units.div_ceil(if staged_gate_up { WARPS } else { 2 }) as u64).min(resident).max(1);
+        let wanted = (units.div_ceil(if group == 8 { WARPS } else { 2 }) as u64).min(resident).max(1);
         gate_up.grid = (wanted.div_ceil(c as u64) as u32 * cluster).into();
-        // Few units (DeepSeek's experts at a token or two) leave most warps idle: split each
-        // unit's K over 2 or 4 warps while every unit still has its group in the first round.
-        let warps = gate_up.grid.x as usize * WARPS;
-        let steps = layer.hidden / STEP;
-        let split = [4, 2, 1].into_iter().find(|&s| s == 1 || (group == 8 && units * s <= warps && steps.is_multiple_of(s * GATE_UP_UNROLL))).unwrap_or(1);
-        let schedule = if staged_gate_up { Schedule::Staged } else { Schedule::Warps { split } };
-        gate_up.dynamic_smem_bytes = gate_up_smem(&layer, tokens, c, group, schedule) as u32;
-        // The down kernel's clusters (of 16, 32 ... output rows: a row tile, or a staged
-        // block's 8) split K, so that its blocks fill two per SM.
+        // The down kernel's clusters (of 16 output rows) split K, so that its blocks fill two
+        // per SM.
         let down_group = group.min(16);
-        let row_groups = layer.hidden / if staged { ROWS * WARPS } else { ROWS };
+        let row_tiles = layer.hidden / ROWS;
         let sms = gpu.multiprocessors()?.unwrap_or(132);
-        // Staged: no more blocks than leave each about two windows of the selected experts'
-        // K-steps.
-        let (sizes, most): (&[usize], usize) = if staged { (&[16, 8, 4, 2, 1], (selected * layer.ffn / STEP / (2 * DOWN_WINDOW_STEPS)).max(1)) } else { (&[4, 2, 1], 4) };
-        let down_smem = if staged {
-            (down_group * padded_row_words(DOWN_WINDOW_STEPS * STEP) * 4).next_multiple_of(16) + WARPS * ROWS * tokens * 4
-        } else {
-            (WARPS * ROWS * tokens * 4).next_multiple_of(16) + ROWS * tokens * 4
-        };
         let config = |split: usize| LaunchConfig {
-            grid: ((row_groups * split) as u32).into(),
+            grid: ((row_tiles * split) as u32).into(),
             block: BLOCK.into(),
             cluster: Some((split as u32).into()),
-            dynamic_smem_bytes: (dispatch_smem(&layer, tokens) + down_smem) as u32,
+            dynamic_smem_bytes: (dispatch_smem(&layer, tokens) + (WARPS * ROWS * tokens * 4).next_multiple_of(16) + ROWS * tokens * 4) as u32,
             programmatic,
             ..LaunchConfig::default()
         };
-        let raw = match (down_group, staged) {
-            (8, false) => kernels.down_g8.raw(),
-            (_, false) => kernels.down_g16.raw(),
-            (8, true) => kernels.staged_down_g8.raw(),
-            (_, true) => kernels.staged_down_g16.raw(),
-        };
-        // The largest such cluster the GPU can hold (16 blocks, non-portable, may not be: a
-        // residency query that fails counts as no).
+        let raw = if down_group == 8 { kernels.down_g8.raw() } else { kernels.down_g16.raw() };
+        // The largest such cluster the GPU can hold (a residency query that fails counts as no).
         let mut down = config(1);
-        for split in sizes.iter().copied().filter(|&p| p > 1 && row_groups * p <= 2 * sms && p <= most) {
+        for split in [4, 2].into_iter().filter(|&p| row_tiles * p <= 2 * sms) {
             if raw.max_resident_blocks(gpu.stream(), &raw.plan(&config(split))?).is_ok_and(|blocks| blocks >= split as u64) {
                 down = config(split);
                 break;
             }
         }
-        Ok(Plan { gate_up_group: group, gate_up_schedule: schedule, down_group, down_staged: staged, gate_up, down })
+        Ok(Plan { gate_up_group: group, down_group, gate_up, down })
     }
 
     /// One step on `stream`: the two launches of `plan`.
@@ -1461,17 +1221,14 @@ pub mod host {
     pub fn gate_up(kernels: &Kernels, stream: &Stream, b: &mut Buffers, plan: &Plan) -> Result<()> {
         let (k, renormalize) = (b.layer.top_k as u32, u32::from(b.layer.renormalize));
         macro_rules! launch {
-            ($kernel:expr $(, $split:expr)?) => {
-                $kernel.launch(stream, &plan.gate_up, &b.x, &b.router, &b.w_gate, &b.w_up, &mut b.h, &mut b.routing, &mut b.pair_gate, &mut b.top_ids, &mut b.top_gates, k, renormalize $(, $split)?)
+            ($kernel:expr) => {
+                $kernel.launch(stream, &plan.gate_up, &b.x, &b.router, &b.w_gate, &b.w_up, &mut b.h, &mut b.routing, &mut b.pair_gate, &mut b.top_ids, &mut b.top_gates, k, renormalize)
             };
         }
-        match (plan.gate_up_group, plan.gate_up_schedule) {
-            (8, Schedule::Warps { split }) => launch!(kernels.gate_up_g8, split as u32),
-            (16, Schedule::Warps { split }) => launch!(kernels.gate_up_g16, split as u32),
-            (_, Schedule::Warps { split }) => launch!(kernels.gate_up_g32, split as u32),
-            (8, Schedule::Staged) => launch!(kernels.staged_g8),
-            (16, Schedule::Staged) => launch!(kernels.staged_g16),
-            (_, Schedule::Staged) => launch!(kernels.staged_g32),
+        match plan.gate_up_group {
+            8 => launch!(kernels.gate_up_g8),
+            16 => launch!(kernels.gate_up_g16),
+            _ => launch!(kernels.gate_up_g32),
         }
     }
 
@@ -1484,11 +1241,9 @@ pub mod host {
                 $kernel.launch(stream, &plan.down, &mut b.h, &mut b.routing, &mut b.pair_gate, &b.w_down, &mut b.out, k)
             };
         }
-        match (plan.down_group, plan.down_staged) {
-            (8, false) => launch!(kernels.down_g8),
-            (_, false) => launch!(kernels.down_g16),
-            (8, true) => launch!(kernels.staged_down_g8),
-            (_, true) => launch!(kernels.staged_down_g16),
+        match plan.down_group {
+            8 => launch!(kernels.down_g8),
+            _ => launch!(kernels.down_g16),
         }
     }
 }

@@ -67,11 +67,6 @@ fn every_kernel_assembles_with_its_shared_memory_and_bounded_spills() {
         ("moe_down_g8", 0),
         ("moe_down_g16", 0),
         ("moe_gate_up_g32", 0),
-        ("moe_gate_up_staged_g8", 0),
-        ("moe_gate_up_staged_g16", 0),
-        ("moe_gate_up_staged_g32", 0),
-        ("moe_down_staged_g8", 0),
-        ("moe_down_staged_g16", 0),
         // Row softmax, RoPE, the norms (the block reductions' scratch; a warp a row: the
         // reductions' slots are never read, and ptxas drops them).
         ("softmax", 0),
@@ -142,9 +137,10 @@ fn every_kernel_assembles_with_its_shared_memory_and_bounded_spills() {
             // cannot grow unseen.
             assert!(r.spill_store_bytes <= 768 && r.spill_load_bytes <= 1152 && r.stack_frame_bytes <= 1152, "`{name}` spills: {r:?}");
         } else if name.starts_with("moe_") {
-            // At 128 registers (two blocks per SM): values outside the streaming loops (a
-            // bound, so that it cannot grow unseen; `moe_streaming_loops_...` checks the loops).
-            assert!(r.spill_store_bytes <= 400 && r.spill_load_bytes <= 640 && r.stack_frame_bytes <= 320, "`{name}` spills: {r:?}");
+            // At 128 registers (two blocks per SM): values outside the streaming loops, and the
+            // routing's call frame (a bound, so that it cannot grow unseen;
+            // `moe_streaming_loops_...` checks the loops).
+            assert!(r.spill_store_bytes <= 400 && r.spill_load_bytes <= 640 && r.stack_frame_bytes <= 400, "`{name}` spills: {r:?}");
         } else if name == "llama_qkv" || name == "llama_residual" {
             // The item loop at 128 registers: a few loop-invariant values stored once before
             // it and reloaded once an item (`cuobjdump -sass`), none in the dot products.
@@ -174,11 +170,6 @@ fn every_kernel_assembles_with_its_shared_memory_and_bounded_spills() {
         "moe_down_g8",
         "moe_down_g16",
         "moe_gate_up_g32",
-        "moe_gate_up_staged_g8",
-        "moe_gate_up_staged_g16",
-        "moe_gate_up_staged_g32",
-        "moe_down_staged_g8",
-        "moe_down_staged_g16",
     ] {
         assert!(kernels[name].registers <= 128, "{name}: {:?}", kernels[name]);
     }
@@ -264,36 +255,32 @@ fn moe_streams_experts_through_tensor_cores_without_atomics() {
     }
     for name in MOE_KERNELS.iter().filter(|k| k.contains("gate_up")) {
         let text = entry(name);
-        // Weights through the read-only path, 16 bytes a lane: 4 (2 with 4 n-tiles) K-steps ×
-        // 2 matrices × 2 rows.
+        // Weights through the read-only path, 16 bytes a lane: 2-4 K-steps × 2 matrices × 2
+        // rows.
         assert!(text.matches("ld.global.nc.v4.b32").count() >= 8, "`{name}`: weight loads");
         assert!(text.contains("moe5route"), "`{name}` does not route");
-        // The staged kernels, and the warp schedule's groups of 8, copy `x` into shared memory.
-        assert_eq!(text.contains("cp.async.cg.shared.global"), name.contains("staged") || name.ends_with("_g8"), "`{name}`: x staged");
+        // Groups of 8 (the staged schedule) copy `x` into shared memory.
+        assert_eq!(text.contains("cp.async.cg.shared.global"), name.ends_with("_g8"), "`{name}`: x staged");
     }
     // The routing (one function both kernels call): the cluster top-k pushes candidates into
     // peers' shared memory, between 3 cluster barriers (and the full softmax's denominators
-    // take a `cluster::reduce`: 3 more).
+    // take a `cluster::reduce`: 3 more, one of which LLVM may share with the other path).
     let route = function("moe5route");
     assert!(route.contains("st.shared::cluster"), "the top-k does not exchange through DSMEM");
-    assert_eq!(route.matches("barrier.cluster.arrive").count(), 6, "routing: cluster barriers");
+    let barriers = route.matches("barrier.cluster.arrive").count();
+    assert!((5..=6).contains(&barriers), "routing: {barriers} cluster barriers");
     // The down kernel waits for the gate/up kernel before it reads the routing and `h`.
     for name in MOE_KERNELS.iter().filter(|k| k.contains("down")) {
         assert!(entry(name).contains("griddepcontrol.wait;"), "`{name}` never waits for the gate/up kernel");
     }
 }
 
-const MOE_KERNELS: [&str; 10] = [
+const MOE_KERNELS: [&str; 5] = [
     "moe_gate_up_g8",
     "moe_gate_up_g16",
     "moe_gate_up_g32",
-    "moe_gate_up_staged_g8",
-    "moe_gate_up_staged_g16",
-    "moe_gate_up_staged_g32",
     "moe_down_g8",
     "moe_down_g16",
-    "moe_down_staged_g8",
-    "moe_down_staged_g16",
 ];
 
 /// The innermost loops of a kernel's SASS that run `mma`s (`HMMA`; a loop is a backward
@@ -318,13 +305,13 @@ fn innermost_mma_loops(sass: &str) -> Vec<Vec<String>> {
 /// The streaming loops ptxas made of the MoE kernels, in SASS: every innermost loop that runs
 /// `mma`s (`HMMA`; the routing's and the projections') issues all its global loads (`LDG`)
 /// before its first `mma`, so that a chunk of K-steps costs one memory round trip, and
-/// touches no local memory (`LDL`/`STL`: spills). The warp schedule's groups of 16 and 32,
-/// which keep `x` in registers beside the weights, do not meet it at 128 registers (half of a
-/// chunk's loads come first) and are left out.
+/// touches no local memory (`LDL`/`STL`: spills). The warp schedule's groups of 32, which keep
+/// `x` in registers beside the weights, do not meet it at 128 registers (half of a chunk's
+/// loads come first) and are left out.
 #[test]
 fn moe_streaming_loops_issue_their_loads_together_without_spilling() {
     let sass = clusterfuse_build::Sass::new(PTX.text).unwrap_or_else(|e| panic!("{e}"));
-    for name in MOE_KERNELS.into_iter().filter(|k| !matches!(*k, "moe_gate_up_g16" | "moe_gate_up_g32")) {
+    for name in MOE_KERNELS.into_iter().filter(|k| *k != "moe_gate_up_g32") {
         let loops = innermost_mma_loops(&sass.of(name).unwrap_or_else(|e| panic!("{e}")));
         assert!(!loops.is_empty(), "`{name}`: no mma loop found");
         for body in loops {

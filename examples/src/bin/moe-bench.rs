@@ -3,9 +3,7 @@
 //! programmatically) on a Mixtral-8x7B-shaped layer (hidden 4096, 8 experts, top 2, FFN
 //! 14336) and a DeepSeek-V2-Lite-shaped one (hidden 2048, 64 experts, top 8, FFN 1408), bf16,
 //! at 64, 8 and 1 tokens (the first rows of one random batch), launched and replayed from a
-//! CUDA graph, with both kernels on each of their schedules ([`plan`]'s and
-//! [`staged_plan`]'s) side by side. A second table gives each launch alone, at the layer's
-//! FFN width and at 32 (where the weights almost vanish: what routing, launch and tail cost).
+//! CUDA graph, as [`plan`] plans them. A second table gives each launch alone.
 //!
 //! Every row is first checked against the f64 reference (fresh random weights each run;
 //! outputs poisoned): the routing exactly (the reference's order, ties to the lower index),
@@ -25,7 +23,7 @@
 use clusterfuse::bf16;
 use clusterfuse::host::{Gpu, LaunchConfig};
 use clusterfuse_examples::check::{gpu_or_skip, median, median_us_per_call, print_rows, with_rng, Report};
-use clusterfuse_kernels::moe::host::{down, gate_up, plan, staged_plan, step, Buffers, Kernels, Layer, Moe, Plan, Reference, Schedule, TOLERANCE};
+use clusterfuse_kernels::moe::host::{down, gate_up, plan, step, Buffers, Kernels, Layer, Moe, Plan, Reference, TOLERANCE};
 use rand::Rng;
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -37,8 +35,6 @@ const WARMUP: usize = 5;
 const REPS: usize = 50;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
-/// [`plan`] or [`staged_plan`].
-type Planner = fn(&Kernels, &Gpu, Layer, usize, u32, bool) -> clusterfuse::host::Result<Plan>;
 
 /// Device-to-device copy bandwidth, bytes read + written per second.
 fn copy_bandwidth(gpu: &Gpu) -> Result<f64> {
@@ -103,58 +99,48 @@ fn main() -> Result<()> {
             let selected = reference.selected(layer.experts);
             let roofline_us = layer.step_bytes(tokens, selected) as f64 / bandwidth * 1e6;
             let prefix = format!("| {name} | {tokens} | {selected} of {} |", layer.experts);
-            let planners: [(&str, Planner); 2] = [("warps", plan), ("staged", staged_plan)];
-            for (schedule, planner) in planners {
-                // A plan that fails to launch or to check costs its rows, not the run's.
-                let mut run = || -> Result<()> {
-                    let plan = planner(&kernels, &gpu, layer, tokens, CLUSTER, true)?;
-                    let down_cluster = plan.down.cluster.map_or(1, |c| c.x);
-                    let split = match plan.gate_up_schedule {
-                        Schedule::Warps { split } => format!(", K split {split}"),
-                        Schedule::Staged => String::new(),
-                    };
-                    let layout = format!("{schedule}{split}: {} + {} blocks, clusters of {CLUSTER} and {down_cluster}, groups of {} and {}", plan.gate_up.grid.x, plan.down.grid.x, plan.gate_up_group, plan.down_group);
-                    let mut b = Buffers::upload(&gpu, &moe)?;
-                    step(&kernels, gpu.stream(), &mut b, &plan)?;
-                    let first = b.results(&gpu)?;
-                    if let (Some(dir), true) = (&dump_dir, tokens == TOKENS[0] && schedule == "warps") {
-                        dump(dir, name, &moe, &first)?;
-                    }
-                    b.poison(&gpu)?;
-                    // Captured after `poison`, which reallocates the outputs: `b` is not changed again.
-                    let graph = gpu.capture(|s| step(&kernels, s, &mut b, &plan))?;
-                    // SAFETY: the graph holds `b`'s buffers, alive and unchanged until `b` drops,
-                    // after the graph.
-                    unsafe { graph.replay(gpu.stream())? };
-                    let second = b.results(&gpu)?;
-                    let mismatches = reference.routing_mismatches(&first.1, layer.experts);
-                    let report = Report::new(String::new(), &first.0.iter().chain(&first.2).copied().collect::<Vec<_>>(), &reference.out.iter().chain(&reference.gates).copied().collect::<Vec<_>>(), TOLERANCE);
-                    let same = first.0.iter().zip(&second.0).all(|(a, b)| a.to_bits() == b.to_bits()) && first.1 == second.1;
-                    if !report.passed() || !same || !mismatches.is_empty() {
-                        eprintln!("FAIL {name} at {tokens} tokens ({schedule}): {report:?}, deterministic {same}, routing mismatches {mismatches:?}");
-                        rows.push(format!("{prefix} clusterfuse ({layout}) | FAIL | {roofline_us:.1} | – | {:.2e} |", report.rel_error));
-                        return Ok(());
-                    }
-                    let launched = median_us_per_call(&gpu, (WARMUP, REPS), STEPS_PER_PASS, |_| step(&kernels, gpu.stream(), &mut b, &plan))?;
-                    // SAFETY: as above.
-                    let replayed = median_us_per_call(&gpu, (WARMUP, REPS), STEPS_PER_PASS, |_| unsafe { graph.replay(gpu.stream()) })?;
-                    for (variant, us) in [("2 launches, PDL", launched), ("CUDA graph of the 2, PDL", replayed)] {
-                        rows.push(format!("{prefix} clusterfuse {variant} ({layout}) | {us:.1} | {roofline_us:.1} | {:.0}% | {:.2e} |", roofline_us / us * 100.0, report.rel_error));
-                    }
-                    // Where the time goes: each launch alone, at this FFN width and at the
-                    // narrowest (32: the routing, launch and tail, with almost no weights).
-                    let (gate_up_us, down_us) = alone(&gpu, &kernels, &plan, &mut b)?;
-                    let narrow_layer = Layer { ffn: 32, ..layer };
-                    let narrow = Moe::random(narrow_layer, tokens, with_rng(|rng| rng.random()))?;
-                    let narrow_plan = planner(&kernels, &gpu, narrow_layer, tokens, CLUSTER, true)?;
-                    let (narrow_gate_up, narrow_down) = alone(&gpu, &kernels, &narrow_plan, &mut Buffers::upload(&gpu, &narrow)?)?;
-                    launches.push(format!("{prefix} {schedule} | {gate_up_us:.1} | {down_us:.1} | {narrow_gate_up:.1} | {narrow_down:.1} |"));
-                    Ok(())
-                };
-                if let Err(err) = run() {
-                    eprintln!("ERROR {name} at {tokens} tokens ({schedule}): {err}");
-                    rows.push(format!("{prefix} clusterfuse ({schedule}) | ERROR: {err} | {roofline_us:.1} | – | – |"));
+            // A row that fails to launch or to check costs its rows, not the run's.
+            let mut run = || -> Result<()> {
+                let plan = plan(&kernels, &gpu, layer, tokens, CLUSTER, true)?;
+                let down_cluster = plan.down.cluster.map_or(1, |c| c.x);
+                let mut b = Buffers::upload(&gpu, &moe)?;
+                step(&kernels, gpu.stream(), &mut b, &plan)?;
+                let first = b.results(&gpu)?;
+                // The busiest expert's pairs: past a group, its weights are read again.
+                let busiest = (0..layer.experts as u32).map(|e| first.1.iter().filter(|&&id| id == e).count()).max().unwrap_or(0);
+                let layout = format!("{} + {} blocks, clusters of {CLUSTER} and {down_cluster}, groups of {} and {}, busiest expert {busiest} pairs", plan.gate_up.grid.x, plan.down.grid.x, plan.gate_up_group, plan.down_group);
+                if let (Some(dir), true) = (&dump_dir, tokens == TOKENS[0]) {
+                    dump(dir, name, &moe, &first)?;
                 }
+                b.poison(&gpu)?;
+                // Captured after `poison`, which reallocates the outputs: `b` is not changed again.
+                let graph = gpu.capture(|s| step(&kernels, s, &mut b, &plan))?;
+                // SAFETY: the graph holds `b`'s buffers, alive and unchanged until `b` drops,
+                // after the graph.
+                unsafe { graph.replay(gpu.stream())? };
+                let second = b.results(&gpu)?;
+                let mismatches = reference.routing_mismatches(&first.1, layer.experts);
+                let report = Report::new(String::new(), &first.0.iter().chain(&first.2).copied().collect::<Vec<_>>(), &reference.out.iter().chain(&reference.gates).copied().collect::<Vec<_>>(), TOLERANCE);
+                let same = first.0.iter().zip(&second.0).all(|(a, b)| a.to_bits() == b.to_bits()) && first.1 == second.1;
+                if !report.passed() || !same || !mismatches.is_empty() {
+                    eprintln!("FAIL {name} at {tokens} tokens: {report:?}, deterministic {same}, routing mismatches {mismatches:?}");
+                    rows.push(format!("{prefix} clusterfuse ({layout}) | FAIL | {roofline_us:.1} | – | {:.2e} |", report.rel_error));
+                    return Ok(());
+                }
+                let launched = median_us_per_call(&gpu, (WARMUP, REPS), STEPS_PER_PASS, |_| step(&kernels, gpu.stream(), &mut b, &plan))?;
+                // SAFETY: as above.
+                let replayed = median_us_per_call(&gpu, (WARMUP, REPS), STEPS_PER_PASS, |_| unsafe { graph.replay(gpu.stream()) })?;
+                for (variant, us) in [("2 launches, PDL", launched), ("CUDA graph of the 2, PDL", replayed)] {
+                    rows.push(format!("{prefix} clusterfuse {variant} ({layout}) | {us:.1} | {roofline_us:.1} | {:.0}% | {:.2e} |", roofline_us / us * 100.0, report.rel_error));
+                }
+                // Where the time goes: each launch alone.
+                let (gate_up_us, down_us) = alone(&gpu, &kernels, &plan, &mut b)?;
+                launches.push(format!("{prefix} {gate_up_us:.1} | {down_us:.1} |"));
+                Ok(())
+            };
+            if let Err(err) = run() {
+                eprintln!("ERROR {name} at {tokens} tokens: {err}");
+                rows.push(format!("{prefix} clusterfuse | ERROR: {err} | {roofline_us:.1} | – | – |"));
             }
         }
     }
@@ -166,9 +152,9 @@ fn main() -> Result<()> {
     println!("| layer | tokens | experts used | variant | µs | roofline µs | % of roofline | rel error vs f64 |");
     println!("|---|---|---|---|---|---|---|---|");
     print_rows(&rows)?;
-    println!("\nEach launch alone (µs; the down kernel in stream order, not programmatic), at the layer's FFN width and at FFN 32:");
-    println!("| layer | tokens | experts used | schedule | gate/up | down | gate/up at FFN 32 | down at FFN 32 |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("\nEach launch alone (µs; the down kernel in stream order, not programmatic):");
+    println!("| layer | tokens | experts used | gate/up | down |");
+    println!("|---|---|---|---|---|");
     print_rows(&launches)?;
     Ok(())
 }
