@@ -15,7 +15,8 @@ use rand::Rng;
 /// tokens, top 2 of 8 over clusters of 8 (a block's one expert, fewer than k), top 4 of 16
 /// at one token with hidden 512, top 2 of 4 at 4 tokens with hidden 1152
 /// (the staged gate/up window of `x` and a part of one), top 1 of 4 with FFN 6400 (one item's
-/// long runs of down K-steps); clusters of 2, 4 and 8; one router row doubled so that two
+/// long runs of down K-steps), top 8 of 160 at 3 tokens over clusters of 2 (80 experts a
+/// block: the top-k's rounds, not its ranks); clusters of 2, 4 and 8; one router row doubled so that two
 /// experts tie); Mixtral-8x7B and DeepSeek-V2-Lite shapes at 8 tokens on a GPU.
 pub fn run(gpu: &Gpu) -> Result<Report> {
     let kernels = Kernels::load(gpu)?;
@@ -26,9 +27,11 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
     let wide = Layer { hidden: 512, experts: 16, top_k: 4, ffn: 64, renormalize: false };
     // Wider than the staged schedule's window of x: a whole window, then a part of one.
     let windows = Layer { hidden: 1152, experts: 4, top_k: 2, ffn: 32, renormalize: true };
+    // More local experts than a warp ranks key by key (80 a block): the top-k's rounds.
+    let many_experts = Layer { hidden: 128, experts: 160, top_k: 8, ffn: 32, renormalize: false };
     // One item's K-steps of the down projection spread over a cluster's warps in long runs.
     let long_ffn = Layer { hidden: 128, experts: 4, top_k: 1, ffn: 6400, renormalize: false };
-    let cases = shape(gpu, vec![(Layer::MIXTRAL_8X7B, 8, 4), (Layer::DEEPSEEK_V2_LITE, 8, 4)], vec![(mixtral_like, 1, 2), (mixtral_like, 5, 8), (deepseek_like, 24, 4), (few_experts, 20, 2), (top_1, 3, 8), (wide, 1, 4), (deepseek_like, 1, 2), (windows, 4, 2), (long_ffn, 1, 2)]);
+    let cases = shape(gpu, vec![(Layer::MIXTRAL_8X7B, 8, 4), (Layer::DEEPSEEK_V2_LITE, 8, 4)], vec![(mixtral_like, 1, 2), (mixtral_like, 5, 8), (deepseek_like, 24, 4), (few_experts, 20, 2), (top_1, 3, 8), (wide, 1, 4), (deepseek_like, 1, 2), (windows, 4, 2), (long_ffn, 1, 2), (many_experts, 3, 2)]);
     let (mut outs, mut refs, mut runs) = (Vec::new(), Vec::new(), Vec::new());
     for (layer, tokens, cluster) in cases {
         let mut moe = Moe::random(layer, tokens, with_rng(|rng| rng.random()))?;

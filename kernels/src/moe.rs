@@ -89,7 +89,8 @@ const WARPS: usize = BLOCK as usize / 32;
 pub const ROWS: usize = 16;
 /// Columns (k) one `mma` step of a lane group covers: two `m16n8k16`.
 const STEP: usize = 32;
-/// K-steps whose loads the gate/up kernel issues together (half as many with 4 n-tiles).
+/// K-steps whose loads a staged gate/up warp issues together (the warp schedule's:
+/// [`gate_up_unroll`]); a layer's hidden size is a whole number of such chunks.
 const GATE_UP_UNROLL: usize = 4;
 /// K-steps whose loads the down kernel issues together, times its n-tiles (8 spills 800
 /// bytes at 128 registers).
@@ -597,9 +598,10 @@ impl GateUp<'_> {
     }
 }
 
-/// K-steps whose loads a gate/up warp with `NT` n-tiles issues together: as many as 128
-/// registers hold beside `x` and the accumulators (4 with 2 n-tiles issued only half their
-/// loads before the first `mma`; 3 need not divide a unit's steps).
+/// K-steps whose loads a warp-schedule gate/up warp with `nt` n-tiles issues together: as
+/// many as 128 registers hold beside `x` and the accumulators (4 with 2 n-tiles issued only
+/// half their loads before the first `mma`). 3 need not divide a unit's steps: the last
+/// chunk then guards its steps.
 const fn gate_up_unroll(nt: usize) -> usize {
     if nt == 2 { 3 } else { GATE_UP_UNROLL / 2 }
 }
