@@ -12,12 +12,12 @@ use rand::Rng;
 /// Small layers on the emulator (Mixtral-like top 2 of 8 with renormalised gates, DeepSeek-like
 /// top 4 of 16 over the full softmax, at 1, 5 and 24 tokens, and top 2 of 4 at 20 tokens, so
 /// that pairs come in groups of 8, 16 (8 K-steps: a last chunk of 2) and 32, top 1 of 8 at 3
-/// tokens, top 2 of 8 over clusters of 8 (a block's one expert, fewer than k), top 4 of 16
-/// at one token with hidden 512, top 2 of 4 at 4 tokens with hidden 1152
-/// (the staged gate/up window of `x` and a part of one), top 1 of 4 with FFN 6400 (one item's
-/// long runs of down K-steps), top 8 of 160 at 3 tokens over clusters of 2 (80 experts a
-/// block: the top-k's rounds, not its ranks); clusters of 2, 4 and 8; one router row doubled so that two
-/// experts tie); Mixtral-8x7B and DeepSeek-V2-Lite shapes at 8 tokens on a GPU.
+/// tokens, top 2 of 8 over clusters of 8 (a block's one expert, fewer than k), top 4 of 16 at
+/// one token with hidden 512, top 2 of 4 at 4 tokens with hidden 1152 (the staged gate/up
+/// window of `x` and a part of one), top 1 of 4 with FFN 6400 (one item's long runs of down
+/// K-steps), top 8 of 160 at 3 tokens over clusters of 2 (80 experts a block: the top-k's
+/// rounds, not its ranks); clusters of 2, 4 and 8; one router row doubled so that two experts
+/// tie); Mixtral-8x7B and DeepSeek-V2-Lite shapes at 8 tokens on a GPU.
 pub fn run(gpu: &Gpu) -> Result<Report> {
     let kernels = Kernels::load(gpu)?;
     let mixtral_like = Layer { hidden: 128, experts: 8, top_k: 2, ffn: 64, renormalize: true };

@@ -48,7 +48,7 @@
 //! block sums its warps' accumulators in warp order, `cluster::reduce` the blocks' in rank
 //! order, and the blocks write `y`. The combine is fused into the last projection, and
 //! nothing is atomic: the output is bitwise deterministic.
-
+//!
 //! Every weight byte of a selected expert is read from memory once per step (a warp's rows
 //! are read again only when an expert serves more pairs than its group holds: 8, 16 or 32
 //! pairs per group for the `_g8`, `_g16`, `_g32` kernels — the down kernel's at most 16 —
@@ -247,7 +247,7 @@ impl Dispatch {
         self.items.load(0) as usize
     }
 
-    /// The down kernels' copy of the routing the gate/up kernel handed over (`routing`: each
+    /// The down kernel's copy of the routing the gate/up kernel handed over (`routing`: each
     /// expert's pair count, then the pairs' tokens; `pair_gate`), read once it has finished,
     /// and the item list for groups of `group` pairs.
     fn receive(self, routing: &Out<u32>, pair_gate: &Out<f32>, group: usize) {
@@ -383,7 +383,8 @@ fn route(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k
     block::sync();
 
     // Each expert's tokens, as a 64-bit mask from two ballots (tokens `lane`, `lane + 32`,
-    // whose choices a lane holds in registers).
+    // whose choices a lane holds in registers; the unrolled `j` covers every slot).
+    const _: () = assert!(MAX_TOP_K == 8);
     let mut choices = [[u32::MAX; MAX_TOP_K]; 2];
     unroll!(h in [0 1] {
         unroll!(j in [0 1 2 3 4 5 6 7] {
