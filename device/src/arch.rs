@@ -1231,7 +1231,7 @@ pub unsafe fn mbarrier_arrive_shared_b64(addr: u32) {
 ///    emulator, `Gpu::tensor_map_2d`'s) in global memory, 64-byte aligned, that nothing
 ///    writes during the kernel, describing a live tensor that nothing writes either.
 /// 2. `dst` is a `.shared::cta` address of this block with room for the box, aligned to 128
-///    bytes (1024 with the 128-byte swizzle), that nothing touches until the barrier's phase
+///    bytes (512 or 1024 with the 64- or 128-byte swizzle), that nothing touches until the barrier's phase
 ///    completes; `barrier` is an initialised barrier of this block whose current phase
 ///    expects these bytes ([`mbarrier_arrive_expect_tx_shared_b64`]).
 #[inline(always)]
@@ -1239,7 +1239,22 @@ pub unsafe fn cp_async_bulk_tensor_2d_shared_global(dst: u32, map: *const [u64; 
     gpu_or_emulator! {
         gpu: ptx!("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [{m}, {{{x}, {y}}}], [{b}];",
                   d = in(reg32) dst, m = in(reg64) map, x = in(reg32) c0, y = in(reg32) c1, b = in(reg32) barrier, options(nostack)),
-        emulator: emu::tensor::tma_load_2d(dst, map, c0, c1, barrier),
+        emulator: emu::tensor::tma_load(dst, map, [c0, c1, 0], barrier),
+    }
+}
+
+/// `cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes`: as
+/// [`cp_async_bulk_tensor_2d_shared_global`] for the box at (column `c0`, row `c1`, plane
+/// `c2`) of a 3-D tensor, written plane after plane.
+///
+/// # Safety
+/// As [`cp_async_bulk_tensor_2d_shared_global`] (on the emulator, `Gpu::tensor_map_3d`'s map).
+#[inline(always)]
+pub unsafe fn cp_async_bulk_tensor_3d_shared_global(dst: u32, map: *const [u64; 16], c0: i32, c1: i32, c2: i32, barrier: u32) {
+    gpu_or_emulator! {
+        gpu: ptx!("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [{m}, {{{x}, {y}, {z}}}], [{b}];",
+                  d = in(reg32) dst, m = in(reg64) map, x = in(reg32) c0, y = in(reg32) c1, z = in(reg32) c2, b = in(reg32) barrier, options(nostack)),
+        emulator: emu::tensor::tma_load(dst, map, [c0, c1, c2], barrier),
     }
 }
 

@@ -33,13 +33,24 @@ impl TensorMap {
     /// current phase of `full`'s barrier, which must expect its bytes.
     ///
     /// # Safety
-    /// 1. `dst` has room for the box, is 1024-byte aligned (for the 128-byte swizzle), and
+    /// 1. `dst` has room for the box, is 1024-byte aligned (for the 128-byte swizzle; 512 for
+    ///    the 64-byte one), and
     ///    nothing touches it until the barrier's phase completes.
     /// 2. `full` is an initialised mbarrier of this block whose current phase expects the
     ///    box's bytes.
     #[inline(always)]
     pub unsafe fn load_2d(self, dst: u32, c0: i32, c1: i32, full: u32) {
         arch::cp_async_bulk_tensor_2d_shared_global(dst, self.ptr, c0, c1, full)
+    }
+
+    /// Starts loading the box at (column `c0`, row `c1`, plane `c2`) of a 3-D map
+    /// (`Gpu::tensor_map_3d`) into `dst`, plane after plane; as [`TensorMap::load_2d`].
+    ///
+    /// # Safety
+    /// As [`TensorMap::load_2d`].
+    #[inline(always)]
+    pub unsafe fn load_3d(self, dst: u32, c0: i32, c1: i32, c2: i32, full: u32) {
+        arch::cp_async_bulk_tensor_3d_shared_global(dst, self.ptr, c0, c1, c2, full)
     }
 }
 

@@ -198,13 +198,38 @@ impl<T: WgmmaInput> Operand<T> {
         Self { desc, _element: core::marker::PhantomData }
     }
 
-    /// The same operand `rows` rows further on (a multiple of 8).
+    /// A K-major tile with the 64-byte swizzle, as TMA writes a box 32 elements (64 bytes)
+    /// wide: row `r` at `tile + 64 r`, its 16-byte chunks permuted by `r / 2 % 4`; `k0` (0 or
+    /// 16) picks the 16 columns of K this `wgmma` reads. `tile` must be 512-byte aligned.
+    #[inline(always)]
+    pub fn k_major_swizzle_64b(tile: u32, k0: u32) -> Self {
+        if !tile.is_multiple_of(512) || !k0.is_multiple_of(16) || k0 >= 32 {
+            out_of_bounds()
+        }
+        // Groups of 8 rows 512 bytes apart (SBO); LBO unused; swizzle mode 2 = 64 bytes.
+        let desc = arch::wgmma_descriptor_address(tile + 2 * k0) | 1 << 16 | (512u64 >> 4) << 32 | 2 << 62;
+        Self { desc, _element: core::marker::PhantomData }
+    }
+
+    /// The same operand with its groups of 8 rows `bytes` apart (a multiple of 16 below 256
+    /// KB) instead of packed: e.g. the tiles of several TMA boxes' planes.
+    #[inline(always)]
+    pub fn group_stride(self, bytes: u32) -> Self {
+        if !bytes.is_multiple_of(16) || bytes >= 1 << 18 {
+            out_of_bounds()
+        }
+        Self { desc: self.desc & !(0x3fff << 32) | u64::from(bytes >> 4) << 32, _element: core::marker::PhantomData }
+    }
+
+    /// The same operand `rows` rows further on (a multiple of 8): `rows / 8` groups of 8 rows.
     #[inline(always)]
     pub fn rows_down(self, rows: u32) -> Self {
         if !rows.is_multiple_of(8) {
             out_of_bounds()
         }
-        Self { desc: self.desc + u64::from(rows * 128 / 16), _element: core::marker::PhantomData }
+        // The group stride (SBO, in 16-byte units) is the descriptor's bits 32-45.
+        let group = (self.desc >> 32) & 0x3fff;
+        Self { desc: self.desc + u64::from(rows / 8) * group, _element: core::marker::PhantomData }
     }
 }
 

@@ -6,7 +6,7 @@
 
 use crate::check::{shape, with_rng, Report};
 use clusterfuse::host::{Gpu, Result};
-use clusterfuse_kernels::moe::host::{plan, step, Buffers, Kernels, Layer, Moe, Reference, TOLERANCE};
+use clusterfuse_kernels::moe::host::{plan_schedule, schedule, step, Buffers, Kernels, Layer, Moe, Reference, Schedule, TOLERANCE};
 use rand::Rng;
 
 /// Small layers on the emulator (Mixtral-like top 2 of 8 with renormalised gates, DeepSeek-like
@@ -16,8 +16,11 @@ use rand::Rng;
 /// one token with hidden 512, top 2 of 4 at 4 tokens with hidden 1152 (the staged gate/up
 /// window of `x` and a part of one), top 1 of 4 with FFN 6400 (one item's long runs of down
 /// K-steps), top 8 of 160 at 3 tokens over clusters of 2 (80 experts a block: the top-k's
-/// rounds, not its ranks); clusters of 2, 4 and 8; one router row doubled so that two experts
-/// tie); Mixtral-8x7B and DeepSeek-V2-Lite shapes at 8 tokens on a GPU.
+/// rounds, not its ranks); on the tokens schedule, top 2 of 8 at 24 tokens, top 4 of 16 at
+/// 40 (the schedule `plan` takes there: 160 pairs, 640 logits) and top 1 of 8 at 1 token over
+/// down clusters of 8 (blocks with no K-steps); clusters of 2, 4 and 8; one router row doubled
+/// so that two experts tie); Mixtral-8x7B and DeepSeek-V2-Lite shapes at 8 and 64 tokens on a
+/// GPU, each on the schedule `plan` takes (two on each).
 pub fn run(gpu: &Gpu) -> Result<Report> {
     let kernels = Kernels::load(gpu)?;
     let mixtral_like = Layer { hidden: 128, experts: 8, top_k: 2, ffn: 64, renormalize: true };
@@ -31,9 +34,33 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
     let many_experts = Layer { hidden: 128, experts: 160, top_k: 8, ffn: 32, renormalize: false };
     // One item's K-steps of the down projection spread over a cluster's warps in long runs.
     let long_ffn = Layer { hidden: 128, experts: 4, top_k: 1, ffn: 6400, renormalize: false };
-    let cases = shape(gpu, vec![(Layer::MIXTRAL_8X7B, 8, 4), (Layer::DEEPSEEK_V2_LITE, 8, 4)], vec![(mixtral_like, 1, 2), (mixtral_like, 5, 8), (deepseek_like, 24, 4), (few_experts, 20, 2), (top_1, 3, 8), (wide, 1, 4), (deepseek_like, 1, 2), (windows, 4, 2), (long_ffn, 1, 2), (many_experts, 3, 2)]);
+    // The tokens schedule's shapes: whole 128-row tiles.
+    let tokens_mixtral_like = Layer { hidden: 128, experts: 8, top_k: 2, ffn: 128, renormalize: true };
+    let tokens_deepseek_like = Layer { hidden: 256, experts: 16, top_k: 4, ffn: 256, renormalize: false };
+    let tokens_top_1 = Layer { hidden: 128, experts: 8, top_k: 1, ffn: 128, renormalize: false };
+    let planned = |layer: Layer, tokens: usize, cluster: u32| (layer, tokens, cluster, schedule(&layer, tokens));
+    let on_tokens = |layer: Layer, tokens: usize, cluster: u32| (layer, tokens, cluster, Schedule::Tokens);
+    let cases = shape(
+        gpu,
+        vec![planned(Layer::MIXTRAL_8X7B, 8, 4), planned(Layer::DEEPSEEK_V2_LITE, 8, 4), planned(Layer::MIXTRAL_8X7B, 64, 4), planned(Layer::DEEPSEEK_V2_LITE, 64, 4)],
+        vec![
+            planned(mixtral_like, 1, 2),
+            planned(mixtral_like, 5, 8),
+            planned(deepseek_like, 24, 4),
+            planned(few_experts, 20, 2),
+            planned(top_1, 3, 8),
+            planned(wide, 1, 4),
+            planned(deepseek_like, 1, 2),
+            planned(windows, 4, 2),
+            planned(long_ffn, 1, 2),
+            planned(many_experts, 3, 2),
+            on_tokens(tokens_mixtral_like, 24, 2),
+            planned(tokens_deepseek_like, 40, 4),
+            on_tokens(tokens_top_1, 1, 2),
+        ],
+    );
     let (mut outs, mut refs, mut runs) = (Vec::new(), Vec::new(), Vec::new());
-    for (layer, tokens, cluster) in cases {
+    for (layer, tokens, cluster, schedule) in cases {
         let mut moe = Moe::random(layer, tokens, with_rng(|rng| rng.random()))?;
         // Experts 1 and 2 get the same router row: every token's logits tie there, and the
         // lower index must win.
@@ -42,7 +69,7 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
         moe.router[2 * h..3 * h].copy_from_slice(&row);
         let reference = Reference::new(&moe);
         let mut b = Buffers::upload(gpu, &moe)?;
-        let plan = plan(&kernels, gpu, layer, tokens, cluster, true)?;
+        let plan = plan_schedule(&kernels, gpu, layer, tokens, cluster, true, schedule)?;
         step(&kernels, gpu.stream(), &mut b, &plan)?;
         let first = b.results(gpu)?;
         b.poison(gpu)?;
@@ -55,7 +82,7 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
         outs.extend(second.0.iter().chain(&second.2).map(|&v| if agrees { v } else { f32::NAN }));
         refs.extend(reference.out.iter().chain(&reference.gates));
         let mismatch = if differs.is_empty() { String::new() } else { format!(", routing differs at (token, slot, ours, reference) {:?}", &differs[..differs.len().min(4)]) };
-        runs.push(format!("{tokens} tok × top {} of {} (hidden {h}, ffn {}), {} experts used, cluster {cluster}, groups of {}{mismatch}", layer.top_k, layer.experts, layer.ffn, reference.selected(layer.experts), plan.gate_up_group));
+        runs.push(format!("{tokens} tok × top {} of {} (hidden {h}, ffn {}), {} experts used, cluster {cluster}, {:?}{mismatch}", layer.top_k, layer.experts, layer.ffn, reference.selected(layer.experts), plan.schedule));
     }
     Ok(Report::new(runs.join("; "), &outs, &refs, TOLERANCE))
 }

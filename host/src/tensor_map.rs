@@ -5,7 +5,7 @@
 use crate::buffer::Buffer;
 use crate::error::{DriverContext, Error, Result};
 use crate::gpu::Gpu;
-use clusterfuse_device::emu::tensor::{encode_tensor_map_2d, SWIZZLE_128B, SWIZZLE_NONE};
+use clusterfuse_device::emu::tensor::{encode_tensor_map, SWIZZLE_128B, SWIZZLE_64B, SWIZZLE_NONE};
 use clusterfuse_device::{bf16, f16};
 use cudarc::driver::sys::{
     self, CUtensorMapDataType as DataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave, CUtensorMapL2promotion, CUtensorMapSwizzle,
@@ -33,6 +33,9 @@ impl TmaElement for f32 {
 pub enum Swizzle {
     /// Rows back to back.
     None,
+    /// The 16-byte chunks of each 64-byte row permuted by the row's index / 2 mod 4
+    /// (`CU_TENSOR_MAP_SWIZZLE_64B`), as `wgmma` reads 64-byte-swizzled operands.
+    B64,
     /// The 16-byte chunks of each 128-byte row permuted by the row's index mod 8
     /// (`CU_TENSOR_MAP_SWIZZLE_128B`), as `wgmma` reads 128-byte-swizzled operands.
     B128,
@@ -68,8 +71,8 @@ impl Gpu {
     ///
     /// # Errors
     /// [`Error::InvalidTensorMap`] when TMA cannot describe it (rows not a multiple of 16
-    /// bytes, a box over 256 in either dimension, or wider than 128 bytes with the 128-byte
-    /// swizzle, or a tensor larger than `tensor`); a driver error from `cuTensorMapEncodeTiled`.
+    /// bytes, a box over 256 in either dimension, or wider than 128 (64) bytes with the 128-byte
+    /// (64-byte) swizzle, or a tensor larger than `tensor`); a driver error from `cuTensorMapEncodeTiled`.
     pub fn tensor_map_2d<'a, T: TmaElement>(
         &self,
         tensor: &'a Buffer<T>,
@@ -77,38 +80,78 @@ impl Gpu {
         (box_rows, box_cols): (u32, u32),
         swizzle: Swizzle,
     ) -> Result<TensorMap<'a>> {
+        self.tensor_map(tensor, (1, rows, cols), (1, box_rows, box_cols), swizzle)
+    }
+
+    /// A tensor map of the row-major `planes × rows × cols` tensor in `tensor` (planes of
+    /// `rows × cols` back to back), loaded in boxes of `box_planes × box_rows × box_cols`, which
+    /// TMA writes plane after plane; loads past the tensor's edges read zeros.
+    ///
+    /// # Errors
+    /// As [`Gpu::tensor_map_2d`], a box over 256 planes too.
+    pub fn tensor_map_3d<'a, T: TmaElement>(
+        &self,
+        tensor: &'a Buffer<T>,
+        shape: (usize, usize, usize),
+        boxes: (u32, u32, u32),
+        swizzle: Swizzle,
+    ) -> Result<TensorMap<'a>> {
+        self.tensor_map(tensor, shape, boxes, swizzle)
+    }
+
+    /// [`Gpu::tensor_map_3d`]; rank 2 when there is one plane in the tensor and the box.
+    fn tensor_map<'a, T: TmaElement>(
+        &self,
+        tensor: &'a Buffer<T>,
+        (planes, rows, cols): (usize, usize, usize),
+        (box_planes, box_rows, box_cols): (u32, u32, u32),
+        swizzle: Swizzle,
+    ) -> Result<TensorMap<'a>> {
         let size = size_of::<T>();
-        let reject = |why: String| Err(Error::InvalidTensorMap(format!("{rows} × {cols} tensor, {box_rows} × {box_cols} boxes: {why}")));
-        if rows == 0 || cols == 0 || !(cols * size).is_multiple_of(16) {
+        let reject = |why: String| Err(Error::InvalidTensorMap(format!("{planes} × {rows} × {cols} tensor, {box_planes} × {box_rows} × {box_cols} boxes: {why}")));
+        if planes == 0 || rows == 0 || cols == 0 || !(cols * size).is_multiple_of(16) {
             return reject(format!("rows must be a non-zero multiple of 16 bytes ({} bytes)", cols * size));
         }
-        if !(1..=256).contains(&box_rows) || !(1..=256).contains(&box_cols) || !(box_cols as usize * size).is_multiple_of(16) {
+        if ![box_planes, box_rows, box_cols].iter().all(|b| (1..=256).contains(b)) || !(box_cols as usize * size).is_multiple_of(16) {
             return reject("a box is 1-256 elements in each dimension, its rows multiples of 16 bytes".into());
         }
-        if swizzle == Swizzle::B128 && box_cols as usize * size > 128 {
-            return reject(format!("the 128-byte swizzle takes box rows of at most 128 bytes ({})", box_cols as usize * size));
+        let span = match swizzle {
+            Swizzle::None => usize::MAX,
+            Swizzle::B64 => 64,
+            Swizzle::B128 => 128,
+        };
+        if box_cols as usize * size > span {
+            return reject(format!("the {span}-byte swizzle takes box rows of at most {span} bytes ({})", box_cols as usize * size));
         }
-        if rows * cols > tensor.len() {
+        if planes * rows * cols > tensor.len() {
             return reject(format!("the buffer holds {} elements", tensor.len()));
         }
         let (address, _sync) = tensor.launch_ptr(self.stream())?;
+        let (row_bytes, plane_bytes) = ((cols * size) as u64, (rows * cols * size) as u64);
         let words = if self.is_emulator() {
-            let mode = if swizzle == Swizzle::B128 { SWIZZLE_128B } else { SWIZZLE_NONE };
-            encode_tensor_map_2d(address, size as u32, [cols as u64, rows as u64], (cols * size) as u64, [box_cols, box_rows], mode)
+            let mode = match swizzle {
+                Swizzle::None => SWIZZLE_NONE,
+                Swizzle::B64 => SWIZZLE_64B,
+                Swizzle::B128 => SWIZZLE_128B,
+            };
+            let dims = [cols as u64, rows as u64, planes as u64];
+            encode_tensor_map(address, size as u32, dims, [row_bytes, plane_bytes], [box_cols, box_rows, box_planes], mode)
         } else {
             let mut map = sys::CUtensorMap { opaque: [0; 16] };
-            let (dims, strides, boxes, steps) = ([cols as u64, rows as u64], [(cols * size) as u64], [box_cols, box_rows], [1u32, 1]);
+            let rank = if planes == 1 && box_planes == 1 { 2 } else { 3 };
+            let (dims, strides, boxes, steps) = ([cols as u64, rows as u64, planes as u64], [row_bytes, plane_bytes], [box_cols, box_rows, box_planes], [1u32; 3]);
             let swizzle = match swizzle {
                 Swizzle::None => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+                Swizzle::B64 => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
                 Swizzle::B128 => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
             };
-            // SAFETY: every pointer is to a live local array of the rank's length (strides:
-            // rank - 1); the address is the tensor's device allocation.
+            // SAFETY: every pointer is to a live local array of at least the rank's length
+            // (strides: rank - 1); the address is the tensor's device allocation.
             unsafe {
                 sys::cuTensorMapEncodeTiled(
                     &mut map,
                     T::DATA_TYPE,
-                    2,
+                    rank,
                     address as *mut std::ffi::c_void,
                     dims.as_ptr(),
                     strides.as_ptr(),

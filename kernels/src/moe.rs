@@ -77,6 +77,9 @@ use clusterfuse::ops::{rank_key, rank_unkey};
 use clusterfuse::prelude::*;
 use clusterfuse::shared::DynamicShared;
 use crate::decode::load_words_out;
+use crate::wgmma_gemm::consume;
+use clusterfuse::tma::{Pipeline, PipelineState, TensorMap};
+use clusterfuse::warpgroup::{AccM64N256, AccM64N64, Operand, Warpgroup};
 
 /// Most tokens a launch routes (a token mask is 64 bits).
 pub const MAX_TOKENS: usize = 64;
@@ -241,6 +244,23 @@ impl Dispatch {
             }
         }
         block::sync();
+    }
+
+    /// Cluster 0's first block hands the routing to the down kernel (`routing`, `pair_gate`)
+    /// and the host (`top_ids`, `top_gates`: each token's choices `ids` and gate weights).
+    fn hand_over(self, ids: SharedSlice<u32>, gates: SharedSlice<f32>, routing: &Out<u32>, pair_gate: &Out<f32>, top_ids: &Out<u32>, top_gates: &Out<f32>) {
+        if cluster::index_in_grid().x == 0 && cluster::block_rank() == 0 {
+            let experts = self.count.len();
+            for e in block::stride_loop(0..experts) {
+                routing.set(e, self.count.load(e));
+            }
+            for p in block::stride_loop(0..self.pair_token.len()) {
+                routing.set(experts + p, self.pair_token.load(p));
+                pair_gate.set(p, self.pair_gate.load(p));
+                top_ids.set(p, ids.load(p));
+                top_gates.set(p, gates.load(p));
+            }
+        }
     }
 
     fn items(self) -> usize {
@@ -551,18 +571,7 @@ fn gate_up<const NT: usize>(
     let group_pairs = 8 * NT;
     let mut smem = shared::dynamic();
     let (dispatch, ids, gates) = route(&mut smem, x, router, tokens, k, renormalize, group_pairs);
-    // Cluster 0's first block hands the routing to the down kernel (and the host).
-    if cluster::index_in_grid().x == 0 && cluster::block_rank() == 0 {
-        for e in block::stride_loop(0..experts) {
-            routing.set(e, dispatch.count.load(e));
-        }
-        for p in block::stride_loop(0..tokens * k) {
-            routing.set(experts + p, dispatch.pair_token.load(p));
-            pair_gate.set(p, dispatch.pair_gate.load(p));
-            top_ids.set(p, ids.load(p));
-            top_gates.set(p, gates.load(p));
-        }
-    }
+    dispatch.hand_over(ids, gates, routing, pair_gate, top_ids, top_gates);
     let shape = GateUp { x, w_gate, w_up, h, hidden, ffn };
     if NT == 1 {
         gate_up_staged(&mut smem, dispatch, &shape);
@@ -825,6 +834,280 @@ fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>
     }
 }
 
+/// Rows of a *tokens-schedule* block tile: 128 rows of the gate and up projections (so 128
+/// features of `h`), or of the down projection's output; 8 row tiles of the tiled weights.
+pub const TILE_ROWS: usize = 128;
+/// Row tiles of the tiled weights in a tokens-schedule block tile.
+const TILE_ROW_TILES: usize = TILE_ROWS / ROWS;
+/// K-steps (of 32 columns) in a tokens-schedule pipeline stage: gate/up's 1 (so that 7
+/// stages fit beside the routing's shared memory), down's 2 (larger boxes: each TMA box costs
+/// about the same time whatever its size).
+const GATE_UP_STAGE_STEPS: usize = 1;
+const DOWN_STAGE_STEPS: usize = 2;
+/// Bytes of a stage's weights of one projection with `steps` K-steps a stage: a TMA box of 8
+/// row tiles × `steps` K-steps.
+const fn weight_box_bytes(steps: usize) -> u32 {
+    (TILE_ROWS * steps * STEP * 2) as u32
+}
+/// Bytes of a stage's tokens operand (`x` or `h`): a TMA box of 64 rows (every token, zeros
+/// past the last) × `32 steps` columns.
+const fn tokens_box_bytes(steps: usize) -> u32 {
+    (MAX_TOKENS * steps * STEP * 2) as u32
+}
+/// Pipeline stages of the tokens-schedule kernels: gate/up's hold 20 KB (both projections'
+/// 128 rows and `x`), down's 24 KB (its 128 rows and `h`).
+pub const GATE_UP_TOKENS_STAGES: usize = 7;
+pub const DOWN_TOKENS_STAGES: usize = 5;
+const GATE_UP_TOKENS_STAGE_BYTES: u32 = 2 * weight_box_bytes(GATE_UP_STAGE_STEPS) + tokens_box_bytes(GATE_UP_STAGE_STEPS);
+const DOWN_TOKENS_STAGE_BYTES: u32 = weight_box_bytes(DOWN_STAGE_STEPS) + tokens_box_bytes(DOWN_STAGE_STEPS);
+
+/// Issues the TMA load of stage `stage` (K-steps `steps · stage ..`, `steps` of them) of the 8 row tiles
+/// `first ..` (of all experts' stacked row tiles) of tiled weights (`map`: [`host`]'s view of
+/// each row tile as a plane of rows of 64 elements, 128 bytes, so that each 16 × 32 tile is 8
+/// such rows — row `j` holding the tile's rows `2j` (K 0-31 of the view) and `2j + 1` (K
+/// 32-63) — under the 128-byte swizzle, in boxes of `steps` tiles of 8 row tiles: its tiles
+/// 1 KB apart in K-step order inside each row tile, the row tiles `steps` KB apart) into
+/// `dst`, on the barrier `full`.
+///
+/// # Safety
+/// As [`clusterfuse::tma::TensorMap::load_3d`], for [`weight_box_bytes`]`(steps)` at `dst`.
+#[inline(always)]
+unsafe fn load_weights(map: TensorMap, dst: u32, first: usize, stage: usize, steps: usize, full: u32) {
+    map.load_3d(dst, 0, (stage * steps * ROWS / 2) as i32, first as i32, full);
+}
+
+/// The weight row (of 128) that row `m` of a [`weight_operand`] of `parity` holds: row `2
+/// (m % 8)` (+ 1 when odd) of tile `m / 8`.
+#[inline(always)]
+fn weight_row(m: usize, parity: usize) -> usize {
+    ROWS * (m / 8) + 2 * (m % 8) + parity
+}
+
+/// The tokens schedule's `wgmma` A operand for the 16 columns `16 kk ..` (`kk` < `2 steps`)
+/// of a stage of `steps` K-steps: the 64 even (`parity` 0) or odd weight rows of the 8 row
+/// tiles of the [`load_weights`] box at `tiles` (a view row's K 0-31 are its even weight row,
+/// K 32-63 its odd one; groups of 8 view rows, one tile, `steps` KB apart).
+#[inline(always)]
+fn weight_operand(tiles: u32, parity: u32, kk: u32, steps: usize) -> Operand<bf16> {
+    let tile_bytes = weight_box_bytes(1) / TILE_ROW_TILES as u32;
+    Operand::k_major_swizzle_128b(tiles + kk / 2 * tile_bytes, 32 * parity + 16 * (kk % 2)).group_stride(steps as u32 * tile_bytes)
+}
+
+/// The tokens schedule's `wgmma` B operand for the 16 columns `16 kk ..` of a stage of
+/// `steps` (1 or 2) K-steps: the 64 token rows TMA loaded at `tokens` (rows of `64 steps`
+/// bytes, swizzled as wide).
+#[inline(always)]
+fn tokens_operand(tokens: u32, kk: u32, steps: usize) -> Operand<bf16> {
+    if steps == 1 { Operand::k_major_swizzle_64b(tokens, 16 * kk) } else { Operand::k_major_swizzle_128b(tokens, 16 * kk) }
+}
+
+/// The gate/up kernel on the *tokens schedule* (for many tokens): routing as
+/// [`gate_up`], then every token against each selected expert's weights on `wgmma`, so that
+/// an expert's rows are read once however many tokens chose it. A block (one an SM,
+/// persistent) takes *units* of 128 features of one selected expert in turn; warpgroup 0's
+/// first thread loads each K-step's gate and up tiles (a box each) and the tokens' 32
+/// columns of `x` through TMA into a [`GATE_UP_TOKENS_STAGES`]-stage [`Pipeline`], warpgroup 1 multiplies
+/// them (four `m64n64k16` accumulators: gate and up, even and odd rows) and writes
+/// `h[t, e·ffn + f] = g[t, e] · silu(gate) · up` for every token — zero where `t` did not choose
+/// `e` — so that the down projection is one GEMM over the selected experts' columns.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn gate_up_tokens(
+    x: &[bf16],
+    x_map: &[u64],
+    router: &[bf16],
+    w_gate: &[bf16],
+    gate_map: &[u64],
+    w_up: &[bf16],
+    up_map: &[u64],
+    h: &Out<bf16>,
+    routing: &Out<u32>,
+    pair_gate: &Out<f32>,
+    top_ids: &Out<u32>,
+    top_gates: &Out<f32>,
+    k: usize,
+    renormalize: bool,
+) {
+    grid::launch_dependents();
+    let tokens = top_ids.len() / k;
+    let hidden = x.len() / tokens;
+    let experts = router.len() / hidden;
+    let ffn = h.len() / (tokens * experts);
+    if tokens > MAX_TOKENS || !hidden.is_multiple_of(STEP * GATE_UP_UNROLL) || !ffn.is_multiple_of(TILE_ROWS) || w_gate.len() != experts * ffn * hidden || w_up.len() != w_gate.len() {
+        arch::trap();
+    }
+    let (x_map, gate_map, up_map) = (TensorMap::new(x_map), TensorMap::new(gate_map), TensorMap::new(up_map));
+    let mut smem = shared::dynamic();
+    smem.align_to(1024);
+    let stages = smem.take::<u32>(GATE_UP_TOKENS_STAGES * GATE_UP_TOKENS_STAGE_BYTES as usize / 4).addr();
+    let pipeline = Pipeline::<GATE_UP_TOKENS_STAGES>::new(smem.take::<u64>(2 * GATE_UP_TOKENS_STAGES), 1);
+    // The routing's block barriers order the pipeline's initialisation before its use.
+    let (dispatch, ids, gates) = route(&mut smem, x, router, tokens, k, renormalize, MAX_TOKENS);
+    dispatch.hand_over(ids, gates, routing, pair_gate, top_ids, top_gates);
+
+    // An item is an expert's pairs (groups of 64 hold them all); units go round robin.
+    const STEPS: usize = GATE_UP_STAGE_STEPS;
+    let (tiles, stages_per_unit) = (ffn / TILE_ROWS, hidden / (STEP * STEPS));
+    let units = dispatch.items() * tiles;
+    let (first, blocks) = (block::index_x() as usize, grid::dim().x as usize);
+    let expert_of = |unit: usize| dispatch.item(unit / tiles, MAX_TOKENS).expert;
+    let wg = Warpgroup::current();
+    if wg.index() == 0 {
+        if wg.thread_rank() == 0 {
+            let mut state = PipelineState::START;
+            for unit in (first..units).step_by(blocks) {
+                let row_tile = (expert_of(unit) * tiles + unit % tiles) * TILE_ROW_TILES;
+                for k in 0..stages_per_unit {
+                    let full = pipeline.producer_acquire(state, GATE_UP_TOKENS_STAGE_BYTES);
+                    let stage = stages + state.stage() as u32 * GATE_UP_TOKENS_STAGE_BYTES;
+                    // SAFETY: the stage (1024-aligned) is free (its empty barrier passed) and the
+                    // full barrier expects all 3 boxes' bytes; the row tiles are the expert's
+                    // (checked lengths) and the stage's K-steps inside them.
+                    unsafe {
+                        load_weights(gate_map, stage, row_tile, k, STEPS, full);
+                        load_weights(up_map, stage + weight_box_bytes(STEPS), row_tile, k, STEPS, full);
+                        x_map.load_2d(stage + 2 * weight_box_bytes(STEPS), (k * STEPS * STEP) as i32, 0, full);
+                    }
+                    state = state.next();
+                }
+            }
+        }
+        return;
+    }
+    let t = wg.thread_rank();
+    let mut state = PipelineState::START;
+    for unit in (first..units).step_by(blocks) {
+        let expert = expert_of(unit);
+        // [gate, up] × [even rows, odd rows].
+        let mut acc = [AccM64N64::ZERO, AccM64N64::ZERO, AccM64N64::ZERO, AccM64N64::ZERO];
+        let (last, next) = consume::<GATE_UP_TOKENS_STAGES, { 2 * STEPS as u32 }>(&wg, &pipeline, state, stages_per_unit, |s, kk, accumulate| {
+            let stage = stages + s * GATE_UP_TOKENS_STAGE_BYTES;
+            let b = tokens_operand(stage + 2 * weight_box_bytes(STEPS), kk, STEPS);
+            unroll!(i in [0 1 2 3] {
+                let a = weight_operand(stage + (i / 2) as u32 * weight_box_bytes(STEPS), (i % 2) as u32, kk, STEPS);
+                // SAFETY: `consume`'s guarantees: the stage is loaded and stays so, the whole
+                // warpgroup runs this after a fence; the first wgmma overwrites `acc`.
+                unsafe { wg.mma_m64n64k16(a, b, &mut acc[i], accumulate) };
+            });
+        });
+        if t == 0 {
+            pipeline.consumer_release(last);
+        }
+        state = next;
+        // This thread's values: token columns `8j + 2 (t % 4) + dc` (register `4j + 2dv + dc`,
+        // rows `m` and `m + 8` for `dv` 0 and 1), column by column, so that only one column's
+        // gate weight (zero where the token did not choose the expert) and row of `h` are live
+        // at a time beside the accumulators (sixteen at once spilled, and each store then
+        // waited on a reload). Unrolled, so that `acc` is only indexed by constants.
+        let feature = expert * ffn + unit % tiles * TILE_ROWS;
+        unroll!(j in [0 1 2 3 4 5 6 7] {
+            unroll!(dc in [0 1] {
+                let c = 8 * j + 2 * (t as usize % 4) + dc;
+                if c < tokens {
+                    let mut g = 0.0;
+                    for slot in c * k..(c + 1) * k {
+                        if ids.load(slot) as usize == expert {
+                            g = gates.load(slot);
+                        }
+                    }
+                    let row = c * experts * ffn + feature;
+                    unroll!(dv in [0 1] {
+                        let i = 4 * j + 2 * dv + dc;
+                        let m = AccM64N256::position(t, i).0;
+                        unroll!(parity in [0 1] {
+                            let value = g * silu_gate(acc[parity].values[i], acc[2 + parity].values[i]);
+                            h.set(row + weight_row(m, parity), bf16::from_f32(value));
+                        });
+                    });
+                }
+            });
+        });
+    }
+}
+
+/// The down kernel on the tokens schedule: `y = Σ_e W_down[e] · h[:, e]` over the selected
+/// experts (`h` already holds each token's gate weight, zero for an expert it did not
+/// choose), one GEMM over their concatenated columns. A cluster per 128 output rows splits
+/// those columns' K-steps into contiguous ranges, one a block: warpgroup 0's first thread
+/// loads each 2 K-steps' weight tiles (a box) and the tokens' 64 columns of `h` through TMA into a
+/// [`DOWN_TOKENS_STAGES`]-stage [`Pipeline`], warpgroup 1 multiplies them (two `m64n64k16`
+/// accumulators: even and odd rows), and `cluster::reduce_scatter` sums the blocks' tiles in rank order into
+/// `y` (no atomics: bitwise deterministic).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn down_tokens(h: &Out<bf16>, h_map: &[u64], routing: &Out<u32>, pair_gate: &Out<f32>, w_down: &[bf16], down_map: &[u64], out: &Out<bf16>, k: usize) {
+    let tokens = pair_gate.len() / k;
+    let hidden = out.len() / tokens;
+    let experts = routing.len() - tokens * k;
+    let ffn = h.len() / (tokens * experts);
+    if tokens > MAX_TOKENS || !ffn.is_multiple_of(STEP) || !hidden.is_multiple_of(TILE_ROWS) || w_down.len() != experts * hidden * ffn {
+        arch::trap();
+    }
+    let (h_map, down_map) = (TensorMap::new(h_map), TensorMap::new(down_map));
+    let mut smem = shared::dynamic();
+    smem.align_to(1024);
+    let stages = smem.take::<u32>(DOWN_TOKENS_STAGES * DOWN_TOKENS_STAGE_BYTES as usize / 4).addr();
+    let pipeline = Pipeline::<DOWN_TOKENS_STAGES>::new(smem.take::<u64>(2 * DOWN_TOKENS_STAGES), 1);
+    // The block's tile of `y` before the cluster's sum: 128 rows × 64 tokens.
+    let tile = smem.take::<f32>(TILE_ROWS * MAX_TOKENS);
+    let dispatch = Dispatch::take(&mut smem, experts, tokens * k);
+    // Waits for the gate/up kernel; its block barriers order the pipeline's initialisation.
+    dispatch.receive(routing, pair_gate, MAX_TOKENS);
+
+    const STEPS: usize = DOWN_STAGE_STEPS;
+    let steps = ffn / (STEP * STEPS);
+    let (rank, size) = (cluster::block_rank() as usize, cluster::size() as usize);
+    let units = dispatch.items() * steps;
+    let (lo, hi) = (rank * units / size, (rank + 1) * units / size);
+    // A block with no K-steps (more blocks than steps) multiplies one step of zeros (`h`'s
+    // columns past its last, which TMA fills with zeros) rather than skip the main loop: a
+    // path around it would set the accumulators outside `wgmma`, which serialises them all.
+    let count = (hi - lo).max(1);
+    let row_tiles = cluster::index_in_grid().x as usize * TILE_ROW_TILES;
+    let wg = Warpgroup::current();
+    if wg.index() == 0 {
+        if wg.thread_rank() == 0 {
+            let mut state = PipelineState::START;
+            for unit in lo..lo + count {
+                let (expert, s) = if unit < hi { (dispatch.item(unit / steps, MAX_TOKENS).expert, unit % steps) } else { (experts, 0) };
+                let full = pipeline.producer_acquire(state, DOWN_TOKENS_STAGE_BYTES);
+                let stage = stages + state.stage() as u32 * DOWN_TOKENS_STAGE_BYTES;
+                // SAFETY: the stage's 24 KB (1024-aligned) are free and the full barrier
+                // expects both boxes' bytes; the row tiles are the expert's (checked lengths)
+                // and `s < steps`.
+                unsafe {
+                    load_weights(down_map, stage, expert.min(experts - 1) * hidden / ROWS + row_tiles, s, STEPS, full);
+                    h_map.load_2d(stage + weight_box_bytes(STEPS), (expert * ffn + s * STEPS * STEP) as i32, 0, full);
+                }
+                state = state.next();
+            }
+        }
+    } else {
+        let mut acc = [AccM64N64::ZERO, AccM64N64::ZERO];
+        consume::<DOWN_TOKENS_STAGES, { 2 * STEPS as u32 }>(&wg, &pipeline, PipelineState::START, count, |s, kk, accumulate| {
+            let stage = stages + s * DOWN_TOKENS_STAGE_BYTES;
+            let b = tokens_operand(stage + weight_box_bytes(STEPS), kk, STEPS);
+            for (parity, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: as in `gate_up_tokens`.
+                unsafe { wg.mma_m64n64k16(weight_operand(stage, parity as u32, kk, STEPS), b, acc, accumulate) };
+            }
+        });
+        let t = wg.thread_rank();
+        unroll!(parity in [0 1] {
+            unroll!(i in [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31] {
+                let (m, c) = AccM64N256::position(t, i);
+                tile.store(weight_row(m, parity) * MAX_TOKENS + c, acc[parity].values[i]);
+            });
+        });
+    }
+    cluster::reduce_scatter(tile, Sum, |i, value| {
+        let (r, t) = (i / MAX_TOKENS, i % MAX_TOKENS);
+        if t < tokens {
+            out.set(t * hidden + row_tiles * ROWS + r, bf16::from_f32(value));
+        }
+    });
+}
+
 macro_rules! moe_kernels {
     (gate_up: [$($gate_up:ident, $g_nt:literal, $g_pairs:literal;)*] down: [$($down:ident, $d_nt:literal, $d_pairs:literal;)*]) => {
         $(
@@ -850,6 +1133,38 @@ macro_rules! moe_kernels {
     };
 }
 
+/// MoE launch 1/2 on the tokens schedule ([`fn@moe_gate_up_g8`]'s arguments, with the
+/// tensor maps of `x` (boxes of 64 rows × 32 columns) and of the tiled gate and up weights
+/// (a 16 × 32 tile a box; [`host::Buffers`] makes them)); `h` is `tokens × experts · ffn`.
+#[kernel(launch_bounds(max_threads = 256, min_blocks = 1))]
+#[allow(clippy::too_many_arguments)]
+pub fn moe_gate_up_tokens(
+    x: &[bf16],
+    x_map: &[u64],
+    router: &[bf16],
+    w_gate: &[bf16],
+    gate_map: &[u64],
+    w_up: &[bf16],
+    up_map: &[u64],
+    h: Out<bf16>,
+    routing: Out<u32>,
+    pair_gate: Out<f32>,
+    top_ids: Out<u32>,
+    top_gates: Out<f32>,
+    top_k: u32,
+    renormalize: u32,
+) {
+    gate_up_tokens(x, x_map, router, w_gate, gate_map, w_up, up_map, &h, &routing, &pair_gate, &top_ids, &top_gates, top_k as usize, renormalize != 0)
+}
+
+/// MoE launch 2/2 on the tokens schedule ([`fn@moe_down_g8`]'s arguments, with the tensor maps
+/// of `h` (boxes of 64 rows × 32 columns) and of the tiled down weights).
+#[kernel(launch_bounds(max_threads = 256, min_blocks = 1))]
+#[allow(clippy::too_many_arguments)]
+pub fn moe_down_tokens(h: Out<bf16>, h_map: &[u64], routing: Out<u32>, pair_gate: Out<f32>, w_down: &[bf16], down_map: &[u64], out: Out<bf16>, top_k: u32) {
+    down_tokens(&h, h_map, &routing, &pair_gate, w_down, down_map, &out, top_k as usize)
+}
+
 // The down kernel has no 32-pair form: with 4 n-tiles too few of its steps' loads fit in
 // flight (Mixtral's at 64 tokens took 809 µs against 414 with groups of 16).
 moe_kernels! {
@@ -864,7 +1179,7 @@ pub mod host {
 
     use super::*;
     use crate::uniform;
-    use clusterfuse::host::{Buffer, Error, Gpu, Result, Stream};
+    use clusterfuse::host::{Buffer, Error, Gpu, Result, Stream, Swizzle, TensorMap};
     use rayon::prelude::*;
 
     /// Relative error allowed against the f64 reference: `h` and `y` are rounded to bf16
@@ -1047,6 +1362,8 @@ pub mod host {
         gate_up_g32: moe_gate_up_g32::Kernel,
         down_g8: moe_down_g8::Kernel,
         down_g16: moe_down_g16::Kernel,
+        gate_up_tokens: moe_gate_up_tokens::Kernel,
+        down_tokens: moe_down_tokens::Kernel,
     }
 
     impl Kernels {
@@ -1058,35 +1375,82 @@ pub mod host {
                 gate_up_g32: moe_gate_up_g32::load(gpu)?,
                 down_g8: moe_down_g8::load(gpu)?,
                 down_g16: moe_down_g16::load(gpu)?,
+                gate_up_tokens: moe_gate_up_tokens::load(gpu)?,
+                down_tokens: moe_down_tokens::load(gpu)?,
             })
         }
     }
 
     /// A step's buffers on a device: the inputs (expert weights [`tile`]d), the two kernels'
-    /// hand-over, and poisoned outputs.
+    /// hand-over, poisoned outputs, and the tensor maps the tokens schedule loads through.
     pub struct Buffers {
-        pub layer: Layer,
-        pub tokens: usize,
-        pub x: Buffer<bf16>,
-        pub router: Buffer<bf16>,
-        pub w_gate: Buffer<bf16>,
-        pub w_up: Buffer<bf16>,
-        pub w_down: Buffer<bf16>,
-        /// `tokens · top_k × ffn`: the pairs' activations.
-        pub h: Buffer<bf16>,
+        layer: Layer,
+        tokens: usize,
+        x: Buffer<bf16>,
+        router: Buffer<bf16>,
+        w_gate: Buffer<bf16>,
+        w_up: Buffer<bf16>,
+        w_down: Buffer<bf16>,
+        /// `tokens · top_k × ffn`: the pairs' activations (the pairs schedule).
+        h: Buffer<bf16>,
+        /// `tokens × experts · ffn`: each token's gated activations for every selected expert
+        /// (the tokens schedule).
+        h_tokens: Buffer<bf16>,
         /// Each expert's pair count, then the pairs' tokens.
-        pub routing: Buffer<u32>,
-        pub pair_gate: Buffer<f32>,
+        routing: Buffer<u32>,
+        pair_gate: Buffer<f32>,
         /// `tokens × top_k`.
-        pub top_ids: Buffer<u32>,
-        pub top_gates: Buffer<f32>,
+        top_ids: Buffer<u32>,
+        top_gates: Buffer<f32>,
         /// `tokens × hidden`.
-        pub out: Buffer<bf16>,
+        out: Buffer<bf16>,
+        maps: Maps,
     }
 
-    /// A step's hand-over (`h`, `routing`, `pair_gate`) and output (`top_ids`, `top_gates`,
-    /// `out`) buffers, in [`Buffers`]' order.
-    type Poisoned = (Buffer<bf16>, Buffer<u32>, Buffer<f32>, Buffer<u32>, Buffer<f32>, Buffer<bf16>);
+    /// The tokens schedule's tensor maps: `x` and `h_tokens` in boxes of 64 rows (every
+    /// token, zeros past the last) × a stage's columns, the tiled weights in boxes of 8 row
+    /// tiles × a stage's K-steps (`load_weights`). Detached from the
+    /// buffers they describe, which [`Buffers`] owns and never replaces without making the
+    /// maps again.
+    struct Maps {
+        x: TensorMap<'static>,
+        w_gate: TensorMap<'static>,
+        w_up: TensorMap<'static>,
+        w_down: TensorMap<'static>,
+        h_tokens: TensorMap<'static>,
+    }
+
+    impl Maps {
+        /// The maps of `x`, the tiled weights and `h_tokens`, for `tokens` tokens of `layer`.
+        fn new(gpu: &Gpu, layer: Layer, tokens: usize, [x, w_gate, w_up, w_down, h_tokens]: [&Buffer<bf16>; 5]) -> Result<Self> {
+            // SAFETY (both): `Buffers` owns every tensor, frees none while a launch or graph
+            // that takes the maps may run (both borrow `Buffers`), and makes the maps again
+            // whenever it replaces one (`poison`).
+            // Boxes of 64 tokens × `steps` K-steps (`tokens_operand`).
+            let rows = |t: &Buffer<bf16>, cols: usize, steps: usize| -> Result<TensorMap<'static>> {
+                let swizzle = if steps == 1 { Swizzle::B64 } else { Swizzle::B128 };
+                unsafe { Ok(gpu.tensor_map_2d(t, (tokens, cols), (MAX_TOKENS as u32, (steps * STEP) as u32), swizzle)?.detach()) }
+            };
+            // Each row tile a plane of rows of 64 (`load_weights`), `cols` of them a row.
+            let tiles = |w: &Buffer<bf16>, cols: usize, steps: usize| -> Result<TensorMap<'static>> {
+                let shape = (w.len() / (ROWS * cols), ROWS * cols / (2 * STEP), 2 * STEP);
+                let boxes = (TILE_ROW_TILES as u32, (steps * ROWS / 2) as u32, 2 * STEP as u32);
+                unsafe { Ok(gpu.tensor_map_3d(w, shape, boxes, Swizzle::B128)?.detach()) }
+            };
+            let (hidden, ffn, g, d) = (layer.hidden, layer.ffn, GATE_UP_STAGE_STEPS, DOWN_STAGE_STEPS);
+            Ok(Maps {
+                x: rows(x, hidden, g)?,
+                w_gate: tiles(w_gate, hidden, g)?,
+                w_up: tiles(w_up, hidden, g)?,
+                w_down: tiles(w_down, ffn, d)?,
+                h_tokens: rows(h_tokens, layer.experts * ffn, d)?,
+            })
+        }
+    }
+
+    /// A step's hand-over (`h`, `h_tokens`, `routing`, `pair_gate`) and output (`top_ids`,
+    /// `top_gates`, `out`) buffers, in [`Buffers`]' order.
+    type Poisoned = (Buffer<bf16>, Buffer<bf16>, Buffer<u32>, Buffer<f32>, Buffer<u32>, Buffer<f32>, Buffer<bf16>);
 
     /// Those buffers for `tokens` tokens of `layer`, poisoned: NaN, or `u32::MAX`.
     fn poisoned(gpu: &Gpu, layer: Layer, tokens: usize) -> Result<Poisoned> {
@@ -1094,6 +1458,7 @@ pub mod host {
         let nan = bf16::from_f32(f32::NAN);
         Ok((
             gpu.upload(&vec![nan; pairs * layer.ffn])?,
+            gpu.upload(&vec![nan; tokens * layer.experts * layer.ffn])?,
             gpu.upload(&vec![u32::MAX; layer.experts + pairs])?,
             gpu.upload(&vec![f32::NAN; pairs])?,
             gpu.upload(&vec![u32::MAX; pairs])?,
@@ -1106,27 +1471,35 @@ pub mod host {
         /// Uploads `moe`, with every output and hand-over buffer poisoned.
         pub fn upload(gpu: &Gpu, moe: &Moe) -> Result<Self> {
             let Layer { hidden, ffn, .. } = moe.layer;
-            let (h, routing, pair_gate, top_ids, top_gates, out) = poisoned(gpu, moe.layer, moe.tokens)?;
+            let (h, h_tokens, routing, pair_gate, top_ids, top_gates, out) = poisoned(gpu, moe.layer, moe.tokens)?;
+            let x = gpu.upload(&moe.x)?;
+            let w_gate = gpu.upload(&tile(&moe.w_gate, hidden))?;
+            let w_up = gpu.upload(&tile(&moe.w_up, hidden))?;
+            let w_down = gpu.upload(&tile(&moe.w_down, ffn))?;
+            let maps = Maps::new(gpu, moe.layer, moe.tokens, [&x, &w_gate, &w_up, &w_down, &h_tokens])?;
             Ok(Buffers {
                 layer: moe.layer,
                 tokens: moe.tokens,
-                x: gpu.upload(&moe.x)?,
+                x,
                 router: gpu.upload(&moe.router)?,
-                w_gate: gpu.upload(&tile(&moe.w_gate, hidden))?,
-                w_up: gpu.upload(&tile(&moe.w_up, hidden))?,
-                w_down: gpu.upload(&tile(&moe.w_down, ffn))?,
+                w_gate,
+                w_up,
+                w_down,
                 h,
+                h_tokens,
                 routing,
                 pair_gate,
                 top_ids,
                 top_gates,
                 out,
+                maps,
             })
         }
 
-        /// Poisons the outputs and the hand-over again.
+        /// Poisons the outputs and the hand-over again (new buffers, and their maps).
         pub fn poison(&mut self, gpu: &Gpu) -> Result<()> {
-            (self.h, self.routing, self.pair_gate, self.top_ids, self.top_gates, self.out) = poisoned(gpu, self.layer, self.tokens)?;
+            (self.h, self.h_tokens, self.routing, self.pair_gate, self.top_ids, self.top_gates, self.out) = poisoned(gpu, self.layer, self.tokens)?;
+            self.maps = Maps::new(gpu, self.layer, self.tokens, [&self.x, &self.w_gate, &self.w_up, &self.w_down, &self.h_tokens])?;
             Ok(())
         }
 
@@ -1137,16 +1510,73 @@ pub mod host {
         }
     }
 
-    /// How a step launches: each kernel's pair group and both launch configurations.
+    /// How a step's two kernels share the work.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Schedule {
+        /// The (token, expert) pairs, grouped by expert, on `mma.sync` warps that stream the
+        /// weights through registers ([`fn@moe_gate_up_g8`] …, [`fn@moe_down_g8`] …): each
+        /// expert's rows are read once per group of pairs it serves. For few tokens.
+        Pairs {
+            /// Pairs an expert's pass over its weights serves in the gate/up kernel: 8 (the
+            /// staged schedule), 16 or 32 (a unit a warp).
+            gate_up_group: usize,
+            /// The same in the down kernel: 8 or 16.
+            down_group: usize,
+        },
+        /// Every token against each selected expert on `wgmma`, the weights through a TMA
+        /// pipeline ([`fn@moe_gate_up_tokens`], [`fn@moe_down_tokens`]): each expert's rows read
+        /// once, whatever its share of the tokens. For many tokens.
+        Tokens,
+    }
+
+    /// How a step launches: the schedule and both launch configurations.
     #[derive(Clone, Copy, Debug)]
     pub struct Plan {
-        /// Pairs an expert's pass over its weights serves in the gate/up kernel: 8 (the staged
-        /// schedule), 16 or 32 (a unit a warp).
-        pub gate_up_group: usize,
-        /// The same in the down kernel: 8 or 16.
-        pub down_group: usize,
+        pub schedule: Schedule,
         pub gate_up: LaunchConfig,
         pub down: LaunchConfig,
+    }
+
+    /// The schedule [`plan`] takes for `tokens` tokens: the tokens schedule where the layer
+    /// allows it, the step has at least [`TOKENS_SCHEDULE_PAIRS`] pairs (the pairs schedule's
+    /// groups get large, and reread `x` from L2 per 16 rows) and the routing at most
+    /// [`TOKENS_SCHEDULE_LOGITS`] logits (every one of its blocks routes the whole step, and
+    /// it has half as many blocks to share the weights); the pairs schedule otherwise. Fit to
+    /// the H200's side-by-side run (results/moe-h200.md, session 30): the tokens schedule won
+    /// Mixtral at 64 tokens and DeepSeek at 8, lost Mixtral at 8 (16 pairs) and DeepSeek at 64
+    /// (4096 logits).
+    pub fn schedule(layer: &Layer, tokens: usize) -> Schedule {
+        let (pairs, logits) = (tokens * layer.top_k, tokens * layer.experts);
+        if pairs >= TOKENS_SCHEDULE_PAIRS && logits <= TOKENS_SCHEDULE_LOGITS && tokens_schedule_fits(layer).is_ok() {
+            return Schedule::Tokens;
+        }
+        Schedule::pairs(layer, tokens)
+    }
+
+    impl Schedule {
+        /// The pairs schedule for `tokens` tokens: groups of about twice an expert's average
+        /// share of the pairs (all tokens, at most) — 8, 16 or 32, the down kernel's at most 16.
+        pub fn pairs(layer: &Layer, tokens: usize) -> Schedule {
+            let share = tokens.min(2 * tokens * layer.top_k / layer.experts);
+            let group = [8, 16, 32].into_iter().find(|&g| g >= share).unwrap_or(32);
+            Schedule::Pairs { gate_up_group: group, down_group: group.min(16) }
+        }
+    }
+
+    /// Fewest pairs (`tokens · top_k`) for which [`plan`] takes the tokens schedule.
+    pub const TOKENS_SCHEDULE_PAIRS: usize = 64;
+    /// Most router logits (`tokens · experts`) for which [`plan`] takes the tokens schedule.
+    pub const TOKENS_SCHEDULE_LOGITS: usize = 1024;
+
+    /// Whether the tokens schedule runs `layer`: FFN and hidden sizes in whole 128-row tiles.
+    fn tokens_schedule_fits(layer: &Layer) -> Result<()> {
+        if layer.ffn.is_multiple_of(TILE_ROWS) && layer.hidden.is_multiple_of(TILE_ROWS) {
+            return Ok(());
+        }
+        Err(Error::UnsupportedShape {
+            kernel: "the MoE layer's tokens schedule",
+            reason: format!("hidden {} and FFN {}: both must be multiples of {TILE_ROWS}", layer.hidden, layer.ffn),
+        })
     }
 
     /// Shared memory of the gate/up kernel: the routing's arrays, 16-byte aligned each, and
@@ -1154,9 +1584,25 @@ pub mod host {
     fn gate_up_smem(layer: &Layer, tokens: usize, cluster: usize, group: usize) -> usize {
         let (pairs, e) = (tokens * layer.top_k, layer.experts);
         let partials = WARPS * ROWS * tokens.next_multiple_of(8) * 4;
-        let window = if group == 8 { 8 * padded_row_words(window_columns(layer.hidden)) * 4 } else { 0 };
+        let window = match group {
+            8 => 8 * padded_row_words(window_columns(layer.hidden)) * 4,
+            MAX_TOKENS => pipeline_smem(GATE_UP_TOKENS_STAGES, GATE_UP_TOKENS_STAGE_BYTES),
+            _ => 0,
+        };
         let sizes = [tokens * e / cluster * 4, partials, tokens * 4, pairs * cluster * 8, pairs * 8, pairs * 4, pairs * 4, 2 * e * 4, window];
         sizes.iter().map(|b| b.next_multiple_of(16)).sum::<usize>() + dispatch_smem(layer, tokens)
+    }
+
+    /// Shared memory of a tokens-schedule pipeline: 1024 bytes to align the stages, the
+    /// stages, their barriers.
+    fn pipeline_smem(stages: usize, stage_bytes: u32) -> usize {
+        1024 + stages * stage_bytes as usize + 16 * stages
+    }
+
+    /// Shared memory of the tokens schedule's down kernel: its pipeline, the block's tile of
+    /// `y`, the routing.
+    fn down_tokens_smem(layer: &Layer, tokens: usize) -> usize {
+        pipeline_smem(DOWN_TOKENS_STAGES, DOWN_TOKENS_STAGE_BYTES) + TILE_ROWS * MAX_TOKENS * 4 + dispatch_smem(layer, tokens)
     }
 
     fn dispatch_smem(layer: &Layer, tokens: usize) -> usize {
@@ -1164,54 +1610,81 @@ pub mod host {
         [layer.experts * 4, layer.experts * 4, pairs * 4, pairs * 4, (pairs + 1) * 4].iter().map(|b| b.next_multiple_of(16)).sum()
     }
 
-    /// The launches of `layer` at `tokens` tokens: gate/up in clusters of `cluster`, pairs in
-    /// groups of 8, 16 or 32, whichever first holds twice an expert's average share, as many
-    /// blocks as the GPU holds at once (at most one per 8 units of the largest routing with
-    /// groups of 8, a unit a warp, or per 2 units with 16 and 32); the down kernel a cluster
-    /// per 16 output rows, of as many blocks (1, 2 or 4, splitting K) as keep the grid within
-    /// two blocks per SM, launched programmatically with `programmatic`.
+    /// The launches of `layer` at `tokens` tokens on the [`schedule`] it takes, gate/up in
+    /// clusters of `cluster`, the down kernel launched programmatically with `programmatic`.
     pub fn plan(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, cluster: u32, programmatic: bool) -> Result<Plan> {
+        plan_schedule(kernels, gpu, layer, tokens, cluster, programmatic, schedule(&layer, tokens))
+    }
+
+    /// The launches of `layer` at `tokens` tokens on `schedule`. The pairs schedule: pairs in
+    /// groups of `gate_up_group`, as many gate/up blocks as the GPU holds at once (at most one
+    /// per 8 units of the largest routing with groups of 8, a unit a warp, or per 2 units with
+    /// 16 and 32); the down kernel a cluster per 16 output rows, of as many blocks (1, 2 or 4,
+    /// splitting K) as keep the grid within two blocks per SM. The tokens schedule: a gate/up
+    /// block an SM (at most one per unit of the largest routing), the down kernel a cluster
+    /// per 128 output rows, of as many blocks (1-8, splitting K) as the GPU holds all at once.
+    #[allow(clippy::too_many_arguments)]
+    pub fn plan_schedule(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, cluster: u32, programmatic: bool, schedule: Schedule) -> Result<Plan> {
         layer.check(tokens, cluster)?;
-        // Groups hold about twice an expert's average share of the pairs (all tokens, at most).
-        let share = tokens.min(2 * tokens * layer.top_k / layer.experts);
-        let group = [8, 16, 32].into_iter().find(|&g| g >= share).unwrap_or(32);
         let c = cluster as usize;
-        let mut gate_up = LaunchConfig { grid: cluster.into(), block: BLOCK.into(), cluster: Some(cluster.into()), dynamic_smem_bytes: gate_up_smem(&layer, tokens, c, group) as u32, ..LaunchConfig::default() };
-        let raw = match group {
-            8 => kernels.gate_up_g8.raw(),
-            16 => kernels.gate_up_g16.raw(),
-            _ => kernels.gate_up_g32.raw(),
-        };
-        let resident = raw.max_resident_blocks(gpu.stream(), &raw.plan(&gate_up)?)?;
-        // The most experts a routing can select, and the units (16 rows of an item) of the
-        // largest routing.
-        let selected = layer.experts.min(tokens * layer.top_k);
-        let units = selected * layer.ffn / ROWS + tokens * layer.top_k / group * layer.ffn / ROWS;
-        let wanted = (units.div_ceil(if group == 8 { WARPS } else { 2 }) as u64).min(resident).max(1);
-        gate_up.grid = (wanted.div_ceil(c as u64) as u32 * cluster).into();
-        // The down kernel's clusters (of 16 output rows) split K, so that its blocks fill two
-        // per SM.
-        let down_group = group.min(16);
-        let row_tiles = layer.hidden / ROWS;
         let sms = gpu.multiprocessors()?.unwrap_or(132);
+        // The most experts a routing can select.
+        let selected = layer.experts.min(tokens * layer.top_k);
+        let (gate_up_group, gate_up_raw, down_raw) = match schedule {
+            Schedule::Pairs { gate_up_group, down_group } => {
+                if ![8, 16, 32].contains(&gate_up_group) || ![8, 16].contains(&down_group) {
+                    return Err(Error::UnsupportedShape { kernel: "the MoE layer", reason: format!("groups of {gate_up_group} and {down_group} pairs: the kernels take 8, 16 or 32, and 8 or 16") });
+                }
+                let gate_up = match gate_up_group {
+                    8 => kernels.gate_up_g8.raw(),
+                    16 => kernels.gate_up_g16.raw(),
+                    _ => kernels.gate_up_g32.raw(),
+                };
+                (gate_up_group, gate_up, if down_group == 8 { kernels.down_g8.raw() } else { kernels.down_g16.raw() })
+            }
+            Schedule::Tokens => {
+                tokens_schedule_fits(&layer)?;
+                (MAX_TOKENS, kernels.gate_up_tokens.raw(), kernels.down_tokens.raw())
+            }
+        };
+        let mut gate_up = LaunchConfig { grid: cluster.into(), block: BLOCK.into(), cluster: Some(cluster.into()), dynamic_smem_bytes: gate_up_smem(&layer, tokens, c, gate_up_group) as u32, ..LaunchConfig::default() };
+        let resident = gate_up_raw.max_resident_blocks(gpu.stream(), &gate_up_raw.plan(&gate_up)?)?;
+        let wanted = match schedule {
+            Schedule::Pairs { gate_up_group: group, .. } => {
+                // The units (16 rows of an item) of the largest routing.
+                let units = selected * layer.ffn / ROWS + tokens * layer.top_k / group * layer.ffn / ROWS;
+                units.div_ceil(if group == 8 { WARPS } else { 2 })
+            }
+            Schedule::Tokens => selected * layer.ffn / TILE_ROWS,
+        };
+        gate_up.grid = ((wanted as u64).min(resident).max(1).div_ceil(c as u64) as u32 * cluster).into();
+
+        // The down kernel's clusters split K, so that its blocks fill the GPU: the pairs
+        // schedule's loop over their row tiles (a cluster that fits is enough), the tokens
+        // schedule's take one each (the whole grid must fit at once).
+        let (tile_rows, splits, per_sm, smem) = match schedule {
+            Schedule::Pairs { .. } => (ROWS, &[4, 2][..], 2, dispatch_smem(&layer, tokens) + (WARPS * ROWS * tokens * 4).next_multiple_of(16) + ROWS * tokens * 4),
+            Schedule::Tokens => (TILE_ROWS, &[8, 7, 6, 5, 4, 3, 2][..], 1, down_tokens_smem(&layer, tokens)),
+        };
+        let row_tiles = layer.hidden / tile_rows;
         let config = |split: usize| LaunchConfig {
             grid: ((row_tiles * split) as u32).into(),
             block: BLOCK.into(),
             cluster: Some((split as u32).into()),
-            dynamic_smem_bytes: (dispatch_smem(&layer, tokens) + (WARPS * ROWS * tokens * 4).next_multiple_of(16) + ROWS * tokens * 4) as u32,
+            dynamic_smem_bytes: smem as u32,
             programmatic,
             ..LaunchConfig::default()
         };
-        let raw = if down_group == 8 { kernels.down_g8.raw() } else { kernels.down_g16.raw() };
         // The largest such cluster the GPU can hold (a residency query that fails counts as no).
         let mut down = config(1);
-        for split in [4, 2].into_iter().filter(|&p| row_tiles * p <= 2 * sms) {
-            if raw.max_resident_blocks(gpu.stream(), &raw.plan(&config(split))?).is_ok_and(|blocks| blocks >= split as u64) {
+        let needed = |split: usize| if schedule == Schedule::Tokens { row_tiles * split } else { split } as u64;
+        for &split in splits.iter().filter(|&&p| row_tiles * p <= per_sm * sms) {
+            if down_raw.max_resident_blocks(gpu.stream(), &down_raw.plan(&config(split))?).is_ok_and(|blocks| blocks >= needed(split)) {
                 down = config(split);
                 break;
             }
         }
-        Ok(Plan { gate_up_group: group, down_group, gate_up, down })
+        Ok(Plan { schedule, gate_up, down })
     }
 
     /// One step on `stream`: the two launches of `plan`.
@@ -1228,10 +1701,31 @@ pub mod host {
                 $kernel.launch(stream, &plan.gate_up, &b.x, &b.router, &b.w_gate, &b.w_up, &mut b.h, &mut b.routing, &mut b.pair_gate, &mut b.top_ids, &mut b.top_gates, k, renormalize)
             };
         }
-        match plan.gate_up_group {
-            8 => launch!(kernels.gate_up_g8),
-            16 => launch!(kernels.gate_up_g16),
-            _ => launch!(kernels.gate_up_g32),
+        match plan.schedule {
+            Schedule::Pairs { gate_up_group: 8, .. } => launch!(kernels.gate_up_g8),
+            Schedule::Pairs { gate_up_group: 16, .. } => launch!(kernels.gate_up_g16),
+            Schedule::Pairs { .. } => launch!(kernels.gate_up_g32),
+            Schedule::Tokens => {
+                let m = &b.maps;
+                kernels.gate_up_tokens.launch(
+                    stream,
+                    &plan.gate_up,
+                    &b.x,
+                    m.x.words(),
+                    &b.router,
+                    &b.w_gate,
+                    m.w_gate.words(),
+                    &b.w_up,
+                    m.w_up.words(),
+                    &mut b.h_tokens,
+                    &mut b.routing,
+                    &mut b.pair_gate,
+                    &mut b.top_ids,
+                    &mut b.top_gates,
+                    k,
+                    renormalize,
+                )
+            }
         }
     }
 
@@ -1244,9 +1738,13 @@ pub mod host {
                 $kernel.launch(stream, &plan.down, &mut b.h, &mut b.routing, &mut b.pair_gate, &b.w_down, &mut b.out, k)
             };
         }
-        match plan.down_group {
-            8 => launch!(kernels.down_g8),
-            _ => launch!(kernels.down_g16),
+        match plan.schedule {
+            Schedule::Pairs { down_group: 8, .. } => launch!(kernels.down_g8),
+            Schedule::Pairs { .. } => launch!(kernels.down_g16),
+            Schedule::Tokens => {
+                let m = &b.maps;
+                kernels.down_tokens.launch(stream, &plan.down, &mut b.h_tokens, m.h_tokens.words(), &mut b.routing, &mut b.pair_gate, &b.w_down, m.w_down.words(), &mut b.out, k)
+            }
         }
     }
 }

@@ -68,7 +68,7 @@ const CONSUMER_REGISTERS: u32 = 232;
 
 /// A consumer warpgroup's main loop over `k_steps` (at least one) stages of `pipeline` from
 /// `state`: for each, waits for its loads, then after a fence issues its wgmmas as
-/// `mma(stage, kk, accumulate)` for `kk` in `0 .. BK / 16` (`accumulate` false for the first of
+/// `mma(stage, kk, accumulate)` for `kk` in `0 .. KK` (16 columns of K each; `accumulate` false for the first of
 /// all, which overwrites the accumulators), commits them, and releases the stage before once
 /// only the newest group may still run (`wait::<1>`), so that one stage's wgmmas overlap the
 /// next one's wait. Returns, with every wgmma done, the last stage, still held, and the state
@@ -76,7 +76,7 @@ const CONSUMER_REGISTERS: u32 = 232;
 /// at least once: a path that skipped it would set the accumulators outside `wgmma` before
 /// the final wait, and ptxas would then serialise every `wgmma`.
 #[inline(always)]
-fn consume<const S: usize>(
+pub(crate) fn consume<const S: usize, const KK: u32>(
     wg: &Warpgroup,
     pipeline: &Pipeline<S>,
     mut state: PipelineState<S>,
@@ -88,7 +88,7 @@ fn consume<const S: usize>(
     loop {
         pipeline.consumer_wait(state);
         wg.fence();
-        for kk in 0..(BK / 16) as u32 {
+        for kk in 0..KK {
             mma(state.stage() as u32, kk, kt > 0 || kk > 0);
         }
         wg.commit();
@@ -170,7 +170,7 @@ pub fn gemm<T: WgmmaInput + HalfFloat, E: TileEpilogue>(a_map: &[u64], b_map: &[
         // The epilogue's operands of a whole tile, read now so that they arrive during the
         // main loop: one check per tile, then unchecked loads (`None` at C's edges).
         let operands = if paired { epilogue.fetch(t, bm + rows, bn, m, n) } else { None };
-        let (last, next) = consume(&wg, &pipeline, state, k_steps, |s, kk, accumulate| {
+        let (last, next) = consume::<STAGES, { (BK / 16) as u32 }>(&wg, &pipeline, state, k_steps, |s, kk, accumulate| {
             let a = Operand::<T>::k_major_swizzle_128b(a_tiles + s * A_STAGE_BYTES, 16 * kk).rows_down(rows as u32);
             let b = Operand::<T>::k_major_swizzle_128b(b_tiles + s * B_STAGE_BYTES, 16 * kk);
             // SAFETY: `consume`'s guarantees: the stage is loaded and stays so, the whole
@@ -560,7 +560,7 @@ fn split_k_partial<T: WgmmaInput + HalfFloat, P: Partial>(a_map: &[u64], b_map: 
         grid::wait_for_prerequisites();
         grid::launch_dependents();
         // The last stage stays held: the partial tile takes the stages' place below.
-        consume(&wg, &pipeline, PipelineState::<SPLIT_STAGES>::START, steps, |s, kk, accumulate| {
+        consume::<SPLIT_STAGES, { (BK / 16) as u32 }>(&wg, &pipeline, PipelineState::<SPLIT_STAGES>::START, steps, |s, kk, accumulate| {
             let a = Operand::<T>::k_major_swizzle_128b(a_tiles + s * A_STAGE_BYTES, 16 * kk).rows_down(rows as u32);
             let b = Operand::<T>::k_major_swizzle_128b(b_tiles + s * SPLIT_B_STAGE_BYTES, 16 * kk);
             // SAFETY: as in `gemm`.

@@ -67,6 +67,8 @@ fn every_kernel_assembles_with_its_shared_memory_and_bounded_spills() {
         ("moe_down_g8", 0),
         ("moe_down_g16", 0),
         ("moe_gate_up_g32", 0),
+        ("moe_gate_up_tokens", 0),
+        ("moe_down_tokens", 0),
         // Row softmax, RoPE, the norms (the block reductions' scratch; a warp a row: the
         // reductions' slots are never read, and ptxas drops them).
         ("softmax", 0),
@@ -283,9 +285,9 @@ const MOE_KERNELS: [&str; 5] = [
     "moe_down_g16",
 ];
 
-/// The innermost loops of a kernel's SASS that run `mma`s (`HMMA`; a loop is a backward
-/// branch's span): each one's instructions.
-fn innermost_mma_loops(sass: &str) -> Vec<Vec<String>> {
+/// The innermost loops of a kernel's SASS that run `mma` (`HMMA`) or `wgmma` (`HGMMA`)
+/// instructions, as `op` says (a loop is a backward branch's span): each one's instructions.
+fn innermost_mma_loops(sass: &str, op: &str) -> Vec<Vec<String>> {
     let code: Vec<(u64, String)> = sass
         .lines()
         .filter_map(|line| {
@@ -298,8 +300,10 @@ fn innermost_mma_loops(sass: &str) -> Vec<Vec<String>> {
         .collect();
     let body = |(start, end): (u64, u64)| code.iter().filter(|(at, _)| (start..=end).contains(at)).map(|(_, text)| text.clone()).collect::<Vec<_>>();
     let target = |text: &str| text.split_once("BRA 0x").and_then(|(_, t)| u64::from_str_radix(t.trim(), 16).ok());
-    let loops: Vec<(u64, u64)> = code.iter().filter_map(|(at, text)| target(text).filter(|&t| t < *at).map(|t| (t, *at))).filter(|&span| body(span).iter().any(|i| i.starts_with("HMMA"))).collect();
-    loops.iter().filter(|&&(start, end)| !loops.iter().any(|&(s, e)| (s, e) != (start, end) && start <= s && e <= end)).map(|&span| body(span)).collect()
+    let loops: Vec<(u64, u64)> = code.iter().filter_map(|(at, text)| target(text).filter(|&t| t < *at).map(|t| (t, *at))).filter(|&span| body(span).iter().any(|i| i.starts_with(op))).collect();
+    // Innermost: no other such loop's backward branch inside it (an outer loop may branch
+    // back into the middle of an inner one's span).
+    loops.iter().filter(|&&(start, end)| !loops.iter().any(|&(s, e)| (s, e) != (start, end) && (start..end).contains(&e))).map(|&span| body(span)).collect()
 }
 
 /// The streaming loops ptxas made of the MoE kernels, in SASS: every innermost loop that runs
@@ -312,7 +316,7 @@ fn innermost_mma_loops(sass: &str) -> Vec<Vec<String>> {
 fn moe_streaming_loops_issue_their_loads_together_without_spilling() {
     let sass = clusterfuse_build::Sass::new(PTX.text).unwrap_or_else(|e| panic!("{e}"));
     for name in MOE_KERNELS.into_iter().filter(|k| *k != "moe_gate_up_g32") {
-        let loops = innermost_mma_loops(&sass.of(name).unwrap_or_else(|e| panic!("{e}")));
+        let loops = innermost_mma_loops(&sass.of(name).unwrap_or_else(|e| panic!("{e}")), "HMMA");
         assert!(!loops.is_empty(), "`{name}`: no mma loop found");
         for body in loops {
             let loads = |part: &[String]| part.iter().filter(|i| i.contains("LDG")).count();
@@ -321,4 +325,29 @@ fn moe_streaming_loops_issue_their_loads_together_without_spilling() {
             assert!(!body.iter().any(|i| i.contains("LDL") || i.contains("STL")), "`{name}`: a streaming loop spills");
         }
     }
+}
+
+/// The MoE tokens schedule: weights and the tokens' operand through TMA (3-D boxes of 8 row
+/// tiles, 2-D boxes of every token) into `wgmma`s at one block an SM, nothing atomic, the
+/// down kernel waiting for the gate/up one; in SASS, main loops of 8 `wgmma`s a stage
+/// (`HGMMA`: four accumulators × two 16-column slices, or two × four) that never touch local
+/// memory.
+#[test]
+fn moe_tokens_schedule_feeds_wgmma_from_tma_without_spilling() {
+    let sass = clusterfuse_build::Sass::new(PTX.text).unwrap_or_else(|e| panic!("{e}"));
+    for (name, wgmmas) in [("moe_gate_up_tokens", 8), ("moe_down_tokens", 8)] {
+        let text = entry(name);
+        assert!(text.contains(".maxntid 256, 1, 1") && text.contains(".minnctapersm 1"), "`{name}`: launch bounds");
+        assert!(text.contains("cp.async.bulk.tensor.3d") && text.contains("cp.async.bulk.tensor.2d"), "`{name}`: TMA loads");
+        assert!(text.contains("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"), "`{name}`: no wgmma");
+        assert!(!text.contains("atom."), "`{name}` must not use atomics");
+        let loops = innermost_mma_loops(&sass.of(name).unwrap_or_else(|e| panic!("{e}")), "HGMMA");
+        assert!(!loops.is_empty(), "`{name}`: no wgmma loop found");
+        for body in loops {
+            assert_eq!(body.iter().filter(|i| i.starts_with("HGMMA")).count(), wgmmas, "`{name}`: wgmmas a stage");
+            assert!(!body.iter().any(|i| i.contains("LDL") || i.contains("STL")), "`{name}`: a main loop spills");
+        }
+    }
+    assert!(entry("moe_gate_up_tokens").contains("moe5route"), "the tokens schedule's gate/up kernel does not route");
+    assert!(entry("moe_down_tokens").contains("griddepcontrol.wait;"), "the tokens schedule's down kernel never waits for the gate/up kernel");
 }

@@ -3,7 +3,8 @@
 //! programmatically) on a Mixtral-8x7B-shaped layer (hidden 4096, 8 experts, top 2, FFN
 //! 14336) and a DeepSeek-V2-Lite-shaped one (hidden 2048, 64 experts, top 8, FFN 1408), bf16,
 //! at 64, 8 and 1 tokens (the first rows of one random batch), launched and replayed from a
-//! CUDA graph, as [`plan`] plans them. A second table gives each launch alone.
+//! CUDA graph, on both schedules at 64 and 8 tokens (the one `plan` takes first, marked
+//! "planned"). A second table gives each launch alone.
 //!
 //! Every row is first checked against the f64 reference (fresh random weights each run;
 //! outputs poisoned): the routing exactly (the reference's order, ties to the lower index),
@@ -23,7 +24,7 @@
 use clusterfuse::bf16;
 use clusterfuse::host::{Gpu, LaunchConfig};
 use clusterfuse_examples::check::{gpu_or_skip, median, median_us_per_call, print_rows, with_rng, Report};
-use clusterfuse_kernels::moe::host::{down, gate_up, plan, step, Buffers, Kernels, Layer, Moe, Plan, Reference, TOLERANCE};
+use clusterfuse_kernels::moe::host::{down, gate_up, plan_schedule, schedule, step, Buffers, Kernels, Layer, Moe, Plan, Reference, Schedule, TOLERANCE};
 use rand::Rng;
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -98,18 +99,27 @@ fn main() -> Result<()> {
             let reference = Reference::new(&moe);
             let selected = reference.selected(layer.experts);
             let roofline_us = layer.step_bytes(tokens, selected) as f64 / bandwidth * 1e6;
+            let planned = schedule(&layer, tokens);
+            let other = match planned {
+                Schedule::Tokens => Schedule::pairs(&layer, tokens),
+                Schedule::Pairs { .. } => Schedule::Tokens,
+            };
+            // At one token only the planned schedule: every token against every selected
+            // expert is the pairs themselves there.
+            for schedule in if tokens > 1 { vec![planned, other] } else { vec![planned] } {
             let prefix = format!("| {name} | {tokens} | {selected} of {} |", layer.experts);
             // A row that fails to launch or to check costs its rows, not the run's.
             let mut run = || -> Result<()> {
-                let plan = plan(&kernels, &gpu, layer, tokens, CLUSTER, true)?;
+                let plan = plan_schedule(&kernels, &gpu, layer, tokens, CLUSTER, true, schedule)?;
                 let down_cluster = plan.down.cluster.map_or(1, |c| c.x);
                 let mut b = Buffers::upload(&gpu, &moe)?;
                 step(&kernels, gpu.stream(), &mut b, &plan)?;
                 let first = b.results(&gpu)?;
                 // The busiest expert's pairs: past a group, its weights are read again.
                 let busiest = (0..layer.experts as u32).map(|e| first.1.iter().filter(|&&id| id == e).count()).max().unwrap_or(0);
-                let layout = format!("{} + {} blocks, clusters of {CLUSTER} and {down_cluster}, groups of {} and {}, busiest expert {busiest} pairs", plan.gate_up.grid.x, plan.down.grid.x, plan.gate_up_group, plan.down_group);
-                if let (Some(dir), true) = (&dump_dir, tokens == TOKENS[0]) {
+                let mark = if schedule == planned { "planned " } else { "" };
+                let layout = format!("{mark}{schedule:?}: {} + {} blocks, clusters of {CLUSTER} and {down_cluster}, busiest expert {busiest} pairs", plan.gate_up.grid.x, plan.down.grid.x);
+                if let (Some(dir), true) = (&dump_dir, tokens == TOKENS[0] && schedule == planned) {
                     dump(dir, name, &moe, &first)?;
                 }
                 b.poison(&gpu)?;
@@ -135,12 +145,13 @@ fn main() -> Result<()> {
                 }
                 // Where the time goes: each launch alone.
                 let (gate_up_us, down_us) = alone(&gpu, &kernels, &plan, &mut b)?;
-                launches.push(format!("{prefix} {gate_up_us:.1} | {down_us:.1} |"));
+                launches.push(format!("{prefix} {mark}{schedule:?} | {gate_up_us:.1} | {down_us:.1} |"));
                 Ok(())
             };
             if let Err(err) = run() {
-                eprintln!("ERROR {name} at {tokens} tokens: {err}");
-                rows.push(format!("{prefix} clusterfuse | ERROR: {err} | {roofline_us:.1} | – | – |"));
+                eprintln!("ERROR {name} at {tokens} tokens, {schedule:?}: {err}");
+                rows.push(format!("{prefix} clusterfuse {schedule:?} | ERROR: {err} | {roofline_us:.1} | – | – |"));
+            }
             }
         }
     }
@@ -153,8 +164,8 @@ fn main() -> Result<()> {
     println!("|---|---|---|---|---|---|---|---|");
     print_rows(&rows)?;
     println!("\nEach launch alone (µs; the down kernel in stream order, not programmatic):");
-    println!("| layer | tokens | experts used | gate/up | down |");
-    println!("|---|---|---|---|---|");
+    println!("| layer | tokens | experts used | schedule | gate/up | down |");
+    println!("|---|---|---|---|---|---|");
     print_rows(&launches)?;
     Ok(())
 }
