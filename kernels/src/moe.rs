@@ -7,6 +7,10 @@
 //! with `g` the softmax of the router logits `W_router · x[t]` (over all experts, or over the
 //! top k alone with `renormalize`: Mixtral's gating, where the two are the same numbers).
 //!
+//! Two schedules share the routing ([`host::Schedule`]; [`host::plan`] picks one). The
+//! *pairs* schedule, for few tokens, streams the weights through registers on `mma.sync`
+//! warps, one pass over an expert's rows per group of the (token, expert) pairs it serves:
+//!
 //! [`fn@moe_gate_up_g8`] (and `_g16`, `_g32`; clusters of `C` blocks, as many as fit on the
 //! GPU at once):
 //! 1. **Routing, in every cluster.** Block `r` of a cluster computes the logits of experts
@@ -54,6 +58,16 @@
 //! pairs per group for the `_g8`, `_g16`, `_g32` kernels — the down kernel's at most 16 —
 //! chosen by [`host::plan`] at about twice the pairs an expert serves on average), and
 //! unselected experts are never touched.
+//!
+//! The *tokens* schedule, for many tokens ([`fn@moe_gate_up_tokens`], [`fn@moe_down_tokens`]),
+//! multiplies every token with each selected expert's rows on `wgmma` (64 tokens, zeros past
+//! the last, as the B operand), so that an expert's rows are read once whatever its share:
+//! a producer thread loads TMA boxes of 8 row tiles of the tiled weights (and the tokens'
+//! columns) into a shared-memory pipeline, a consumer warpgroup multiplies them; the gate/up
+//! kernel (one block an SM, after the same routing) writes each token's `g[t, e] · silu(gate)
+//! ⊙ up` for every selected expert — zero where it did not choose `e` — so that the down
+//! kernel is one GEMM over the selected experts' concatenated columns, a cluster per 128
+//! output rows splitting them and `cluster::reduce_scatter` summing in rank order.
 //!
 //! ```no_run
 //! # fn main() -> clusterfuse::host::Result<()> {
