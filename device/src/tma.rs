@@ -2,7 +2,7 @@
 //! tensor map, completing on an mbarrier, and [`Pipeline`], the multi-stage shared-memory
 //! pipeline a producer fills with them and consumers drain.
 //!
-//! The host builds a tensor map with `Gpu::tensor_map_2d` (`cuTensorMapEncodeTiled` on a GPU)
+//! The host builds a tensor map with `Gpu::tensor_map_2d` or `_3d` (`cuTensorMapEncodeTiled` on a GPU)
 //! into 128 bytes of global memory and passes them as a `&[u64]` kernel argument;
 //! [`TensorMap::new`] checks them. (rustc's nvptx back end cannot pass the 64-byte-aligned
 //! `CUtensorMap` by value: it rejects parameters aligned to more than 16 bytes.)
