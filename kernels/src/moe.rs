@@ -1594,7 +1594,8 @@ pub mod host {
     }
 
     /// Shared memory of the gate/up kernel: the routing's arrays, 16-byte aligned each, and
-    /// with groups of 8 the staged window of the pairs' `x`.
+    /// with groups of 8 the staged window of the pairs' `x`, with groups of [`MAX_TOKENS`]
+    /// (the tokens schedule: all of an expert's pairs) its pipeline.
     fn gate_up_smem(layer: &Layer, tokens: usize, cluster: usize, group: usize) -> usize {
         let (pairs, e) = (tokens * layer.top_k, layer.experts);
         let partials = WARPS * ROWS * tokens.next_multiple_of(8) * 4;
