@@ -115,10 +115,11 @@ impl Gpu {
         if ![box_planes, box_rows, box_cols].iter().all(|b| (1..=256).contains(b)) || !(box_cols as usize * size).is_multiple_of(16) {
             return reject("a box is 1-256 elements in each dimension, its rows multiples of 16 bytes".into());
         }
-        let span = match swizzle {
-            Swizzle::None => usize::MAX,
-            Swizzle::B64 => 64,
-            Swizzle::B128 => 128,
+        // The widest box row it takes, and its emulator and driver codes.
+        let (span, mode, driver_mode) = match swizzle {
+            Swizzle::None => (usize::MAX, SWIZZLE_NONE, CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE),
+            Swizzle::B64 => (64, SWIZZLE_64B, CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B),
+            Swizzle::B128 => (128, SWIZZLE_128B, CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B),
         };
         if box_cols as usize * size > span {
             return reject(format!("the {span}-byte swizzle takes box rows of at most {span} bytes ({})", box_cols as usize * size));
@@ -129,22 +130,12 @@ impl Gpu {
         let (address, _sync) = tensor.launch_ptr(self.stream())?;
         let (row_bytes, plane_bytes) = ((cols * size) as u64, (rows * cols * size) as u64);
         let words = if self.is_emulator() {
-            let mode = match swizzle {
-                Swizzle::None => SWIZZLE_NONE,
-                Swizzle::B64 => SWIZZLE_64B,
-                Swizzle::B128 => SWIZZLE_128B,
-            };
             let dims = [cols as u64, rows as u64, planes as u64];
             encode_tensor_map(address, size as u32, dims, [row_bytes, plane_bytes], [box_cols, box_rows, box_planes], mode)
         } else {
             let mut map = sys::CUtensorMap { opaque: [0; 16] };
             let rank = if planes == 1 && box_planes == 1 { 2 } else { 3 };
             let (dims, strides, boxes, steps) = ([cols as u64, rows as u64, planes as u64], [row_bytes, plane_bytes], [box_cols, box_rows, box_planes], [1u32; 3]);
-            let swizzle = match swizzle {
-                Swizzle::None => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
-                Swizzle::B64 => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
-                Swizzle::B128 => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-            };
             // SAFETY: every pointer is to a live local array of at least the rank's length
             // (strides: rank - 1); the address is the tensor's device allocation.
             unsafe {
@@ -158,7 +149,7 @@ impl Gpu {
                     boxes.as_ptr(),
                     steps.as_ptr(),
                     CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                    swizzle,
+                    driver_mode,
                     CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                     CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
                 )

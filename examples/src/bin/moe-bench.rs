@@ -104,54 +104,54 @@ fn main() -> Result<()> {
                 Schedule::Tokens => Schedule::pairs(&layer, tokens),
                 Schedule::Pairs { .. } => Schedule::Tokens,
             };
+            let prefix = format!("| {name} | {tokens} | {selected} of {} |", layer.experts);
             // At one token only the planned schedule: every token against every selected
             // expert is the pairs themselves there.
             for schedule in if tokens > 1 { vec![planned, other] } else { vec![planned] } {
-            let prefix = format!("| {name} | {tokens} | {selected} of {} |", layer.experts);
-            // A row that fails to launch or to check costs its rows, not the run's.
-            let mut run = || -> Result<()> {
-                let plan = plan_schedule(&kernels, &gpu, layer, tokens, CLUSTER, true, schedule)?;
-                let down_cluster = plan.down.cluster.map_or(1, |c| c.x);
-                let mut b = Buffers::upload(&gpu, &moe)?;
-                step(&kernels, gpu.stream(), &mut b, &plan)?;
-                let first = b.results(&gpu)?;
-                // The busiest expert's pairs: past a group, its weights are read again.
-                let busiest = (0..layer.experts as u32).map(|e| first.1.iter().filter(|&&id| id == e).count()).max().unwrap_or(0);
-                let mark = if schedule == planned { "planned " } else { "" };
-                let layout = format!("{mark}{schedule:?}: {} + {} blocks, clusters of {CLUSTER} and {down_cluster}, busiest expert {busiest} pairs", plan.gate_up.grid.x, plan.down.grid.x);
-                if let (Some(dir), true) = (&dump_dir, tokens == TOKENS[0] && schedule == planned) {
-                    dump(dir, name, &moe, &first)?;
+                // A row that fails to launch or to check costs its rows, not the run's.
+                let mut run = || -> Result<()> {
+                    let plan = plan_schedule(&kernels, &gpu, layer, tokens, CLUSTER, true, schedule)?;
+                    let down_cluster = plan.down.cluster.map_or(1, |c| c.x);
+                    let mut b = Buffers::upload(&gpu, &moe)?;
+                    step(&kernels, gpu.stream(), &mut b, &plan)?;
+                    let first = b.results(&gpu)?;
+                    // The busiest expert's pairs: past a group, its weights are read again.
+                    let busiest = (0..layer.experts as u32).map(|e| first.1.iter().filter(|&&id| id == e).count()).max().unwrap_or(0);
+                    let mark = if schedule == planned { "planned " } else { "" };
+                    let layout = format!("{mark}{schedule:?}: {} + {} blocks, clusters of {CLUSTER} and {down_cluster}, busiest expert {busiest} pairs", plan.gate_up.grid.x, plan.down.grid.x);
+                    if let (Some(dir), true) = (&dump_dir, tokens == TOKENS[0] && schedule == planned) {
+                        dump(dir, name, &moe, &first)?;
+                    }
+                    b.poison(&gpu)?;
+                    // Captured after `poison`, which reallocates the outputs: `b` is not changed again.
+                    let graph = gpu.capture(|s| step(&kernels, s, &mut b, &plan))?;
+                    // SAFETY: the graph holds `b`'s buffers, alive and unchanged until `b` drops,
+                    // after the graph.
+                    unsafe { graph.replay(gpu.stream())? };
+                    let second = b.results(&gpu)?;
+                    let mismatches = reference.routing_mismatches(&first.1, layer.experts);
+                    let report = Report::new(String::new(), &first.0.iter().chain(&first.2).copied().collect::<Vec<_>>(), &reference.out.iter().chain(&reference.gates).copied().collect::<Vec<_>>(), TOLERANCE);
+                    let same = first.0.iter().zip(&second.0).all(|(a, b)| a.to_bits() == b.to_bits()) && first.1 == second.1;
+                    if !report.passed() || !same || !mismatches.is_empty() {
+                        eprintln!("FAIL {name} at {tokens} tokens: {report:?}, deterministic {same}, routing mismatches {mismatches:?}");
+                        rows.push(format!("{prefix} clusterfuse ({layout}) | FAIL | {roofline_us:.1} | – | {:.2e} |", report.rel_error));
+                        return Ok(());
+                    }
+                    let launched = median_us_per_call(&gpu, (WARMUP, REPS), STEPS_PER_PASS, |_| step(&kernels, gpu.stream(), &mut b, &plan))?;
+                    // SAFETY: as above.
+                    let replayed = median_us_per_call(&gpu, (WARMUP, REPS), STEPS_PER_PASS, |_| unsafe { graph.replay(gpu.stream()) })?;
+                    for (variant, us) in [("2 launches, PDL", launched), ("CUDA graph of the 2, PDL", replayed)] {
+                        rows.push(format!("{prefix} clusterfuse {variant} ({layout}) | {us:.1} | {roofline_us:.1} | {:.0}% | {:.2e} |", roofline_us / us * 100.0, report.rel_error));
+                    }
+                    // Where the time goes: each launch alone.
+                    let (gate_up_us, down_us) = alone(&gpu, &kernels, &plan, &mut b)?;
+                    launches.push(format!("{prefix} {mark}{schedule:?} | {gate_up_us:.1} | {down_us:.1} |"));
+                    Ok(())
+                };
+                if let Err(err) = run() {
+                    eprintln!("ERROR {name} at {tokens} tokens, {schedule:?}: {err}");
+                    rows.push(format!("{prefix} clusterfuse {schedule:?} | ERROR: {err} | {roofline_us:.1} | – | – |"));
                 }
-                b.poison(&gpu)?;
-                // Captured after `poison`, which reallocates the outputs: `b` is not changed again.
-                let graph = gpu.capture(|s| step(&kernels, s, &mut b, &plan))?;
-                // SAFETY: the graph holds `b`'s buffers, alive and unchanged until `b` drops,
-                // after the graph.
-                unsafe { graph.replay(gpu.stream())? };
-                let second = b.results(&gpu)?;
-                let mismatches = reference.routing_mismatches(&first.1, layer.experts);
-                let report = Report::new(String::new(), &first.0.iter().chain(&first.2).copied().collect::<Vec<_>>(), &reference.out.iter().chain(&reference.gates).copied().collect::<Vec<_>>(), TOLERANCE);
-                let same = first.0.iter().zip(&second.0).all(|(a, b)| a.to_bits() == b.to_bits()) && first.1 == second.1;
-                if !report.passed() || !same || !mismatches.is_empty() {
-                    eprintln!("FAIL {name} at {tokens} tokens: {report:?}, deterministic {same}, routing mismatches {mismatches:?}");
-                    rows.push(format!("{prefix} clusterfuse ({layout}) | FAIL | {roofline_us:.1} | – | {:.2e} |", report.rel_error));
-                    return Ok(());
-                }
-                let launched = median_us_per_call(&gpu, (WARMUP, REPS), STEPS_PER_PASS, |_| step(&kernels, gpu.stream(), &mut b, &plan))?;
-                // SAFETY: as above.
-                let replayed = median_us_per_call(&gpu, (WARMUP, REPS), STEPS_PER_PASS, |_| unsafe { graph.replay(gpu.stream()) })?;
-                for (variant, us) in [("2 launches, PDL", launched), ("CUDA graph of the 2, PDL", replayed)] {
-                    rows.push(format!("{prefix} clusterfuse {variant} ({layout}) | {us:.1} | {roofline_us:.1} | {:.0}% | {:.2e} |", roofline_us / us * 100.0, report.rel_error));
-                }
-                // Where the time goes: each launch alone.
-                let (gate_up_us, down_us) = alone(&gpu, &kernels, &plan, &mut b)?;
-                launches.push(format!("{prefix} {mark}{schedule:?} | {gate_up_us:.1} | {down_us:.1} |"));
-                Ok(())
-            };
-            if let Err(err) = run() {
-                eprintln!("ERROR {name} at {tokens} tokens, {schedule:?}: {err}");
-                rows.push(format!("{prefix} clusterfuse {schedule:?} | ERROR: {err} | {roofline_us:.1} | – | – |"));
-            }
             }
         }
     }
