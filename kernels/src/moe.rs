@@ -113,30 +113,46 @@ const GATE_UP_UNROLL: usize = 4;
 /// bytes at 128 registers).
 const DOWN_UNROLL: usize = 6;
 
-/// Longest row whose top `k` a warp finds by ranking every key ([`warp_top_k`]).
+/// Longest row whose top `k` a warp finds by ranking every key ([`warp_top_k`]): two keys
+/// a lane.
 const RANKED_ROW: usize = 64;
 
-/// The `k` largest of `len` distinct keys (`key_at(i)`), largest first: `emit(j, key)` for
-/// each place `j < k`, by one lane (key 0 for places past `len`). The whole warp calls it
-/// together. Up to [`RANKED_ROW`] keys each lane ranks its keys by counting the larger ones
-/// (independent loads, so the row costs about one round trip); longer rows take `k` rounds
-/// of [`warp::reduce_max_u64`], each a chain of shuffles.
+/// The `k` largest of `len` distinct nonzero [`rank_key`]s (`key_at(i)`), largest first:
+/// `emit(j, key)` for each place `j < k`, by one lane (key 0 for places past `len`). Keys
+/// of equal value must come in index order (both callers list them so), so that up to
+/// [`RANKED_ROW`] keys rank by value and position alone: they sit in registers (keys `lane`
+/// and `lane + 32`), and each lane counts the keys above its own as every value is
+/// broadcast in turn — one 32-bit shuffle a key, no branches and no shared-memory round trips
+/// (a lane loading and comparing the keys itself, bounds-checked, took a third of a
+/// 64-token routing's time). Longer rows take `k` rounds of [`warp::reduce_max_u64`].
 #[inline(always)]
 fn warp_top_k(len: usize, k: usize, key_at: impl Fn(usize) -> u64, mut emit: impl FnMut(usize, u64)) {
     let lane = warp::lane() as usize;
     if len <= RANKED_ROW {
-        for i in (lane..len).step_by(32) {
-            let key = key_at(i);
-            // 8 keys' loads at a time, independent of each other.
-            let mut place = 0;
-            for first in (0..len).step_by(8) {
+        let key = |i: usize| if i < len { key_at(i) } else { 0 };
+        let (low, high) = (key(lane), key(lane + 32));
+        let value = |key: u64| (key >> 32) as u32;
+        // Scalars, not arrays: an array indexed in a loop lives in local memory.
+        let (mut low_place, mut high_place) = (0, 0);
+        let mut rank_against = |half: usize, keys: u64| {
+            // A bound the same for every lane; broadcasts past `len` carry key 0's value,
+            // which outranks no key.
+            for first in (0..(len - 32 * half).min(32)).step_by(8) {
                 unroll!(u in [0 1 2 3 4 5 6 7] {
-                    if first + u < len {
-                        place += usize::from(key_at(first + u) > key);
-                    }
+                    let src = first + u;
+                    let other = warp::broadcast(value(keys), src as u32);
+                    let at = 32 * half + src;
+                    low_place += usize::from(other > value(low) || (other == value(low) && at < lane));
+                    high_place += usize::from(other > value(high) || (other == value(high) && at < lane + 32));
                 });
             }
-            if place < k {
+        };
+        rank_against(0, low);
+        if len > 32 {
+            rank_against(1, high);
+        }
+        for (key, place) in [(low, low_place), (high, high_place)] {
+            if key != 0 && place < k {
                 emit(place, key);
             }
         }

@@ -3,8 +3,8 @@
 //! programmatically) on a Mixtral-8x7B-shaped layer (hidden 4096, 8 experts, top 2, FFN
 //! 14336) and a DeepSeek-V2-Lite-shaped one (hidden 2048, 64 experts, top 8, FFN 1408), bf16,
 //! at 64, 8 and 1 tokens (the first rows of one random batch), launched and replayed from a
-//! CUDA graph, on both schedules at 64 and 8 tokens (the one `plan` takes first, marked
-//! "planned"). A second table gives each launch alone.
+//! CUDA graph, on both schedules (the one `plan` takes first, marked "planned"). A second
+//! table gives each launch alone.
 //!
 //! Every row is first checked against the f64 reference (fresh random weights each run;
 //! outputs poisoned): the routing exactly (the reference's order, ties to the lower index),
@@ -17,9 +17,11 @@
 //!
 //! `--dump DIR` writes each layer's weights and 64-token input, and the kernels' routing and
 //! output, as raw little-endian files for `scripts/moe-torch.py --check DIR`. `--only NAME
-//! TOKENS` runs one row (e.g. `--only DeepSeek 1`, for a profiler).
+//! TOKENS` runs one row (e.g. `--only DeepSeek 1`, for a profiler). `--ffn N` gives the
+//! experts' FFN width `N` instead: at 128 (one 128-row unit an expert) a gate/up launch is
+//! mostly its routing.
 //!
-//! `cargo run --release -p clusterfuse-examples --bin moe-bench [-- --dump DIR | --only NAME TOKENS]`
+//! `cargo run --release -p clusterfuse-examples --bin moe-bench [-- --dump DIR | --only NAME TOKENS | --ffn N]`
 
 use clusterfuse::bf16;
 use clusterfuse::host::{Gpu, LaunchConfig};
@@ -77,6 +79,7 @@ fn dump(dir: &Path, name: &str, moe: &Moe, (out, ids, gates): &(Vec<f32>, Vec<u3
 fn main() -> Result<()> {
     let dump_dir = std::env::args().skip_while(|a| a != "--dump").nth(1).map(PathBuf::from);
     let only: Vec<String> = std::env::args().skip_while(|a| a != "--only").skip(1).take(2).collect();
+    let ffn: Option<usize> = std::env::args().skip_while(|a| a != "--ffn").nth(1).map(|n| n.parse()).transpose()?;
     let wanted = |name: &str, tokens: usize| only.len() < 2 || (name.starts_with(only[0].as_str()) && only[1] == tokens.to_string());
     let Some(gpu) = gpu_or_skip("moe-bench") else { return Ok(()) };
     let kernels = Kernels::load(&gpu)?;
@@ -84,6 +87,7 @@ fn main() -> Result<()> {
     println!("copy bandwidth (cuMemcpyDtoD, 1 GiB): {:.2} TB/s", bandwidth / 1e12);
     let (mut rows, mut launches) = (Vec::new(), Vec::new());
     for (name, layer) in [("Mixtral-8x7B", Layer::MIXTRAL_8X7B), ("DeepSeek-V2-Lite", Layer::DEEPSEEK_V2_LITE)] {
+        let layer = Layer { ffn: ffn.unwrap_or(layer.ffn), ..layer };
         if !TOKENS.iter().any(|&t| wanted(name, t)) {
             continue;
         }
@@ -104,10 +108,9 @@ fn main() -> Result<()> {
                 Schedule::Tokens => Schedule::pairs(&layer, tokens),
                 Schedule::Pairs { .. } => Schedule::Tokens,
             };
-            let prefix = format!("| {name} | {tokens} | {selected} of {} |", layer.experts);
-            // At one token only the planned schedule: every token against every selected
-            // expert is the pairs themselves there.
-            for schedule in if tokens > 1 { vec![planned, other] } else { vec![planned] } {
+            let label = ffn.map_or(name.to_string(), |f| format!("{name} (FFN {f})"));
+            let prefix = format!("| {label} | {tokens} | {selected} of {} |", layer.experts);
+            for schedule in [planned, other] {
                 // A row that fails to launch or to check costs its rows, not the run's.
                 let mut run = || -> Result<()> {
                     let plan = plan_schedule(&kernels, &gpu, layer, tokens, CLUSTER, true, schedule)?;
