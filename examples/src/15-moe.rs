@@ -6,7 +6,7 @@
 
 use crate::check::{shape, with_rng, Report};
 use clusterfuse::host::{Gpu, Result};
-use clusterfuse_kernels::moe::host::{plan_schedule, schedule, step, Buffers, Kernels, Layer, Moe, Reference, Schedule, TOLERANCE};
+use clusterfuse_kernels::moe::host::{plan_schedule, schedule, step, Buffers, Kernels, Layer, Moe, Reference, Schedule, Timeline, TOLERANCE};
 use rand::Rng;
 
 /// Small layers on the emulator (Mixtral-like top 2 of 8 with renormalised gates, DeepSeek-like
@@ -73,16 +73,21 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
         step(&kernels, gpu.stream(), &mut b, &plan)?;
         let first = b.results(gpu)?;
         b.poison(gpu)?;
+        b.record_timeline(gpu, &plan)?;
         step(&kernels, gpu.stream(), &mut b, &plan)?;
         let second = b.results(gpu)?;
+        // Every block stamps its points in order.
+        let Timeline { gate_up, down } = b.timeline(gpu)?;
+        let stamped = gate_up.is_sorted() && down.is_sorted() && gate_up[3] > 0.0 && down[2] > 0.0;
         let same = first.0.iter().chain(&first.2).zip(second.0.iter().chain(&second.2)).all(|(a, b)| a.to_bits() == b.to_bits()) && first.1 == second.1;
         let differs = reference.routing_mismatches(&second.1, layer.experts);
-        // A routing that differs, or a second run that does, counts as unwritten outputs.
-        let agrees = same && differs.is_empty();
+        // A routing that differs, a second run that does, or a timeline out of order counts
+        // as unwritten outputs.
+        let agrees = same && differs.is_empty() && stamped;
         outs.extend(second.0.iter().chain(&second.2).map(|&v| if agrees { v } else { f32::NAN }));
         refs.extend(reference.out.iter().chain(&reference.gates));
         let mismatch = if differs.is_empty() { String::new() } else { format!(", routing differs at (token, slot, ours, reference) {:?}", &differs[..differs.len().min(4)]) };
-        runs.push(format!("{tokens} tok × top {} of {} (hidden {h}, ffn {}), {} experts used, cluster {cluster}, {:?}{mismatch}", layer.top_k, layer.experts, layer.ffn, reference.selected(layer.experts), plan.schedule));
+        runs.push(format!("{tokens} tok × top {} of {} (hidden {h}, ffn {}), {} experts used, cluster {cluster}, {:?}{mismatch}{}", layer.top_k, layer.experts, layer.ffn, reference.selected(layer.experts), plan.schedule, if stamped { "" } else { ", timeline out of order" }));
     }
     Ok(Report::new(runs.join("; "), &outs, &refs, TOLERANCE))
 }

@@ -113,6 +113,19 @@ const GATE_UP_UNROLL: usize = 4;
 /// bytes at 128 registers).
 const DOWN_UNROLL: usize = 6;
 
+/// Points of a block's timeline (a kernel's `timeline` argument, `blocks × 4` values, or
+/// one value when off; [`host::Timeline`]): its start, its router logits summed (the gate/up
+/// kernels), its routing ready (computed, or received by a down kernel), its end.
+pub const TIMELINE_POINTS: usize = 4;
+
+/// Stamps point `point` of this block's timeline, if thread 0 of the block.
+#[inline(always)]
+fn stamp(timeline: &Out<u64>, point: usize) {
+    if timeline.len() > 1 && thread::rank_in_block() == 0 {
+        crate::stamp(timeline, TIMELINE_POINTS, point);
+    }
+}
+
 /// Longest row whose top `k` a warp finds by ranking every key ([`warp_top_k`]): two keys
 /// a lane.
 const RANKED_ROW: usize = 64;
@@ -374,8 +387,9 @@ fn exclusive_sum(value: u32) -> u32 {
 /// Routes `tokens` tokens in every block of the cluster: logits, [`top_k`], gate weights
 /// (also returned as `ids`/`gates`, `tokens × k`), the pairs and the item list for groups of
 /// `group` pairs. Every thread calls it; the block's shared memory holds the result.
+/// `timeline`: the logits' point.
 #[allow(clippy::too_many_arguments)]
-fn route(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k: usize, renormalize: bool, group: usize) -> (Dispatch, SharedSlice<u32>, SharedSlice<f32>) {
+fn route(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k: usize, renormalize: bool, group: usize, timeline: &Out<u64>) -> (Dispatch, SharedSlice<u32>, SharedSlice<f32>) {
     let hidden = x.len() / tokens;
     let experts = router.len() / hidden;
     let (rank, size) = (cluster::block_rank() as usize, cluster::size() as usize);
@@ -410,6 +424,7 @@ fn route(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k
         }
         block::sync();
     }
+    stamp(timeline, 1);
     top_k(&Cluster::new(), logits, tokens, k, candidates, top);
 
     // Gate weights: exp(l − max) over the top k, or over all experts (each block sums its
@@ -589,7 +604,9 @@ fn gate_up<const NT: usize>(
     top_gates: &Out<f32>,
     k: usize,
     renormalize: bool,
+    timeline: &Out<u64>,
 ) {
+    stamp(timeline, 0);
     grid::launch_dependents();
     let tokens = top_ids.len() / k;
     let hidden = x.len() / tokens;
@@ -600,13 +617,19 @@ fn gate_up<const NT: usize>(
     }
     let group_pairs = 8 * NT;
     let mut smem = shared::dynamic();
-    let (dispatch, ids, gates) = route(&mut smem, x, router, tokens, k, renormalize, group_pairs);
+    let (dispatch, ids, gates) = route(&mut smem, x, router, tokens, k, renormalize, group_pairs, timeline);
     dispatch.hand_over(ids, gates, routing, pair_gate, top_ids, top_gates);
+    stamp(timeline, 2);
     let shape = GateUp { x, w_gate, w_up, h, hidden, ffn };
     if NT == 1 {
         gate_up_staged(&mut smem, dispatch, &shape);
     } else {
         gate_up_warps::<NT>(dispatch, &shape);
+    }
+    // The block's end: its last warp's.
+    if timeline.len() > 1 {
+        block::sync();
+        stamp(timeline, 3);
     }
 }
 
@@ -778,7 +801,8 @@ fn gate_up_staged(smem: &mut DynamicShared, dispatch: Dispatch, op: &GateUp) {
 
 /// The down kernel, for groups of `8 · NT` pairs.
 #[inline(always)]
-fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>, w_down: &[bf16], out: &Out<bf16>, k: usize) {
+fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>, w_down: &[bf16], out: &Out<bf16>, k: usize, timeline: &Out<u64>) {
+    stamp(timeline, 0);
     // Sizes: `pair_gate` holds `tokens · k` values, `routing` `experts + tokens · k`, `h`
     // `tokens · k` rows of `ffn`, `out` `tokens` rows of `hidden`.
     let tokens = pair_gate.len() / k;
@@ -796,6 +820,7 @@ fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>
     let total = smem.take::<f32>(ROWS * tokens);
     let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
     dispatch.receive(routing, pair_gate, group);
+    stamp(timeline, 2);
 
     let steps = ffn / STEP;
     // The cluster's warps split the flat list of (item, K-step) units into contiguous ranges
@@ -862,6 +887,7 @@ fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>
         }
         block::sync();
     }
+    stamp(timeline, 3);
 }
 
 /// Rows of a *tokens-schedule* block tile: 128 rows of the gate and up projections (so 128
@@ -957,7 +983,9 @@ fn gate_up_tokens(
     top_gates: &Out<f32>,
     k: usize,
     renormalize: bool,
+    timeline: &Out<u64>,
 ) {
+    stamp(timeline, 0);
     grid::launch_dependents();
     let tokens = top_ids.len() / k;
     let hidden = x.len() / tokens;
@@ -972,8 +1000,9 @@ fn gate_up_tokens(
     let stages = smem.take::<u32>(GATE_UP_TOKENS_STAGES * GATE_UP_TOKENS_STAGE_BYTES as usize / 4).addr();
     let pipeline = Pipeline::<GATE_UP_TOKENS_STAGES>::new(smem.take::<u64>(2 * GATE_UP_TOKENS_STAGES), 1);
     // The routing's block barriers order the pipeline's initialisation before its use.
-    let (dispatch, ids, gates) = route(&mut smem, x, router, tokens, k, renormalize, MAX_TOKENS);
+    let (dispatch, ids, gates) = route(&mut smem, x, router, tokens, k, renormalize, MAX_TOKENS, timeline);
     dispatch.hand_over(ids, gates, routing, pair_gate, top_ids, top_gates);
+    stamp(timeline, 2);
 
     // An item is an expert's pairs (groups of 64 hold them all); units go round robin.
     const STEPS: usize = GATE_UP_STAGE_STEPS;
@@ -1053,6 +1082,10 @@ fn gate_up_tokens(
             });
         });
     }
+    // The block's end: its consumer's (the producer has returned).
+    if t == 0 {
+        crate::stamp(timeline, TIMELINE_POINTS, 3);
+    }
 }
 
 /// The down kernel on the tokens schedule: `y = Σ_e W_down[e] · h[:, e]` over the selected
@@ -1065,7 +1098,8 @@ fn gate_up_tokens(
 /// `y` (no atomics: bitwise deterministic).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn down_tokens(h: &Out<bf16>, h_map: &[u64], routing: &Out<u32>, pair_gate: &Out<f32>, w_down: &[bf16], down_map: &[u64], out: &Out<bf16>, k: usize) {
+fn down_tokens(h: &Out<bf16>, h_map: &[u64], routing: &Out<u32>, pair_gate: &Out<f32>, w_down: &[bf16], down_map: &[u64], out: &Out<bf16>, k: usize, timeline: &Out<u64>) {
+    stamp(timeline, 0);
     let tokens = pair_gate.len() / k;
     let hidden = out.len() / tokens;
     let experts = routing.len() - tokens * k;
@@ -1083,6 +1117,7 @@ fn down_tokens(h: &Out<bf16>, h_map: &[u64], routing: &Out<u32>, pair_gate: &Out
     let dispatch = Dispatch::take(&mut smem, experts, tokens * k);
     // Waits for the gate/up kernel; its block barriers order the pipeline's initialisation.
     dispatch.receive(routing, pair_gate, MAX_TOKENS);
+    stamp(timeline, 2);
 
     const STEPS: usize = DOWN_STAGE_STEPS;
     let steps = ffn / (STEP * STEPS);
@@ -1136,6 +1171,7 @@ fn down_tokens(h: &Out<bf16>, h_map: &[u64], routing: &Out<u32>, pair_gate: &Out
             out.set(t * hidden + row_tiles * ROWS + r, bf16::from_f32(value));
         }
     });
+    stamp(timeline, 3);
 }
 
 macro_rules! moe_kernels {
@@ -1145,19 +1181,20 @@ macro_rules! moe_kernels {
             #[doc = concat!($g_pairs, " pairs per pass over their weights (more take another pass).")]
             /// `top_ids`/`top_gates` (`tokens × top_k`) receive the routing; `h` (`tokens · top_k ×
             /// ffn`) the pairs' activations, `routing` (`experts + tokens · top_k`: each
-            /// expert's pair count, then the pairs' tokens) and `pair_gate` what the down kernel needs.
+            /// expert's pair count, then the pairs' tokens) and `pair_gate` what the down kernel
+            /// needs; `timeline` the blocks' [`TIMELINE_POINTS`].
             #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
             #[allow(clippy::too_many_arguments)]
-            pub fn $gate_up(x: &[bf16], router: &[bf16], w_gate: &[bf16], w_up: &[bf16], h: Out<bf16>, routing: Out<u32>, pair_gate: Out<f32>, top_ids: Out<u32>, top_gates: Out<f32>, top_k: u32, renormalize: u32) {
-                gate_up::<$g_nt>(x, router, w_gate, w_up, &h, &routing, &pair_gate, &top_ids, &top_gates, top_k as usize, renormalize != 0)
+            pub fn $gate_up(x: &[bf16], router: &[bf16], w_gate: &[bf16], w_up: &[bf16], h: Out<bf16>, routing: Out<u32>, pair_gate: Out<f32>, top_ids: Out<u32>, top_gates: Out<f32>, top_k: u32, renormalize: u32, timeline: Out<u64>) {
+                gate_up::<$g_nt>(x, router, w_gate, w_up, &h, &routing, &pair_gate, &top_ids, &top_gates, top_k as usize, renormalize != 0, &timeline)
             }
         )*
         $(
             /// MoE launch 2/2 (down projection and combine) for experts serving up to
-            #[doc = concat!($d_pairs, " pairs per pass; `out` is `tokens × hidden`.")]
+            #[doc = concat!($d_pairs, " pairs per pass; `out` is `tokens × hidden`, `timeline` the blocks' [`TIMELINE_POINTS`].")]
             #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
-            pub fn $down(h: Out<bf16>, routing: Out<u32>, pair_gate: Out<f32>, w_down: &[bf16], out: Out<bf16>, top_k: u32) {
-                down::<$d_nt>(&h, &routing, &pair_gate, w_down, &out, top_k as usize)
+            pub fn $down(h: Out<bf16>, routing: Out<u32>, pair_gate: Out<f32>, w_down: &[bf16], out: Out<bf16>, top_k: u32, timeline: Out<u64>) {
+                down::<$d_nt>(&h, &routing, &pair_gate, w_down, &out, top_k as usize, &timeline)
             }
         )*
     };
@@ -1183,16 +1220,17 @@ pub fn moe_gate_up_tokens(
     top_gates: Out<f32>,
     top_k: u32,
     renormalize: u32,
+    timeline: Out<u64>,
 ) {
-    gate_up_tokens(x, x_map, router, w_gate, gate_map, w_up, up_map, &h, &routing, &pair_gate, &top_ids, &top_gates, top_k as usize, renormalize != 0)
+    gate_up_tokens(x, x_map, router, w_gate, gate_map, w_up, up_map, &h, &routing, &pair_gate, &top_ids, &top_gates, top_k as usize, renormalize != 0, &timeline)
 }
 
 /// MoE launch 2/2 on the tokens schedule ([`fn@moe_down_g8`]'s arguments, with the tensor maps
 /// of `h` (boxes of 64 rows × 32 columns) and of the tiled down weights).
 #[kernel(launch_bounds(max_threads = 256, min_blocks = 1))]
 #[allow(clippy::too_many_arguments)]
-pub fn moe_down_tokens(h: Out<bf16>, h_map: &[u64], routing: Out<u32>, pair_gate: Out<f32>, w_down: &[bf16], down_map: &[u64], out: Out<bf16>, top_k: u32) {
-    down_tokens(&h, h_map, &routing, &pair_gate, w_down, down_map, &out, top_k as usize)
+pub fn moe_down_tokens(h: Out<bf16>, h_map: &[u64], routing: Out<u32>, pair_gate: Out<f32>, w_down: &[bf16], down_map: &[u64], out: Out<bf16>, top_k: u32, timeline: Out<u64>) {
+    down_tokens(&h, h_map, &routing, &pair_gate, w_down, down_map, &out, top_k as usize, &timeline)
 }
 
 // The down kernel has no 32-pair form: with 4 n-tiles too few of its steps' loads fit in
@@ -1435,6 +1473,8 @@ pub mod host {
         /// `tokens × hidden`.
         out: Buffer<bf16>,
         maps: Maps,
+        /// The two kernels' timelines ([`TIMELINE_POINTS`] a block; one value: off).
+        timelines: [Buffer<u64>; 2],
     }
 
     /// The tokens schedule's tensor maps: `x` and `h_tokens` in boxes of 64 rows (every
@@ -1523,6 +1563,7 @@ pub mod host {
                 top_gates,
                 out,
                 maps,
+                timelines: [gpu.upload(&[0u64])?, gpu.upload(&[0u64])?],
             })
         }
 
@@ -1537,6 +1578,45 @@ pub mod host {
         pub fn results(&self, gpu: &Gpu) -> Result<(Vec<f32>, Vec<u32>, Vec<f32>)> {
             let out = gpu.download(&self.out)?.iter().map(|v| v.to_f32()).collect();
             Ok((out, gpu.download(&self.top_ids)?, gpu.download(&self.top_gates)?))
+        }
+
+        /// Makes the launches of `plan` stamp their blocks' timelines, which
+        /// [`Buffers::timeline`] reads. It replaces two buffers, as [`Buffers::poison`] does: a
+        /// graph captured before must not be replayed after.
+        pub fn record_timeline(&mut self, gpu: &Gpu, plan: &Plan) -> Result<()> {
+            let stamps = |config: &LaunchConfig| vec![0u64; config.grid.x as usize * TIMELINE_POINTS];
+            self.timelines = [gpu.upload(&stamps(&plan.gate_up))?, gpu.upload(&stamps(&plan.down))?];
+            Ok(())
+        }
+
+        /// Where the last step's time went, from the timelines [`Buffers::record_timeline`]
+        /// turned on.
+        pub fn timeline(&self, gpu: &Gpu) -> Result<Timeline> {
+            let [gate_up, down] = [&self.timelines[0], &self.timelines[1]].map(|t| gpu.download(t));
+            Ok(Timeline::new(&gate_up?, &down?))
+        }
+    }
+
+    /// Where a step's time went, in µs from the first gate/up block's start (`%globaltimer`
+    /// stamps of every block, [`TIMELINE_POINTS`]): means over blocks, and the last block.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    pub struct Timeline {
+        /// Gate/up blocks: their start, router logits summed, routing ready (mean), end (last).
+        pub gate_up: [f64; TIMELINE_POINTS],
+        /// Down blocks: their start (mean), routing received (mean), end (last).
+        pub down: [f64; 3],
+    }
+
+    impl Timeline {
+        fn new(gate_up: &[u64], down: &[u64]) -> Self {
+            let origin = gate_up.chunks(TIMELINE_POINTS).map(|b| b[0]).min().unwrap_or(0);
+            let at = |t: u64| t.saturating_sub(origin) as f64 / 1e3;
+            let mean = |stamps: &[u64], point: usize| {
+                let blocks = stamps.chunks(TIMELINE_POINTS);
+                blocks.clone().map(|b| at(b[point])).sum::<f64>() / blocks.len().max(1) as f64
+            };
+            let last = |stamps: &[u64]| stamps.chunks(TIMELINE_POINTS).map(|b| at(b[3])).fold(0.0, f64::max);
+            Timeline { gate_up: [mean(gate_up, 0), mean(gate_up, 1), mean(gate_up, 2), last(gate_up)], down: [mean(down, 0), mean(down, 2), last(down)] }
         }
     }
 
@@ -1729,7 +1809,7 @@ pub mod host {
         let (k, renormalize) = (b.layer.top_k as u32, u32::from(b.layer.renormalize));
         macro_rules! launch {
             ($kernel:expr) => {
-                $kernel.launch(stream, &plan.gate_up, &b.x, &b.router, &b.w_gate, &b.w_up, &mut b.h, &mut b.routing, &mut b.pair_gate, &mut b.top_ids, &mut b.top_gates, k, renormalize)
+                $kernel.launch(stream, &plan.gate_up, &b.x, &b.router, &b.w_gate, &b.w_up, &mut b.h, &mut b.routing, &mut b.pair_gate, &mut b.top_ids, &mut b.top_gates, k, renormalize, &mut b.timelines[0])
             };
         }
         match plan.schedule {
@@ -1755,6 +1835,7 @@ pub mod host {
                     &mut b.top_gates,
                     k,
                     renormalize,
+                    &mut b.timelines[0],
                 )
             }
         }
@@ -1766,7 +1847,7 @@ pub mod host {
         let k = b.layer.top_k as u32;
         macro_rules! launch {
             ($kernel:expr) => {
-                $kernel.launch(stream, &plan.down, &mut b.h, &mut b.routing, &mut b.pair_gate, &b.w_down, &mut b.out, k)
+                $kernel.launch(stream, &plan.down, &mut b.h, &mut b.routing, &mut b.pair_gate, &b.w_down, &mut b.out, k, &mut b.timelines[1])
             };
         }
         match plan.schedule {
@@ -1774,7 +1855,7 @@ pub mod host {
             Schedule::Pairs { .. } => launch!(kernels.down_g16),
             Schedule::Tokens => {
                 let m = &b.maps;
-                kernels.down_tokens.launch(stream, &plan.down, &mut b.h_tokens, m.h_tokens.words(), &mut b.routing, &mut b.pair_gate, &b.w_down, m.w_down.words(), &mut b.out, k)
+                kernels.down_tokens.launch(stream, &plan.down, &mut b.h_tokens, m.h_tokens.words(), &mut b.routing, &mut b.pair_gate, &b.w_down, m.w_down.words(), &mut b.out, k, &mut b.timelines[1])
             }
         }
     }

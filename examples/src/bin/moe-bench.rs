@@ -4,7 +4,8 @@
 //! 14336) and a DeepSeek-V2-Lite-shaped one (hidden 2048, 64 experts, top 8, FFN 1408), bf16,
 //! at 64, 8 and 1 tokens (the first rows of one random batch), launched and replayed from a
 //! CUDA graph, on both schedules (the one `plan` takes first, marked "planned"). A second
-//! table gives each launch alone.
+//! table gives each launch alone, a third where one step's time goes (`%globaltimer` stamps of
+//! every block: [`Timeline`]).
 //!
 //! Every row is first checked against the f64 reference (fresh random weights each run;
 //! outputs poisoned): the routing exactly (the reference's order, ties to the lower index),
@@ -26,7 +27,7 @@
 use clusterfuse::bf16;
 use clusterfuse::host::{Gpu, LaunchConfig};
 use clusterfuse_examples::check::{gpu_or_skip, median, median_us_per_call, print_rows, with_rng, Report};
-use clusterfuse_kernels::moe::host::{down, gate_up, plan_schedule, schedule, step, Buffers, Kernels, Layer, Moe, Plan, Reference, Schedule, TOLERANCE};
+use clusterfuse_kernels::moe::host::{down, gate_up, plan_schedule, schedule, step, Buffers, Kernels, Layer, Moe, Plan, Reference, Schedule, Timeline, TOLERANCE};
 use rand::Rng;
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -85,7 +86,7 @@ fn main() -> Result<()> {
     let kernels = Kernels::load(&gpu)?;
     let bandwidth = copy_bandwidth(&gpu)?;
     println!("copy bandwidth (cuMemcpyDtoD, 1 GiB): {:.2} TB/s", bandwidth / 1e12);
-    let (mut rows, mut launches) = (Vec::new(), Vec::new());
+    let (mut rows, mut launches, mut timelines) = (Vec::new(), Vec::new(), Vec::new());
     for (name, layer) in [("Mixtral-8x7B", Layer::MIXTRAL_8X7B), ("DeepSeek-V2-Lite", Layer::DEEPSEEK_V2_LITE)] {
         let layer = Layer { ffn: ffn.unwrap_or(layer.ffn), ..layer };
         if !TOKENS.iter().any(|&t| wanted(name, t)) {
@@ -149,6 +150,11 @@ fn main() -> Result<()> {
                     // Where the time goes: each launch alone.
                     let (gate_up_us, down_us) = alone(&gpu, &kernels, &plan, &mut b)?;
                     launches.push(format!("{prefix} {mark}{schedule:?} | {gate_up_us:.1} | {down_us:.1} |"));
+                    // The graph is not replayed after this: `record_timeline` replaces buffers.
+                    b.record_timeline(&gpu, &plan)?;
+                    step(&kernels, gpu.stream(), &mut b, &plan)?;
+                    let Timeline { gate_up: g, down: d } = b.timeline(&gpu)?;
+                    timelines.push(format!("{prefix} {mark}{schedule:?} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |", g[0], g[1], g[2], g[3], d[0], d[1], d[2]));
                     Ok(())
                 };
                 if let Err(err) = run() {
@@ -170,6 +176,10 @@ fn main() -> Result<()> {
     println!("| layer | tokens | experts used | schedule | gate/up | down |");
     println!("|---|---|---|---|---|---|");
     print_rows(&launches)?;
+    println!("\nWhere one step's time goes (µs from the first gate/up block's start, `%globaltimer` stamps of every block: means over blocks, ends of the last one; launched with PDL):");
+    println!("| layer | tokens | experts used | schedule | gate/up start | router logits | routing ready | gate/up end | down start | routing received | down end |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    print_rows(&timelines)?;
     Ok(())
 }
 
