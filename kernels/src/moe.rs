@@ -1590,10 +1590,13 @@ pub mod host {
         }
 
         /// Where the last step's time went, from the timelines [`Buffers::record_timeline`]
-        /// turned on.
-        pub fn timeline(&self, gpu: &Gpu) -> Result<Timeline> {
+        /// turned on (`None` while they are off).
+        pub fn timeline(&self, gpu: &Gpu) -> Result<Option<Timeline>> {
+            if self.timelines[0].len() == 1 {
+                return Ok(None);
+            }
             let [gate_up, down] = [&self.timelines[0], &self.timelines[1]].map(|t| gpu.download(t));
-            Ok(Timeline::new(&gate_up?, &down?))
+            Ok(Some(Timeline::new(&gate_up?, &down?)))
         }
     }
 
