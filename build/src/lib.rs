@@ -6,7 +6,7 @@
 //! }
 //! ```
 //!
-//! It compiles the crate itself for `nvptx64-nvidia-cuda` ([`ARCH`], PTX ISA 8.0) with the device
+//! It compiles the crate itself for `nvptx64-nvidia-cuda` ([`ARCH`], PTX ISA 8.1) with the device
 //! toolchain that `scripts/setup.sh` installs, inserts each kernel's launch directives
 //! (`.maxntid`, `.minnctapersm`, `.reqnctapercluster`) into its PTX entry, assembles the
 //! result with `ptxas -arch=sm_90a` when available, and writes `$OUT_DIR/clusterfuse.ptx` for

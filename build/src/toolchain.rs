@@ -70,7 +70,7 @@ impl Toolchain {
             .env("RUSTC", &self.rustc)
             .env("RUSTC_BOOTSTRAP", "1")
             .env("CLUSTERFUSE_DEVICE_BUILD", "1")
-            .env("CARGO_ENCODED_RUSTFLAGS", format!("-Ctarget-cpu={}\u{1f}-Ctarget-feature=+ptx80", crate::ARCH))
+            .env("CARGO_ENCODED_RUSTFLAGS", format!("-Ctarget-cpu={}\u{1f}-Ctarget-feature=+ptx81", crate::ARCH))
             .args(["rustc", "--lib", "--release", "--crate-type", "cdylib", "--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core"])
             .args(["--config", "profile.release.panic=\"abort\"", "--message-format=json-render-diagnostics", "--target-dir"])
             .arg(target_dir)

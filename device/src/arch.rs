@@ -642,6 +642,24 @@ pub unsafe fn cp_async_bulk_shared_cluster_shared_cta(dst: u32, src: u32, bytes:
     }
 }
 
+/// `st.async.shared::cluster.mbarrier::complete_tx::bytes.b64`: stores `value` at the
+/// distributed-shared address `dst` asynchronously (no fence: `STAS` in SASS); its arrival
+/// completes 8 bytes of the barrier at `barrier`, a distributed-shared address in the
+/// destination's block.
+///
+/// # Safety
+/// 1. `dst` is an 8-byte aligned `u64` of live shared memory; `dst` and `barrier` come from
+///    [`mapa_shared_cluster`] of the same rank.
+/// 2. Nothing reads or writes `dst` until the barrier's phase has completed.
+#[inline(always)]
+pub unsafe fn st_async_shared_cluster_b64(dst: u32, value: u64, barrier: u32) {
+    gpu_or_emulator! {
+        gpu: ptx!("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [{d}], {v}, [{m}];",
+                  d = in(reg32) dst, v = in(reg64) value, m = in(reg32) barrier, options(nostack)),
+        emulator: emu::store_async(dst, value, barrier),
+    }
+}
+
 /// `cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes`: starts copying `bytes`
 /// from global `src` to this block's shared memory at `dst` (through L2, no registers); their
 /// arrival completes that many bytes of the barrier at `barrier`.

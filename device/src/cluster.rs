@@ -195,6 +195,24 @@ impl<T: SharedWord> RemoteSlice<T> {
     }
 }
 
+impl RemoteSlice<u64> {
+    /// Stores into element `i` of the peer's array asynchronously (`st.async`), completing 8
+    /// bytes of `barrier`, the peer's mbarrier: the peer learns of it by
+    /// [`Mbarrier::wait`](crate::mbarrier::Mbarrier::wait) after announcing the bytes, and no
+    /// fence orders it (a releasing cluster barrier after `store` costs a `MEMBAR.ALL.GPU`).
+    /// Nothing may touch the element until then. Traps when out of bounds or when `barrier`
+    /// is in another block.
+    #[inline(always)]
+    pub fn store_async(self, i: usize, value: u64, barrier: RemoteMbarrier) {
+        if i >= self.len() || barrier.rank != self.rank {
+            out_of_bounds()
+        }
+        // SAFETY: in bounds (8-byte aligned, as every `u64` array) in the block of `barrier`;
+        // the caller leaves the element alone until the barrier's phase completes.
+        unsafe { arch::st_async_shared_cluster_b64(self.addr + (i * size_of::<u64>()) as u32, value, barrier.addr) }
+    }
+}
+
 /// All-reduce of a shared vector across the cluster: afterwards every block's `data[i]` is
 /// `op` over all blocks' `data[i]`.
 ///

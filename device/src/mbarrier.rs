@@ -2,7 +2,8 @@
 //! of asynchronous copies, such as the bulk DSMEM copies of
 //! [`RemoteSlice::copy_from`](crate::cluster::RemoteSlice::copy_from). Unlike `bar.sync`,
 //! peers of the cluster can signal a block's mbarrier, and a thread waits for a phase, not
-//! for the other threads.
+//! for the other threads. A [`Mailbox`] is shared words that peers fill with asynchronous
+//! stores, counted by one.
 
 use crate::arch;
 use crate::cluster;
@@ -26,7 +27,8 @@ pub struct RemoteMbarrier {
 impl Mbarrier {
     /// The mbarrier in `slot[0]`, initialised by thread 0 of the block to expect `arrivals`
     /// per phase. Every thread of the block calls it; a barrier must follow before the
-    /// mbarrier is used (`cluster::sync()` when peers will signal it).
+    /// mbarrier is used (a cluster barrier when peers will signal it, whose arrival may be
+    /// relaxed: the init's `fence.mbarrier_init` releases it).
     #[inline(always)]
     pub fn new(slot: SharedSlice<u64>, arrivals: u32) -> Self {
         if slot.is_empty() {
@@ -70,5 +72,53 @@ impl Mbarrier {
             out_of_bounds()
         }
         RemoteMbarrier { addr: arch::mapa_shared_cluster(self.addr, rank), rank }
+    }
+}
+
+/// A block's mailbox: shared words that the cluster's blocks fill with asynchronous stores
+/// ([`RemoteSlice::store_async`](crate::cluster::RemoteSlice::store_async)), counted by an
+/// mbarrier, so that a block learns its peers' words have landed without a cluster barrier
+/// (whose releasing arrival costs a `MEMBAR.ALL.GPU` on sm_90). Each phase: one thread of
+/// the block [`expect`](Self::expect)s the words the phase brings, the senders
+/// [`post`](Self::post), every reader [`wait`](Self::wait)s. Whoever reuses a word in a
+/// later phase must know first that its reader is done with it (a cluster barrier after the
+/// reads: its arrival may be relaxed).
+pub struct Mailbox {
+    words: SharedSlice<u64>,
+    arrived: Mbarrier,
+}
+
+impl Mailbox {
+    /// The mailbox `words`, counted by the mbarrier in `slot[0]` (initialised here by thread
+    /// 0). Every thread of the block calls it; a cluster barrier must follow before a peer
+    /// posts (its arrival may be relaxed: the init's fence releases it).
+    #[inline(always)]
+    pub fn new(words: SharedSlice<u64>, slot: SharedSlice<u64>) -> Self {
+        Self { words, arrived: Mbarrier::new(slot, 1) }
+    }
+
+    /// The words, readable once [`wait`](Self::wait) returns.
+    #[inline(always)]
+    pub fn words(&self) -> SharedSlice<u64> {
+        self.words
+    }
+
+    /// Announces that this phase brings `words` words (posted by any block, this one too).
+    /// One thread of the block calls it once a phase, before or after the posts.
+    #[inline(always)]
+    pub fn expect(&self, words: usize) {
+        self.arrived.arrive_expect_tx((words * core::mem::size_of::<u64>()) as u32);
+    }
+
+    /// Stores `word` into word `i` of block `rank`'s mailbox; traps when out of range.
+    #[inline(always)]
+    pub fn post(&self, rank: u32, i: usize, word: u64) {
+        self.words.in_block(rank).store_async(i, word, self.arrived.in_block(rank));
+    }
+
+    /// Waits until this phase's words have all landed, then moves on to the next phase.
+    #[inline(always)]
+    pub fn wait(&mut self) {
+        self.arrived.wait();
     }
 }

@@ -84,6 +84,31 @@ pub fn bulk_exchange(out: Out<f32>, waited: u32) {
     cluster::sync();
 }
 
+/// Each block of a cluster of 2 posts 4 words into its peer's mailbox and, with `waited != 0`,
+/// waits for its own and reads them; no cluster barrier ends the kernel, since a block that
+/// has waited for its mailbox is no longer written. With `waited == 0` a block expecting
+/// `expected` words exits without waiting: a bug unless every word has landed by then.
+#[kernel(cluster(2))]
+pub fn mailbox_exchange(out: Out<f32>, expected: u32, waited: u32) {
+    let mut smem = shared::dynamic();
+    let mut mailbox = clusterfuse::mbarrier::Mailbox::new(smem.take::<u64>(4), smem.take::<u64>(1));
+    let (rank, t) = (cluster::block_rank(), thread::index_x() as usize);
+    if t == 0 {
+        mailbox.expect(expected as usize);
+    }
+    cluster::arrive_relaxed();
+    cluster::wait();
+    if t < 4 {
+        mailbox.post(1 - rank, t, (rank * 4) as u64 + t as u64);
+    }
+    if waited != 0 {
+        mailbox.wait();
+        if t < 4 {
+            out.set(rank as usize * 4 + t, mailbox.words().load(t) as f32);
+        }
+    }
+}
+
 /// Stages of [`fn@bulk_stream`]'s rings.
 pub const STREAM_STAGES: usize = 2;
 

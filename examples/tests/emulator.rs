@@ -4,7 +4,7 @@
 
 use clusterfuse::host::{Error, Gpu, LaunchConfig, Published};
 use clusterfuse::Dim3;
-use clusterfuse_examples::faults::{bulk_exchange, divergent_barrier, peer_read, published_chain, reverse, shared_index, CHAIN_TILE};
+use clusterfuse_examples::faults::{bulk_exchange, divergent_barrier, mailbox_exchange, peer_read, published_chain, reverse, shared_index, CHAIN_TILE};
 use clusterfuse_examples::{saxpy::saxpy, EXAMPLES};
 
 fn config(grid: u32, block: u32) -> LaunchConfig {
@@ -134,6 +134,21 @@ fn reading_a_bulk_copy_before_its_mbarrier_wait_is_a_race() {
     // landing on bytes read without waiting.
     let fault = fault(kernel.launch(gpu.stream(), &config, &mut out, 0));
     assert!(fault.message.contains("shared-memory race"), "{fault}");
+}
+
+#[test]
+fn a_mailbox_keeps_its_block_until_its_words_land_and_exiting_first_is_reported() {
+    let gpu = Gpu::emulator();
+    let kernel = mailbox_exchange::load(&gpu).unwrap();
+    let mut out = gpu.zeros::<f32>(8).unwrap();
+    let config = LaunchConfig { dynamic_smem_bytes: 48, ..config(2, 32) };
+    kernel.launch(gpu.stream(), &config, &mut out, 4, 1).unwrap();
+    assert_eq!(gpu.download(&out).unwrap(), [4.0, 5.0, 6.0, 7.0, 0.0, 1.0, 2.0, 3.0]);
+
+    // Expecting 8 words of the 4 sent, the phase never completes: the block exits with its
+    // peer's words in flight (or before they are sent).
+    let fault = fault(kernel.launch(gpu.stream(), &config, &mut out, 8, 0));
+    assert!(fault.message.contains("exited"), "{fault}");
 }
 
 #[test]

@@ -18,9 +18,10 @@
 //!    warps splitting K, each chunk issuing the loads of 2-4 K-steps for up to 4 n-tiles of
 //!    tokens at once, summed in warp order), and [`fn@top_k`] — a `#[cluster_primitive]` —
 //!    finds each token's `k` largest over the whole cluster through DSMEM: each block's warps
-//!    rank its local logits (each lane counts the larger ones) and push the top `k` into
-//!    every peer's shared memory, then every block ranks the `C·k` candidates the same way.
-//!    Ties go to the lower expert index (the order is total: a logit and its index form one
+//!    rank its local logits (each lane counts the larger ones) and post the top `k`, with
+//!    the softmax's partial sums, into every peer's mailbox (`st.async`, counted by an
+//!    mbarrier: one cluster barrier, relaxed), then every block ranks the `C·k` candidates
+//!    the same way. Ties go to the lower expert index (the order is total: a logit and its index form one
 //!    key), so every cluster derives the same routing with no grid-wide step: the gate
 //!    weights, the tokens each expert serves (a 64-bit mask of tokens, from warp ballots),
 //!    and the *pairs* — the `T·k` (token, expert) choices sorted by expert, then token — from
@@ -86,6 +87,7 @@
 
 use clusterfuse::arch;
 use clusterfuse::cluster::Cluster;
+use clusterfuse::mbarrier::Mailbox;
 use clusterfuse::mma::{mma_m16n8k16, FragA, FragB, FragC};
 use clusterfuse::ops::{rank_key, rank_unkey};
 use clusterfuse::prelude::*;
@@ -191,39 +193,79 @@ fn warp_top_k(len: usize, k: usize, key_at: impl Fn(usize) -> u64, mut emit: imp
 }
 
 /// Each row's `k` largest values over the cluster, as [`rank_key`]s, largest first, in `top`
-/// (`rows × k`) of every block: block `r` holds columns `r·n .. (r + 1)·n` of each row in
-/// `values` (`rows × n`, row-major), and a key's index is its column in the whole row. Ties
-/// go to the lower index. `candidates` (at least `rows × cluster::size() × k`) is the
-/// exchange buffer; `k ≤ 32` and `cluster::size() ≤ 32`. Every thread of every block calls
-/// it, after the block has written `values`; `top` is ready in every thread on return.
+/// (`rows × k`) of every block, and with `normalizers`, each row's softmax denominator
+/// `Σ exp(v − max)` over the whole row in `normalizers[row]`: block `r` holds columns
+/// `r·n .. (r + 1)·n` of each row in `values` (`rows × n`, row-major), and a key's index is
+/// its column in the whole row. Ties go to the lower index. `mailbox` (at least
+/// `rows × cluster::size() × (k + 1)` words, made before the call) carries the blocks'
+/// candidates; `k ≤ 32` and `cluster::size() ≤ 32`. Every thread of every block calls it,
+/// after the block has written `values`; `top` and `normalizers` are ready in every thread on
+/// return, and the mailbox may serve the next call.
 ///
-/// Each warp takes rows round robin, finds the row's local top `k` ([`warp_top_k`]: each key
-/// ranked against the row's others) and pushes it into every block's `candidates` (after
-/// the first barrier: a peer's shared memory exists only once it has started); after the
-/// second, each warp merges a row's `size · k` candidates the same way; the third lets
-/// `candidates` be reused.
-#[cluster_primitive(barriers = 3)]
-pub fn top_k(_scope: &Cluster, values: SharedSlice<f32>, rows: usize, k: usize, candidates: SharedSlice<u64>, top: SharedSlice<u64>) {
+/// One cluster barrier, whose arrival orders no memory: it tells each block that its peers
+/// exist, have made their mailboxes and are done reading them. Each warp then takes rows
+/// round robin, finds the row's local top `k` ([`warp_top_k`]: each key ranked against the
+/// row's others) and, with `normalizers`, its local `(max, Σ exp(v − max))`, and posts them
+/// into every block's mailbox (`st.async`); once its own has every peer's words, each warp
+/// merges a row's `size · k` candidates the same way and its normalisers in rank order. (A
+/// releasing barrier after ordinary DSMEM stores costs a `MEMBAR.ALL.GPU` on sm_90: this
+/// replaced three of them, and the softmax's own `cluster::reduce` two more.)
+#[cluster_primitive(barriers = 1)]
+pub fn top_k(_scope: &Cluster, values: SharedSlice<f32>, rows: usize, k: usize, mailbox: &mut Mailbox, top: SharedSlice<u64>, normalizers: Option<SharedSlice<f32>>) {
     let (rank, size) = (cluster::block_rank() as usize, cluster::size() as usize);
-    if k > 32 || size > 32 || rows == 0 || candidates.len() < rows * size * k || top.len() < rows * k {
+    let stride = k + usize::from(normalizers.is_some());
+    let words = mailbox.words();
+    if k == 0 || k > 32 || size > 32 || rows == 0 || words.len() < rows * size * stride || top.len() < rows * k || normalizers.is_some_and(|sums| sums.len() < rows) {
         arch::trap();
     }
     let n = values.len() / rows;
-    let (warp, warps) = (warp::index_in_block() as usize, block::warps() as usize);
-    cluster::sync();
+    let (warp, warps, lane) = (warp::index_in_block() as usize, block::warps() as usize, warp::lane() as usize);
+    if thread::rank_in_block() == 0 {
+        mailbox.expect(rows * size * stride);
+    }
+    // `values` written (the block's threads), and the peers ready to receive.
+    block::sync();
+    cluster::arrive_relaxed();
+    cluster::wait();
+    let post = |at: usize, word: u64| {
+        for peer in 0..size as u32 {
+            mailbox.post(peer, at, word);
+        }
+    };
     for row in (warp..rows).step_by(warps) {
+        let at = (row * size + rank) * stride;
         let key_at = |i: usize| rank_key(values.load(row * n + i), (rank * n + i) as u32);
-        warp_top_k(n, k, key_at, |j, best| {
-            for peer in 0..size as u32 {
-                candidates.in_block(peer).store((row * size + rank) * k + j, best);
+        warp_top_k(n, k, key_at, |j, best| post(at + j, best));
+        if normalizers.is_some() {
+            let own = |i: usize| values.load(row * n + i);
+            let max = warp::reduce_max((lane..n).step_by(32).fold(f32::NEG_INFINITY, |m, i| m.max(own(i))));
+            let sum = warp::reduce_sum((lane..n).step_by(32).map(|i| math::exp(own(i) - max)).sum::<f32>());
+            if lane == 0 {
+                post(at + k, ((sum.to_bits() as u64) << 32) | max.to_bits() as u64);
             }
-        });
+        }
     }
-    cluster::sync();
+    mailbox.wait();
     for row in (warp..rows).step_by(warps) {
-        warp_top_k(size * k, k, |i| candidates.load(row * size * k + i), |j, best| top.store(row * k + j, best));
+        let first = row * size * stride;
+        warp_top_k(size * k, k, |i| words.load(first + i / k * stride + i % k), |j, best| top.store(row * k + j, best));
+        if let Some(sums) = normalizers {
+            // Lane `r` holds block `r`'s (max, sum); each sum rescaled to the row's max.
+            let (max, sum) = if lane < size {
+                let word = words.load(first + lane * stride + k);
+                (f32::from_bits(word as u32), f32::from_bits((word >> 32) as u32))
+            } else {
+                (f32::NEG_INFINITY, 0.0)
+            };
+            let row_max = warp::reduce_max(max);
+            let total = warp::reduce_sum(if lane < size { sum * math::exp(max - row_max) } else { 0.0 });
+            if lane == 0 {
+                sums.store(row, total);
+            }
+        }
     }
-    cluster::sync();
+    // `top` and `normalizers` written by other warps.
+    block::sync();
 }
 
 /// The routing of a launch, in a block's shared memory: per expert the number of pairs it
@@ -397,8 +439,9 @@ fn route(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k
     let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
     let logits = smem.take::<f32>(tokens * local);
     let partials = smem.take::<f32>(WARPS * ROWS * tokens.next_multiple_of(8));
-    let denominators = smem.take::<f32>(tokens);
-    let candidates = smem.take::<u64>(tokens * size * k);
+    let normalizers = (!renormalize).then(|| smem.take::<f32>(tokens));
+    // Made before the logits, so that `top_k`'s one barrier also covers its mbarrier's init.
+    let mut mailbox = Mailbox::new(smem.take::<u64>(tokens * size * (k + 1)), smem.take::<u64>(1));
     let top = smem.take::<u64>(tokens * k);
     let (ids, gates) = (smem.take::<u32>(tokens * k), smem.take::<f32>(tokens * k));
     let masks = smem.take::<u32>(2 * experts);
@@ -425,20 +468,15 @@ fn route(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k
         block::sync();
     }
     stamp(timeline, 1);
-    top_k(&Cluster::new(), logits, tokens, k, candidates, top);
+    top_k(&Cluster::new(), logits, tokens, k, &mut mailbox, top, normalizers);
 
-    // Gate weights: exp(l − max) over the top k, or over all experts (each block sums its
-    // own, `cluster::reduce` the rest, in rank order).
-    if !renormalize {
-        for t in block::stride_loop(0..tokens) {
-            let max = rank_unkey(top.load(t * k)).0;
-            denominators.store(t, (0..local).map(|e| math::exp(logits.load(t * local + e) - max)).sum());
-        }
-        cluster::reduce(denominators, Sum);
-    }
+    // Gate weights: exp(l − max) over the top k, or over all experts (`top_k`'s normalisers).
     for t in block::stride_loop(0..tokens) {
         let max = rank_unkey(top.load(t * k)).0;
-        let total = if renormalize { (0..k).map(|j| math::exp(rank_unkey(top.load(t * k + j)).0 - max)).sum() } else { denominators.load(t) };
+        let total = match normalizers {
+            Some(sums) => sums.load(t),
+            None => (0..k).map(|j| math::exp(rank_unkey(top.load(t * k + j)).0 - max)).sum(),
+        };
         for j in 0..k {
             let (logit, e) = rank_unkey(top.load(t * k + j));
             ids.store(t * k + j, e);
@@ -1692,7 +1730,8 @@ pub mod host {
         })
     }
 
-    /// Shared memory of the gate/up kernel: the routing's arrays, 16-byte aligned each, and
+    /// Shared memory of the gate/up kernel: the routing's arrays (the normalisers counted
+    /// even where the gating renormalises), 16-byte aligned each, and
     /// with groups of 8 the staged window of the pairs' `x`, with groups of [`MAX_TOKENS`]
     /// (the tokens schedule: all of an expert's pairs) its pipeline.
     fn gate_up_smem(layer: &Layer, tokens: usize, cluster: usize, group: usize) -> usize {
@@ -1703,7 +1742,7 @@ pub mod host {
             MAX_TOKENS => pipeline_smem(GATE_UP_TOKENS_STAGES, GATE_UP_TOKENS_STAGE_BYTES),
             _ => 0,
         };
-        let sizes = [tokens * e / cluster * 4, partials, tokens * 4, pairs * cluster * 8, pairs * 8, pairs * 4, pairs * 4, 2 * e * 4, window];
+        let sizes = [tokens * e / cluster * 4, partials, tokens * 4, (pairs + tokens) * cluster * 8, 8, pairs * 8, pairs * 4, pairs * 4, 2 * e * 4, window];
         sizes.iter().map(|b| b.next_multiple_of(16)).sum::<usize>() + dispatch_smem(layer, tokens)
     }
 

@@ -161,9 +161,16 @@ fn access<R>(addr: u32, size: usize, space: Space, kind: Access, f: impl FnOnce(
                     "shared-memory access to block rank {rank} of the cluster before any cluster barrier: that block may not have started, so its shared memory may not exist yet; call cluster::sync() (or arrive, then wait) first"
                 ));
             }
-            let epoch = Stamp::of(thread).epochs.cluster;
-            if block.remote_access.get().is_none_or(|(latest, _)| epoch >= latest) {
-                block.remote_access.set(Some((epoch, thread.id)));
+            match kind {
+                // Counted by the destination's mbarrier: the block may exit once the phase
+                // completes (`schedule::check_exit`).
+                Access::Copy(stamp) => block.record_async_write(stamp.thread & !ASYNC, stamp.epochs.warp, thread.id),
+                _ => {
+                    let epoch = Stamp::of(thread).epochs.cluster;
+                    if block.remote_access.get().is_none_or(|(latest, _)| epoch >= latest) {
+                        block.remote_access.set(Some((epoch, thread.id)));
+                    }
+                }
             }
         }
         if block.exited() {

@@ -57,7 +57,7 @@ pub mod tensor;
 mod thread;
 
 pub use mbarrier::{
-    arrive as mbarrier_arrive, arrive_expect_tx as mbarrier_arrive_expect_tx, bulk_copy, bulk_load, init as mbarrier_init, try_wait as mbarrier_try_wait,
+    arrive as mbarrier_arrive, arrive_expect_tx as mbarrier_arrive_expect_tx, bulk_copy, bulk_load, init as mbarrier_init, store_async, try_wait as mbarrier_try_wait,
 };
 pub use ops::*;
 pub use schedule::run;

@@ -111,9 +111,24 @@ pub struct Block {
     /// The latest access by another block, as (its cluster epoch, its thread id): the block
     /// must not exit before a cluster barrier orders that access.
     pub remote_access: Cell<Option<(u32, u32)>>,
+    /// Asynchronous writes by other blocks (`st.async`, bulk copies), as (the mbarrier they
+    /// complete on, its phase, the writer's thread id), the latest phase per mbarrier: the
+    /// block must not exit before each phase has completed.
+    pub async_writes: RefCell<Vec<(u32, u32, u32)>>,
 }
 
 impl Block {
+    /// Records an asynchronous write by thread `writer` that completes on phase `phase` of
+    /// mbarrier `index`.
+    pub fn record_async_write(&self, index: u32, phase: u32, writer: u32) {
+        let mut writes = self.async_writes.borrow_mut();
+        match writes.iter_mut().find(|w| w.0 == index) {
+            Some(latest) if latest.1 <= phase => *latest = (index, phase, writer),
+            Some(_) => {}
+            None => writes.push((index, phase, writer)),
+        }
+    }
+
     /// True once every thread of the block has returned.
     pub fn exited(&self) -> bool {
         self.running.get() == 0
@@ -268,6 +283,7 @@ fn new_cluster(launch: &Launch<'_>, registry: &Rc<Registry>, buffers: &Rc<[(u64,
                 warps: (0..threads_per_block.div_ceil(WARP_SIZE)).map(|_| RefCell::default()).collect(),
                 running: Cell::new(threads_per_block),
                 remote_access: Cell::new(None),
+                async_writes: RefCell::new(Vec::new()),
             }
         })
         .collect();
@@ -349,7 +365,8 @@ fn schedule(clusters: &[Box<Cluster>], fibers: &mut [Fiber]) -> Result<(), Fault
 }
 
 /// A block exits once its last thread returns: any peer access to its shared memory must
-/// have been ordered before that by a cluster barrier the block passed.
+/// have been ordered before that by a cluster barrier the block passed, and any asynchronous
+/// write into it must have completed its mbarrier's phase.
 fn check_exit(cluster: &Cluster, last: &Thread) -> Result<(), Fault> {
     let block = &cluster.blocks[last.rank as usize];
     match block.remote_access.get() {
@@ -364,7 +381,23 @@ fn check_exit(cluster: &Cluster, last: &Thread) -> Result<(), Fault> {
                 ),
             })
         }
-        _ => Ok(()),
+        _ => {
+            let barriers = cluster.mbarriers.borrow();
+            match block.async_writes.borrow().iter().find(|&&(index, phase, _)| barriers[index as usize].completed <= phase) {
+                Some(&(_, _, writer)) => {
+                    let (at_block, at_thread) = cluster.locate(writer);
+                    Err(Fault {
+                        kernel: cluster.kernel,
+                        at: Some((at_block, at_thread)),
+                        message: format!(
+                            "stored or copied asynchronously into the shared memory of block {} (cluster rank {}), which exited before the mbarrier phase counting those bytes completed: wait for the phase (`Mailbox::wait`, `Mbarrier::wait`) before the block ends",
+                            block.ctaid, last.rank
+                        ),
+                    })
+                }
+                None => Ok(()),
+            }
+        }
     }
 }
 
