@@ -1628,13 +1628,14 @@ pub mod host {
         }
 
         /// Where the last step's time went, from the timelines [`Buffers::record_timeline`]
-        /// turned on (`None` while they are off).
-        pub fn timeline(&self, gpu: &Gpu) -> Result<Option<Timeline>> {
+        /// turned on for `plan` (`None` while they are off).
+        pub fn timeline(&self, gpu: &Gpu, plan: &Plan) -> Result<Option<Timeline>> {
             if self.timelines[0].len() == 1 {
                 return Ok(None);
             }
             let [gate_up, down] = [&self.timelines[0], &self.timelines[1]].map(|t| gpu.download(t));
-            Ok(Some(Timeline::new(&gate_up?, &down?)))
+            let cluster = plan.gate_up.cluster.map_or(1, |c| c.x as usize);
+            Ok(Some(Timeline::new(&gate_up?, &down?, cluster)))
         }
     }
 
@@ -1644,20 +1645,27 @@ pub mod host {
     pub struct Timeline {
         /// Gate/up blocks: their start, router logits summed, routing ready (mean), end (last).
         pub gate_up: [f64; TIMELINE_POINTS],
+        /// The router logits of each cluster's last block, the mean over clusters: when the
+        /// cluster's routing can start.
+        pub cluster_logits: f64,
         /// Down blocks: their start (mean), routing received (mean), end (last).
         pub down: [f64; 3],
     }
 
     impl Timeline {
-        fn new(gate_up: &[u64], down: &[u64]) -> Self {
+        /// From the two kernels' stamps, the gate/up kernel's in clusters of `cluster` blocks.
+        fn new(gate_up: &[u64], down: &[u64], cluster: usize) -> Self {
             let origin = gate_up.chunks(TIMELINE_POINTS).map(|b| b[0]).min().unwrap_or(0);
             let at = |t: u64| t.saturating_sub(origin) as f64 / 1e3;
-            let mean = |stamps: &[u64], point: usize| {
-                let blocks = stamps.chunks(TIMELINE_POINTS);
-                blocks.clone().map(|b| at(b[point])).sum::<f64>() / blocks.len().max(1) as f64
-            };
+            let average = |values: Vec<f64>| values.iter().sum::<f64>() / values.len().max(1) as f64;
+            let point = |stamps: &[u64], point: usize| average(stamps.chunks(TIMELINE_POINTS).map(|b| at(b[point])).collect());
             let last = |stamps: &[u64]| stamps.chunks(TIMELINE_POINTS).map(|b| at(b[3])).fold(0.0, f64::max);
-            Timeline { gate_up: [mean(gate_up, 0), mean(gate_up, 1), mean(gate_up, 2), last(gate_up)], down: [mean(down, 0), mean(down, 2), last(down)] }
+            let cluster_logits = average(gate_up.chunks(TIMELINE_POINTS * cluster).map(|c| c.chunks(TIMELINE_POINTS).map(|b| at(b[1])).fold(0.0, f64::max)).collect());
+            Timeline {
+                gate_up: [point(gate_up, 0), point(gate_up, 1), point(gate_up, 2), last(gate_up)],
+                cluster_logits,
+                down: [point(down, 0), point(down, 2), last(down)],
+            }
         }
     }
 

@@ -153,8 +153,8 @@ fn main() -> Result<()> {
                     // The graph is not replayed after this: `record_timeline` replaces buffers.
                     b.record_timeline(&gpu, &plan)?;
                     step(&kernels, gpu.stream(), &mut b, &plan)?;
-                    if let Some(Timeline { gate_up: g, down: d }) = b.timeline(&gpu)? {
-                        timelines.push(format!("{prefix} {mark}{schedule:?} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |", g[0], g[1], g[2], g[3], d[0], d[1], d[2]));
+                    if let Some(Timeline { gate_up: g, cluster_logits, down: d }) = b.timeline(&gpu, &plan)? {
+                        timelines.push(format!("{prefix} {mark}{schedule:?} | {:.1} | {:.1} | {cluster_logits:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |", g[0], g[1], g[2], g[3], d[0], d[1], d[2]));
                     }
                     Ok(())
                 };
@@ -178,8 +178,8 @@ fn main() -> Result<()> {
     println!("|---|---|---|---|---|---|");
     print_rows(&launches)?;
     println!("\nWhere one step's time goes (µs from the first gate/up block's start, `%globaltimer` stamps of every block: means over blocks, ends of the last one; launched with PDL):");
-    println!("| layer | tokens | experts used | schedule | gate/up start | router logits | routing ready | gate/up end | down start | routing received | down end |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| layer | tokens | experts used | schedule | gate/up start | router logits | a cluster's last logits | routing ready | gate/up end | down start | routing received | down end |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     print_rows(&timelines)?;
     Ok(())
 }
