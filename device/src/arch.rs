@@ -530,6 +530,22 @@ pub unsafe fn atom_shared_add_u32(addr: u32, value: u32) -> u32 {
     }
 }
 
+/// `atom.shared.or.b32`; returns the old value.
+///
+/// # Safety
+/// 1. `addr` is a `.shared::cta` address of a live, 4-byte-aligned `u32`.
+#[inline(always)]
+pub unsafe fn atom_shared_or_b32(addr: u32, value: u32) -> u32 {
+    gpu_or_emulator! {
+        gpu: {
+            let old: u32;
+            ptx!("atom.shared.or.b32 {o}, [{a}], {v};", o = out(reg32) old, a = in(reg32) addr, v = in(reg32) value, options(nostack));
+            old
+        },
+        emulator: emu::memory::atomic(addr, |old: u32| old | value),
+    }
+}
+
 // --- mbarriers and bulk copies (§9.7.13.15, §9.7.9.25) ---------------------------------------
 
 /// `mbarrier.init.shared::cta.b64`: a barrier object at `addr` expecting `arrivals` per phase.

@@ -182,6 +182,16 @@ impl SharedSlice<u32> {
         // SAFETY: in bounds (checked above).
         unsafe { arch::atom_shared_add_u32(self.addr + (i * 4) as u32, value) }
     }
+
+    /// `atom.shared.or.b32` on element `i`; returns the old value.
+    #[inline(always)]
+    pub fn atomic_or(self, i: usize, value: u32) -> u32 {
+        if i >= self.len() {
+            out_of_bounds()
+        }
+        // SAFETY: in bounds (checked above).
+        unsafe { arch::atom_shared_or_b32(self.addr + (i * 4) as u32, value) }
+    }
 }
 
 /// The launch's dynamic shared memory, handed out front to back by [`DynamicShared::take`].

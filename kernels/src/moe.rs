@@ -23,7 +23,7 @@
 //!    mbarrier: one cluster barrier, relaxed), then every block ranks the `C·k` candidates
 //!    the same way. Ties go to the lower expert index (the order is total: a logit and its index form one
 //!    key), so every cluster derives the same routing with no grid-wide step: the gate
-//!    weights, the tokens each expert serves (a 64-bit mask of tokens, from warp ballots),
+//!    weights, the tokens each expert serves (a 64-bit mask of tokens, by shared atomics),
 //!    and the *pairs* — the `T·k` (token, expert) choices sorted by expert, then token — from
 //!    a warp's prefix sums.
 //! 2. **Gate and up projections** of 16 rows of one selected expert's `W_gate` and `W_up`
@@ -213,15 +213,15 @@ fn warp_top_k(len: usize, k: usize, key_at: impl Fn(usize) -> u64, mut emit: imp
 #[cluster_primitive(barriers = 1)]
 pub fn top_k(_scope: &Cluster, values: SharedSlice<f32>, rows: usize, k: usize, mailbox: &mut Mailbox, top: SharedSlice<u64>, normalizers: Option<SharedSlice<f32>>) {
     let (rank, size) = (cluster::block_rank() as usize, cluster::size() as usize);
-    let stride = k + usize::from(normalizers.is_some());
+    let sent = k + usize::from(normalizers.is_some());
     let words = mailbox.words();
-    if k == 0 || k > 32 || size > 32 || rows == 0 || words.len() < rows * size * stride || top.len() < rows * k || normalizers.is_some_and(|sums| sums.len() < rows) {
+    if k == 0 || k > 32 || size > 32 || rows == 0 || words.len() < rows * size * sent || top.len() < rows * k || normalizers.is_some_and(|sums| sums.len() < rows) {
         arch::trap();
     }
     let n = values.len() / rows;
     let (warp, warps, lane) = (warp::index_in_block() as usize, block::warps() as usize, warp::lane() as usize);
     if thread::rank_in_block() == 0 {
-        mailbox.expect(rows * size * stride);
+        mailbox.expect(rows * size * sent);
     }
     // `values` written (the block's threads), and the peers ready to receive.
     block::sync();
@@ -232,8 +232,11 @@ pub fn top_k(_scope: &Cluster, values: SharedSlice<f32>, rows: usize, k: usize, 
             mailbox.post(peer, at, word);
         }
     };
+    // Row `row`'s candidates from block `r` at `(row · size + r) · k`, its normalisers after
+    // all candidates, at `rows · size · k + row · size + r`.
+    let sums_at = rows * size * k;
     for row in (warp..rows).step_by(warps) {
-        let at = (row * size + rank) * stride;
+        let at = (row * size + rank) * k;
         let key_at = |i: usize| rank_key(values.load(row * n + i), (rank * n + i) as u32);
         warp_top_k(n, k, key_at, |j, best| post(at + j, best));
         if normalizers.is_some() {
@@ -241,18 +244,18 @@ pub fn top_k(_scope: &Cluster, values: SharedSlice<f32>, rows: usize, k: usize, 
             let max = warp::reduce_max((lane..n).step_by(32).fold(f32::NEG_INFINITY, |m, i| m.max(own(i))));
             let sum = warp::reduce_sum((lane..n).step_by(32).map(|i| math::exp(own(i) - max)).sum::<f32>());
             if lane == 0 {
-                post(at + k, ((sum.to_bits() as u64) << 32) | max.to_bits() as u64);
+                post(sums_at + row * size + rank, ((sum.to_bits() as u64) << 32) | max.to_bits() as u64);
             }
         }
     }
     mailbox.wait();
     for row in (warp..rows).step_by(warps) {
-        let first = row * size * stride;
-        warp_top_k(size * k, k, |i| words.load(first + i / k * stride + i % k), |j, best| top.store(row * k + j, best));
+        let first = row * size * k;
+        warp_top_k(size * k, k, |i| words.load(first + i), |j, best| top.store(row * k + j, best));
         if let Some(sums) = normalizers {
             // Lane `r` holds block `r`'s (max, sum); each sum rescaled to the row's max.
             let (max, sum) = if lane < size {
-                let word = words.load(first + lane * stride + k);
+                let word = words.load(sums_at + row * size + lane);
                 (f32::from_bits(word as u32), f32::from_bits((word >> 32) as u32))
             } else {
                 (f32::NEG_INFINITY, 0.0)
@@ -436,7 +439,7 @@ fn route(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k
     let experts = router.len() / hidden;
     let (rank, size) = (cluster::block_rank() as usize, cluster::size() as usize);
     let local = experts / size;
-    let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
+    let lane = warp::lane() as usize;
     let logits = smem.take::<f32>(tokens * local);
     let partials = smem.take::<f32>(WARPS * ROWS * tokens.next_multiple_of(8));
     let normalizers = (!renormalize).then(|| smem.take::<f32>(tokens));
@@ -446,6 +449,12 @@ fn route(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k
     let (ids, gates) = (smem.take::<u32>(tokens * k), smem.take::<f32>(tokens * k));
     let masks = smem.take::<u32>(2 * experts);
     let dispatch = Dispatch::take(smem, experts, tokens * k);
+
+    for e in block::stride_loop(0..experts) {
+        masks.store(2 * e, 0);
+        masks.store(2 * e + 1, 0);
+        dispatch.count.store(e, 0);
+    }
 
     // Logits of this block's experts on tensor cores: A = their router rows (16 a tile,
     // zeros past the last), B = the tokens (8 an n-tile); the warps split the K-steps, and the
@@ -470,46 +479,22 @@ fn route(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k
     stamp(timeline, 1);
     top_k(&Cluster::new(), logits, tokens, k, &mut mailbox, top, normalizers);
 
-    // Gate weights: exp(l − max) over the top k, or over all experts (`top_k`'s normalisers).
-    for t in block::stride_loop(0..tokens) {
+    // A thread a (token, place) pair: its expert, its gate weight — exp(l − max) over the top
+    // k, or over all experts (`top_k`'s normalisers) — and its token's bit in the expert's
+    // mask and count (shared atomics: the same result in any order). One pass, no serial
+    // loop per token: at 1 token the routing is a chain of such short steps.
+    for p in block::stride_loop(0..tokens * k) {
+        let t = p / k;
         let max = rank_unkey(top.load(t * k)).0;
         let total = match normalizers {
             Some(sums) => sums.load(t),
             None => (0..k).map(|j| math::exp(rank_unkey(top.load(t * k + j)).0 - max)).sum(),
         };
-        for j in 0..k {
-            let (logit, e) = rank_unkey(top.load(t * k + j));
-            ids.store(t * k + j, e);
-            gates.store(t * k + j, math::exp(logit - max) / total);
-        }
-    }
-    block::sync();
-
-    // Each expert's tokens, as a 64-bit mask from two ballots (tokens `lane`, `lane + 32`,
-    // whose choices a lane holds in registers; the unrolled `j` covers every slot).
-    const _: () = assert!(MAX_TOP_K == 8);
-    let mut choices = [[u32::MAX; MAX_TOP_K]; 2];
-    unroll!(h in [0 1] {
-        unroll!(j in [0 1 2 3 4 5 6 7] {
-            let t = lane + 32 * h;
-            if t < tokens && j < k {
-                choices[h][j] = ids.load(t * k + j);
-            }
-        });
-    });
-    for e in (warp..experts).step_by(WARPS) {
-        let mut chose = [false; 2];
-        unroll!(h in [0 1] {
-            unroll!(j in [0 1 2 3 4 5 6 7] {
-                chose[h] |= choices[h][j] == e as u32;
-            });
-        });
-        let (low, high) = (warp::ballot(chose[0]), warp::ballot(chose[1]));
-        if lane == 0 {
-            masks.store(2 * e, low);
-            masks.store(2 * e + 1, high);
-            dispatch.count.store(e, low.count_ones() + high.count_ones());
-        }
+        let (logit, e) = rank_unkey(top.load(p));
+        ids.store(p, e);
+        gates.store(p, math::exp(logit - max) / total);
+        masks.atomic_or(2 * e as usize + t / 32, 1 << (t % 32));
+        dispatch.count.atomic_add(e as usize, 1);
     }
     block::sync();
     dispatch.list_items(group);
