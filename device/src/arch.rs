@@ -326,23 +326,6 @@ shuffle! {
     shfl_sync_idx_b32(src_lane) => "idx", "0x1f", Index;
 }
 
-/// `redux.sync.max.u32`: the largest `value` of the lanes in `member_mask`, in each of them
-/// (one instruction on sm_80+, `REDUX`).
-#[inline(always)]
-pub fn redux_sync_max_u32(value: u32, member_mask: u32) -> u32 {
-    gpu_or_emulator! {
-        gpu: {
-            let out: u32;
-            // SAFETY: a reduction reads registers of lanes in `member_mask` only.
-            unsafe {
-                ptx!("redux.sync.max.u32 {o}, {x}, {m};", o = out(reg32) out, x = in(reg32) value, m = in(reg32) member_mask, options(nomem, nostack))
-            };
-            out
-        },
-        emulator: emu::shuffle(emu::Shuffle::MaxU32, value, 0, member_mask),
-    }
-}
-
 /// `vote.sync.ballot.b32`: bit `i` set when lane `i`'s predicate is true.
 #[inline(always)]
 pub fn vote_sync_ballot_b32(predicate: bool, member_mask: u32) -> u32 {

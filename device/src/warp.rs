@@ -108,13 +108,6 @@ pub fn reduce_max<T: Element>(value: T) -> T {
     reduce(value, Max)
 }
 
-/// The largest `u32` of the warp, in every lane: one `redux.sync` (a [`reduce_max`] takes five
-/// shuffles).
-#[inline(always)]
-pub fn reduce_max_u32(value: u32) -> u32 {
-    arch::redux_sync_max_u32(value, FULL_MASK)
-}
-
 /// The largest `u64` of the warp (two 32-bit shuffles a step), in every lane: e.g. the
 /// [`rank_key`](crate::ops::rank_key) of an argmax.
 #[inline(always)]

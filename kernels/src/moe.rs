@@ -18,7 +18,7 @@
 //!    warps splitting K, each chunk issuing the loads of 2-4 K-steps for up to 4 n-tiles of
 //!    tokens at once, summed in warp order), and [`fn@top_k`] — a `#[cluster_primitive]` —
 //!    finds each token's `k` largest over the whole cluster through DSMEM: each block's warps
-//!    take its local top `k` (`k` rounds of a warp max, `redux.sync`) and post them, with
+//!    rank its local logits (each lane counts the larger ones) and post the top `k`, with
 //!    the softmax's partial sums, into every peer's mailbox (`st.async`, counted by an
 //!    mbarrier: one cluster barrier, relaxed), then every block ranks the `C·k` candidates
 //!    the same way. Ties go to the lower expert index (the order is total: a logit and its index form one
@@ -128,37 +128,47 @@ fn stamp(timeline: &Out<u64>, point: usize) {
     }
 }
 
-/// Longest row whose keys a warp holds in registers ([`warp_top_k`]): two a lane.
+/// Longest row whose top `k` a warp finds by ranking every key ([`warp_top_k`]): two keys
+/// a lane.
 const RANKED_ROW: usize = 64;
 
 /// The `k` largest of `len` distinct nonzero [`rank_key`]s (`key_at(i)`), largest first:
 /// `emit(j, key)` for each place `j < k`, by one lane (key 0 for places past `len`). Keys
-/// of equal value must come in index order (both callers list them so): up to
-/// [`RANKED_ROW`] keys sit in registers (keys `lane` and `lane + 32`), and each of `k` rounds
-/// takes the largest value left (one `redux.sync`), the lowest such key by ballot, and
-/// retires it — about 15 instructions a round. (Ranking each key against every other, a
-/// broadcast a key, issued four times the instructions, which 16 routing warps an SM
-/// could not hide at 64 tokens.) Longer rows take `k` rounds of [`warp::reduce_max_u64`].
+/// of equal value must come in index order (both callers list them so), so that up to
+/// [`RANKED_ROW`] keys rank by value and position alone: they sit in registers (keys `lane`
+/// and `lane + 32`), and each lane counts the keys above its own as every value is
+/// broadcast in turn — one 32-bit shuffle a key, no branches and no shared-memory round trips
+/// (a lane loading and comparing the keys itself, bounds-checked, took a third of a
+/// 64-token routing's time). Longer rows take `k` rounds of [`warp::reduce_max_u64`].
 #[inline(always)]
 fn warp_top_k(len: usize, k: usize, key_at: impl Fn(usize) -> u64, mut emit: impl FnMut(usize, u64)) {
     let lane = warp::lane() as usize;
     if len <= RANKED_ROW {
         let key = |i: usize| if i < len { key_at(i) } else { 0 };
-        let (mut low, mut high) = (key(lane), key(lane + 32));
+        let (low, high) = (key(lane), key(lane + 32));
         let value = |key: u64| (key >> 32) as u32;
-        for j in 0..k {
-            let best = warp::reduce_max_u32(value(low).max(value(high)));
-            let (in_low, in_high) = (warp::ballot(low != 0 && value(low) == best), warp::ballot(high != 0 && value(high) == best));
-            // Equal values in index order: the lowest lane, keys `0 .. 32` before `32 ..`.
-            let winner = if in_low != 0 { in_low.trailing_zeros() as usize } else { 32 + in_high.trailing_zeros() as usize };
-            if winner == lane {
-                emit(j, low);
-                low = 0;
-            } else if winner == lane + 32 {
-                emit(j, high);
-                high = 0;
-            } else if winner == 64 && lane == 0 {
-                emit(j, 0);
+        // Scalars, not arrays: an array indexed in a loop lives in local memory.
+        let (mut low_place, mut high_place) = (0, 0);
+        let mut rank_against = |half: usize, keys: u64| {
+            // A bound the same for every lane; broadcasts past `len` carry key 0's value,
+            // which outranks no key.
+            for first in (0..(len - 32 * half).min(32)).step_by(8) {
+                unroll!(u in [0 1 2 3 4 5 6 7] {
+                    let src = first + u;
+                    let other = warp::broadcast(value(keys), src as u32);
+                    let at = 32 * half + src;
+                    low_place += usize::from(other > value(low) || (other == value(low) && at < lane));
+                    high_place += usize::from(other > value(high) || (other == value(high) && at < lane + 32));
+                });
+            }
+        };
+        rank_against(0, low);
+        if len > 32 {
+            rank_against(1, high);
+        }
+        for (key, place) in [(low, low_place), (high, high_place)] {
+            if key != 0 && place < k {
+                emit(place, key);
             }
         }
     } else {
@@ -177,6 +187,9 @@ fn warp_top_k(len: usize, k: usize, key_at: impl Fn(usize) -> u64, mut emit: imp
             }
         }
     }
+    if len + lane < k {
+        emit(len + lane, 0);
+    }
 }
 
 /// Each row's `k` largest values over the cluster, as [`rank_key`]s, largest first, in `top`
@@ -191,8 +204,8 @@ fn warp_top_k(len: usize, k: usize, key_at: impl Fn(usize) -> u64, mut emit: imp
 ///
 /// One cluster barrier, whose arrival orders no memory: it tells each block that its peers
 /// exist, have made their mailboxes and are done reading them. Each warp then takes rows
-/// round robin, finds the row's local top `k` ([`warp_top_k`]: `k` rounds of a warp max)
-/// and, with `normalizers`, its local `(max, Σ exp(v − max))`, and posts them
+/// round robin, finds the row's local top `k` ([`warp_top_k`]: each key ranked against the
+/// row's others) and, with `normalizers`, its local `(max, Σ exp(v − max))`, and posts them
 /// into every block's mailbox (`st.async`); once its own has every peer's words, each warp
 /// merges a row's `size · k` candidates the same way and its normalisers in rank order. (A
 /// releasing barrier after ordinary DSMEM stores costs a `MEMBAR.ALL.GPU` on sm_90: this

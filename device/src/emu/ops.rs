@@ -148,8 +148,6 @@ pub enum Shuffle {
     Up,
     Index,
     Ballot,
-    /// `redux.sync.max.u32`.
-    MaxU32,
 }
 
 impl Shuffle {
@@ -160,7 +158,6 @@ impl Shuffle {
             Shuffle::Ballot => {
                 return Ok((0..32).filter(|&l| mask & (1 << l) != 0 && operands[l as usize].0 != 0).fold(0, |bits, l| bits | (1 << l)));
             }
-            Shuffle::MaxU32 => return Ok((0..32).filter(|&l| mask & (1 << l) != 0).map(|l| operands[l as usize].0).max().unwrap_or(0)),
             Shuffle::Butterfly => lane ^ (operand & 31),
             Shuffle::Down => lane + (operand & 31),
             Shuffle::Up => match lane.checked_sub(operand & 31) {
