@@ -369,35 +369,24 @@ fn schedule(clusters: &[Box<Cluster>], fibers: &mut [Fiber]) -> Result<(), Fault
 /// write into it must have completed its mbarrier's phase.
 fn check_exit(cluster: &Cluster, last: &Thread) -> Result<(), Fault> {
     let block = &cluster.blocks[last.rank as usize];
-    match block.remote_access.get() {
-        Some((epoch, accessor)) if epoch >= last.epochs.get().cluster => {
-            let (at_block, at_thread) = cluster.locate(accessor);
-            Err(Fault {
-                kernel: cluster.kernel,
-                at: Some((at_block, at_thread)),
-                message: format!(
-                    "read or wrote the shared memory of block {} (cluster rank {}), which has exited with no cluster barrier after the access: end the kernel with cluster::sync() so peers stay resident",
-                    block.ctaid, last.rank
-                ),
-            })
-        }
-        _ => {
-            let barriers = cluster.mbarriers.borrow();
-            match block.async_writes.borrow().iter().find(|&&(index, phase, _)| barriers[index as usize].completed <= phase) {
-                Some(&(_, _, writer)) => {
-                    let (at_block, at_thread) = cluster.locate(writer);
-                    Err(Fault {
-                        kernel: cluster.kernel,
-                        at: Some((at_block, at_thread)),
-                        message: format!(
-                            "stored or copied asynchronously into the shared memory of block {} (cluster rank {}), which exited before the mbarrier phase counting those bytes completed: wait for the phase (`Mailbox::wait`, `Mbarrier::wait`) before the block ends",
-                            block.ctaid, last.rank
-                        ),
-                    })
-                }
-                None => Ok(()),
-            }
-        }
+    let fault = |accessor: u32, what: &str, fix: &str| {
+        Err(Fault {
+            kernel: cluster.kernel,
+            at: Some(cluster.locate(accessor)),
+            message: format!("{what} the shared memory of block {} (cluster rank {}), which {fix}", block.ctaid, last.rank),
+        })
+    };
+    if let Some((_, accessor)) = block.remote_access.get().filter(|&(epoch, _)| epoch >= last.epochs.get().cluster) {
+        return fault(accessor, "read or wrote", "has exited with no cluster barrier after the access: end the kernel with cluster::sync() so peers stay resident");
+    }
+    let barriers = cluster.mbarriers.borrow();
+    match block.async_writes.borrow().iter().find(|&&(index, phase, _)| barriers[index as usize].completed <= phase) {
+        Some(&(_, _, writer)) => fault(
+            writer,
+            "stored or copied asynchronously into",
+            "exited before the mbarrier phase counting those bytes completed: wait for the phase (`Mailbox::wait`, `Mbarrier::wait`) before the block ends",
+        ),
+        None => Ok(()),
     }
 }
 
