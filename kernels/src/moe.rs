@@ -21,11 +21,11 @@
 //!    rank its local logits (each lane counts the larger ones) and post the top `k`, with
 //!    the softmax's partial sums, into every peer's mailbox (`st.async`, counted by an
 //!    mbarrier: one cluster barrier, relaxed), then every block ranks the `C·k` candidates
-//!    the same way. Ties go to the lower expert index (the order is total: a logit and its index form one
-//!    key), so every cluster derives the same routing with no grid-wide step: the gate
-//!    weights, the tokens each expert serves (a 64-bit mask of tokens, by shared atomics),
-//!    and the *pairs* — the `T·k` (token, expert) choices sorted by expert, then token — from
-//!    a warp's prefix sums.
+//!    the same way. Ties go to the lower expert index (the order is total: a logit and its
+//!    index form one key), so every cluster derives the same routing with no grid-wide
+//!    step: the gate weights, the tokens each expert serves (a 64-bit mask of tokens, by
+//!    shared atomics), and the *pairs* — the `T·k` (token, expert) choices sorted by expert,
+//!    then token — from a warp's prefix sums.
 //! 2. **Gate and up projections** of 16 rows of one selected expert's `W_gate` and `W_up`
 //!    for a group of that expert's pairs (an *item*) at a time, through `mma.m16n8k16`: the
 //!    weights are the A operand, loaded in 16-byte vectors straight into fragment registers,
@@ -450,6 +450,7 @@ fn route(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k
     let masks = smem.take::<u32>(2 * experts);
     let dispatch = Dispatch::take(smem, experts, tokens * k);
 
+    // Zeroed for the atomics after `top_k` (the logits' block barriers order them first).
     for e in block::stride_loop(0..experts) {
         masks.store(2 * e, 0);
         masks.store(2 * e + 1, 0);
