@@ -107,6 +107,7 @@ fn every_kernel_assembles_without_spills() {
         ("shared_index", 256),
         ("peer_read", 16),
         ("bulk_exchange", 0),
+        ("mailbox_exchange", 0),
         ("bulk_stream", 0),
         ("cluster_gather_bulk", 0),
         ("cluster_sum_values", 192),
