@@ -219,7 +219,7 @@ pub fn top_k(_scope: &Cluster, values: SharedSlice<f32>, rows: usize, k: usize, 
         arch::trap();
     }
     let n = values.len() / rows;
-    let (warp, warps, lane) = (warp::index_in_block() as usize, block::warps() as usize, warp::lane() as usize);
+    let (warp, warps) = (warp::index_in_block() as usize, block::warps() as usize);
     if thread::rank_in_block() == 0 {
         mailbox.expect(rows * size * sent);
     }
@@ -235,37 +235,34 @@ pub fn top_k(_scope: &Cluster, values: SharedSlice<f32>, rows: usize, k: usize, 
     // Row `row`'s candidates from block `r` at `(row · size + r) · k`, its normalisers after
     // all candidates, at `rows · size · k + row · size + r`.
     let sums_at = rows * size * k;
+    // The softmax's partial sums a thread a row, all rows at once.
+    if normalizers.is_some() {
+        for row in block::stride_loop(0..rows) {
+            let own = |i: usize| values.load(row * n + i);
+            let max = (0..n).map(own).fold(f32::NEG_INFINITY, f32::max);
+            let sum = (0..n).map(|i| math::exp(own(i) - max)).sum::<f32>();
+            post(sums_at + row * size + rank, ((sum.to_bits() as u64) << 32) | max.to_bits() as u64);
+        }
+    }
     for row in (warp..rows).step_by(warps) {
         let at = (row * size + rank) * k;
         let key_at = |i: usize| rank_key(values.load(row * n + i), (rank * n + i) as u32);
         warp_top_k(n, k, key_at, |j, best| post(at + j, best));
-        if normalizers.is_some() {
-            let own = |i: usize| values.load(row * n + i);
-            let max = warp::reduce_max((lane..n).step_by(32).fold(f32::NEG_INFINITY, |m, i| m.max(own(i))));
-            let sum = warp::reduce_sum((lane..n).step_by(32).map(|i| math::exp(own(i) - max)).sum::<f32>());
-            if lane == 0 {
-                post(sums_at + row * size + rank, ((sum.to_bits() as u64) << 32) | max.to_bits() as u64);
-            }
-        }
     }
     mailbox.wait();
-    for row in (warp..rows).step_by(warps) {
-        let first = row * size * k;
-        warp_top_k(size * k, k, |i| words.load(first + i), |j, best| top.store(row * k + j, best));
-        if let Some(sums) = normalizers {
-            // Lane `r` holds block `r`'s (max, sum); each sum rescaled to the row's max.
-            let (max, sum) = if lane < size {
-                let word = words.load(sums_at + row * size + lane);
+    if let Some(sums) = normalizers {
+        for row in block::stride_loop(0..rows) {
+            // Block `r`'s (max, sum), each sum rescaled to the row's max, in rank order.
+            let partial = |r: usize| {
+                let word = words.load(sums_at + row * size + r);
                 (f32::from_bits(word as u32), f32::from_bits((word >> 32) as u32))
-            } else {
-                (f32::NEG_INFINITY, 0.0)
             };
-            let row_max = warp::reduce_max(max);
-            let total = warp::reduce_sum(if lane < size { sum * math::exp(max - row_max) } else { 0.0 });
-            if lane == 0 {
-                sums.store(row, total);
-            }
+            let row_max = (0..size).map(|r| partial(r).0).fold(f32::NEG_INFINITY, f32::max);
+            sums.store(row, (0..size).map(|r| partial(r).1 * math::exp(partial(r).0 - row_max)).sum());
         }
+    }
+    for row in (warp..rows).step_by(warps) {
+        warp_top_k(size * k, k, |i| words.load(row * size * k + i), |j, best| top.store(row * k + j, best));
     }
     // `top` and `normalizers` written by other warps.
     block::sync();
