@@ -152,10 +152,25 @@ mod tests {
         })
     }
 
-    fn temp(name: &str, text: &str) -> PathBuf {
+    /// A trace file in the temp dir, removed when dropped.
+    struct TempFile(PathBuf);
+
+    impl AsRef<Path> for TempFile {
+        fn as_ref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = fs::remove_file(&self.0);
+        }
+    }
+
+    fn temp(name: &str, text: &str) -> TempFile {
         let path = std::env::temp_dir().join(format!("clusterfuse-record-{}-{name}.jsonl", std::process::id()));
         fs::write(&path, text).unwrap();
-        path
+        TempFile(path)
     }
 
     #[test]
