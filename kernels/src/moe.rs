@@ -1641,10 +1641,13 @@ pub mod host {
         fn new(gate_up: &[u64], down: &[u64], cluster: usize) -> Self {
             let origin = gate_up.chunks(TIMELINE_POINTS).map(|b| b[0]).min().unwrap_or(0);
             let at = |t: u64| t.saturating_sub(origin) as f64 / 1e3;
-            let average = |values: Vec<f64>| values.iter().sum::<f64>() / values.len().max(1) as f64;
-            let point = |stamps: &[u64], point: usize| average(stamps.chunks(TIMELINE_POINTS).map(|b| at(b[point])).collect());
+            fn average(values: impl ExactSizeIterator<Item = f64>) -> f64 {
+                let n = values.len().max(1);
+                values.sum::<f64>() / n as f64
+            }
+            let point = |stamps: &[u64], point: usize| average(stamps.chunks(TIMELINE_POINTS).map(|b| at(b[point])));
             let last = |stamps: &[u64]| stamps.chunks(TIMELINE_POINTS).map(|b| at(b[3])).fold(0.0, f64::max);
-            let cluster_logits = average(gate_up.chunks(TIMELINE_POINTS * cluster).map(|c| c.chunks(TIMELINE_POINTS).map(|b| at(b[1])).fold(0.0, f64::max)).collect());
+            let cluster_logits = average(gate_up.chunks(TIMELINE_POINTS * cluster).map(|c| c.chunks(TIMELINE_POINTS).map(|b| at(b[1])).fold(0.0, f64::max)));
             Timeline {
                 gate_up: [point(gate_up, 0), point(gate_up, 1), point(gate_up, 2), last(gate_up)],
                 cluster_logits,

@@ -182,12 +182,9 @@ pub fn bulk_copy(dst: u32, src: u32, bytes: u32, barrier: u32) {
     complete_tx(dst, bytes, barrier, |i, phase| memory::bulk_copy(dst, src, bytes as usize, i, phase));
 }
 
-/// `st.async...mbarrier::complete_tx.b64`: `value` written to `dst`, then its 8 bytes
-/// completed on `barrier`.
+/// `st.async...mbarrier::complete_tx.b64`: `value` written to `dst` (its alignment checked
+/// as every shared access's), then its 8 bytes completed on `barrier`.
 pub fn store_async(dst: u32, value: u64, barrier: u32) {
-    if !dst.is_multiple_of(8) {
-        fault(format_args!("st.async.b64 to {dst:#x}: the address must be a multiple of 8"));
-    }
     complete_tx(dst, 8, barrier, |i, phase| memory::async_write(dst, &value.to_le_bytes(), i, phase));
 }
 
