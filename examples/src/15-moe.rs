@@ -16,9 +16,10 @@ use rand::Rng;
 /// one token with hidden 512, top 2 of 4 at 4 tokens with hidden 1152 (the staged gate/up
 /// window of `x` and a part of one), top 1 of 4 with FFN 6400 (one item's long runs of down
 /// K-steps), top 8 of 160 at 3 tokens over clusters of 2 (80 experts a block: the top-k's
-/// rounds, not its ranks); on the tokens schedule, top 2 of 8 at 24 tokens, top 4 of 16 at
-/// 40 (the schedule `plan` takes there: 160 pairs, 640 logits) and top 1 of 8 at 1 token over
-/// down clusters of 8 (blocks with no K-steps); clusters of 2, 4 and 8; one router row doubled
+/// rounds, not its ranks); on the tokens schedule, top 2 of 8 at 24 tokens and top 1 of 8 at
+/// 1 token over down clusters of 8 (blocks with no K-steps); on the dense schedule, top 4 of 16 at 40 tokens
+/// (`plan`'s choice there: 10 pairs an expert) and top 1 of 8 at 2 tokens, routed by one
+/// block (experts no token chose); clusters of 1, 2, 4 and 8; one router row doubled
 /// so that two experts tie); Mixtral-8x7B and DeepSeek-V2-Lite shapes at 8 and 64 tokens on a
 /// GPU, each on the schedule `plan` takes (two on each).
 pub fn run(gpu: &Gpu) -> Result<Report> {
@@ -40,6 +41,7 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
     let tokens_top_1 = Layer { hidden: 128, experts: 8, top_k: 1, ffn: 128, renormalize: false };
     let planned = |layer: Layer, tokens: usize, cluster: u32| (layer, tokens, cluster, schedule(&layer, tokens));
     let on_tokens = |layer: Layer, tokens: usize, cluster: u32| (layer, tokens, cluster, Schedule::Tokens);
+    let on_dense = |layer: Layer, tokens: usize, cluster: u32| (layer, tokens, cluster, Schedule::Dense);
     let cases = shape(
         gpu,
         vec![planned(Layer::MIXTRAL_8X7B, 8, 4), planned(Layer::DEEPSEEK_V2_LITE, 8, 4), planned(Layer::MIXTRAL_8X7B, 64, 4), planned(Layer::DEEPSEEK_V2_LITE, 64, 4)],
@@ -57,6 +59,7 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
             on_tokens(tokens_mixtral_like, 24, 2),
             planned(tokens_deepseek_like, 40, 4),
             on_tokens(tokens_top_1, 1, 2),
+            on_dense(tokens_top_1, 2, 1),
         ],
     );
     let (mut outs, mut refs, mut runs) = (Vec::new(), Vec::new(), Vec::new());

@@ -68,7 +68,13 @@
 //! kernel (one block an SM, after the same routing) writes each token's `g[t, e] · silu(gate)
 //! ⊙ up` for every selected expert — zero where it did not choose `e` — so that the down
 //! kernel is one GEMM over the selected experts' concatenated columns, a cluster per 128
-//! output rows splitting them and `cluster::reduce_scatter` summing in rank order.
+//! output rows splitting them and `cluster::reduce_scatter` summing in rank order. The
+//! gate weights reach the epilogues through a [`Published`] table (the kernel is
+//! persistent). The *dense* schedule, for so many tokens that every expert is chosen anyway,
+//! is the same with every expert's rows: no block then needs the routing before its first
+//! unit's epilogue, so cluster 0 alone routes while the others already stream — the
+//! routing's tens of microseconds at 64 tokens overlap the weights' stream instead of
+//! preceding it.
 //!
 //! ```no_run
 //! # fn main() -> clusterfuse::host::Result<()> {
@@ -981,7 +987,13 @@ fn tokens_operand(tokens: u32, kk: u32, steps: usize) -> Operand<bf16> {
 
 /// The gate/up kernel on the *tokens schedule* (for many tokens): routing as
 /// [`gate_up`], then every token against each selected expert's weights on `wgmma`, so that
-/// an expert's rows are read once however many tokens chose it. A block (one an SM,
+/// an expert's rows are read once however many tokens chose it. Cluster 0's first block
+/// publishes each expert's gate weights for every token in `gate_table` (`experts ×`
+/// [`MAX_TOKENS`], zero where a token did not choose the expert), which every block's
+/// epilogue reads. With `dense` (the *dense* schedule, for so many tokens that every expert
+/// is chosen) the blocks take every expert's weights instead: then none needs the routing
+/// to stream, so cluster 0 alone routes the step while the others stream, their consumers
+/// waiting for the table only at their first unit's end. A block (one an SM,
 /// persistent) takes *units* of 128 features of one selected expert in turn; warpgroup 0's
 /// first thread loads each K-step's gate and up tiles (a box each) and the tokens' 32
 /// columns of `x` through TMA into a [`GATE_UP_TOKENS_STAGES`]-stage [`Pipeline`], warpgroup 1 multiplies
@@ -1005,6 +1017,8 @@ fn gate_up_tokens(
     top_gates: &Out<f32>,
     k: usize,
     renormalize: bool,
+    dense: bool,
+    gate_table: &Published<f32>,
     timeline: &Out<u64>,
 ) {
     stamp(timeline, 0);
@@ -1013,7 +1027,7 @@ fn gate_up_tokens(
     let hidden = x.len() / tokens;
     let experts = router.len() / hidden;
     let ffn = h.len() / (tokens * experts);
-    if tokens > MAX_TOKENS || !hidden.is_multiple_of(STEP * GATE_UP_UNROLL) || !ffn.is_multiple_of(TILE_ROWS) || w_gate.len() != experts * ffn * hidden || w_up.len() != w_gate.len() {
+    if tokens > MAX_TOKENS || !hidden.is_multiple_of(STEP * GATE_UP_UNROLL) || !ffn.is_multiple_of(TILE_ROWS) || w_gate.len() != experts * ffn * hidden || w_up.len() != w_gate.len() || gate_table.len() != experts * MAX_TOKENS {
         arch::trap();
     }
     let (x_map, gate_map, up_map) = (TensorMap::new(x_map), TensorMap::new(gate_map), TensorMap::new(up_map));
@@ -1021,22 +1035,46 @@ fn gate_up_tokens(
     smem.align_to(1024);
     let stages = smem.take::<u32>(GATE_UP_TOKENS_STAGES * GATE_UP_TOKENS_STAGE_BYTES as usize / 4).addr();
     let pipeline = Pipeline::<GATE_UP_TOKENS_STAGES>::new(smem.take::<u64>(2 * GATE_UP_TOKENS_STAGES), 1);
-    // The routing's block barriers order the pipeline's initialisation before its use.
-    let (dispatch, ids, gates) = route(&mut smem, x, router, tokens, k, renormalize, MAX_TOKENS, timeline);
-    dispatch.hand_over(ids, gates, routing, pair_gate, top_ids, top_gates);
-    stamp(timeline, 2);
+    let router_cluster = cluster::index_in_grid().x == 0;
+    // Dense: cluster 0 routes; the rest stream at once. The routing's block barriers order
+    // the pipeline's initialisation before its use, this one where there is none.
+    let routed = (!dense || router_cluster).then(|| {
+        let (dispatch, ids, gates) = route(&mut smem, x, router, tokens, k, renormalize, MAX_TOKENS, timeline);
+        dispatch.hand_over(ids, gates, routing, pair_gate, top_ids, top_gates);
+        if router_cluster && cluster::block_rank() == 0 {
+            for i in block::stride_loop(0..experts * MAX_TOKENS) {
+                let (e, t) = (i / MAX_TOKENS, i % MAX_TOKENS);
+                gate_table.set(i, if t < tokens { chosen_gate(ids, gates, k, t, e) } else { 0.0 });
+            }
+            gate_table.publish(0..gate_table.tiles());
+        }
+        stamp(timeline, 2);
+        (dispatch, ids, gates)
+    });
+    if routed.is_none() {
+        block::sync();
+    }
 
-    // An item is an expert's pairs (groups of 64 hold them all); units go round robin.
+    // An item is an expert's pairs (groups of 64 hold them all), a unit 128 of its
+    // features; units go round robin, dense ones over every expert from the block after
+    // cluster 0 on (so that the routing cluster's blocks take the fewest).
     const STEPS: usize = GATE_UP_STAGE_STEPS;
     let (tiles, stages_per_unit) = (ffn / TILE_ROWS, hidden / (STEP * STEPS));
-    let units = dispatch.items() * tiles;
-    let (first, blocks) = (block::index_x() as usize, grid::dim().x as usize);
-    let expert_of = |unit: usize| dispatch.item(unit / tiles, MAX_TOKENS).expert;
+    let dispatch = routed.filter(|_| !dense).map(|(dispatch, ..)| dispatch);
+    let (units, first) = match dispatch {
+        Some(dispatch) => (dispatch.items() * tiles, 0),
+        None => (experts * tiles, cluster::size()),
+    };
+    let expert_of = |unit: usize| match dispatch {
+        Some(dispatch) => dispatch.item(unit / tiles, MAX_TOKENS).expert,
+        None => unit / tiles,
+    };
+    let units = || grid::round_robin(units as u32, first).map(|unit| unit as usize);
     let wg = Warpgroup::current();
     if wg.index() == 0 {
         if wg.thread_rank() == 0 {
             let mut state = PipelineState::START;
-            for unit in (first..units).step_by(blocks) {
+            for unit in units() {
                 let row_tile = (expert_of(unit) * tiles + unit % tiles) * TILE_ROW_TILES;
                 for k in 0..stages_per_unit {
                     let full = pipeline.producer_acquire(state, GATE_UP_TOKENS_STAGE_BYTES);
@@ -1057,7 +1095,7 @@ fn gate_up_tokens(
     }
     let t = wg.thread_rank();
     let mut state = PipelineState::START;
-    for unit in (first..units).step_by(blocks) {
+    for (i, unit) in units().enumerate() {
         let expert = expert_of(unit);
         // [gate, up] × [even rows, odd rows].
         let mut acc = [AccM64N64::ZERO, AccM64N64::ZERO, AccM64N64::ZERO, AccM64N64::ZERO];
@@ -1075,22 +1113,25 @@ fn gate_up_tokens(
             pipeline.consumer_release(last);
         }
         state = next;
+        // The expert's gate weights, published by the routing cluster (at once on the
+        // tokens schedule, whose every cluster routed the same; on the dense one, the first
+        // unit's end is where a block waits for the routing).
+        let table = gate_table.wait_alone(expert * MAX_TOKENS..(expert + 1) * MAX_TOKENS);
+        if i == 0 && t == 0 && routed.is_none() {
+            crate::stamp(timeline, TIMELINE_POINTS, 2);
+        }
         // This thread's values: token columns `8j + 2 (t % 4) + dc` (register `4j + 2dv + dc`,
         // rows `m` and `m + 8` for `dv` 0 and 1), column by column, so that only one column's
         // gate weight (zero where the token did not choose the expert) and row of `h` are live
         // at a time beside the accumulators (sixteen at once spilled, and each store then
-        // waited on a reload). Unrolled, so that `acc` is only indexed by constants.
+        // waited on a reload; so did a second way to a gate weight, scanning the block's own
+        // routing). Unrolled, so that `acc` is only indexed by constants.
         let feature = expert * ffn + unit % tiles * TILE_ROWS;
         unroll!(j in [0 1 2 3 4 5 6 7] {
             unroll!(dc in [0 1] {
                 let c = 8 * j + 2 * (t as usize % 4) + dc;
                 if c < tokens {
-                    let mut g = 0.0;
-                    for slot in c * k..(c + 1) * k {
-                        if ids.load(slot) as usize == expert {
-                            g = gates.load(slot);
-                        }
-                    }
+                    let g = table.get(expert * MAX_TOKENS + c);
                     let row = c * experts * ffn + feature;
                     unroll!(dv in [0 1] {
                         let i = 4 * j + 2 * dv + dc;
@@ -1108,6 +1149,19 @@ fn gate_up_tokens(
     if t == 0 {
         crate::stamp(timeline, TIMELINE_POINTS, 3);
     }
+}
+
+/// Token `t`'s gate weight for `expert` in the routing's `ids`/`gates` (`tokens × k`), zero
+/// where it did not choose it.
+#[inline(always)]
+fn chosen_gate(ids: SharedSlice<u32>, gates: SharedSlice<f32>, k: usize, t: usize, expert: usize) -> f32 {
+    let mut g = 0.0;
+    for slot in t * k..(t + 1) * k {
+        if ids.load(slot) as usize == expert {
+            g = gates.load(slot);
+        }
+    }
+    g
 }
 
 /// The down kernel on the tokens schedule: `y = Σ_e W_down[e] · h[:, e]` over the selected
@@ -1225,7 +1279,10 @@ macro_rules! moe_kernels {
 /// MoE launch 1/2 on the tokens schedule ([`fn@moe_gate_up_g8`]'s arguments, with the
 /// tensor maps of `x` (boxes of 64 rows × 32 columns) and of the tiled gate and up weights
 /// (a 16 × 32 tile a box; [`host::Buffers`] makes them)); `h` is `tokens × experts · ffn`.
-#[kernel(launch_bounds(max_threads = 256, min_blocks = 1))]
+/// `gate_table` (`experts ×` [`MAX_TOKENS`]) carries the gate weights from cluster 0 to every
+/// block; with `dense` nonzero, the dense schedule: every expert's weights, cluster 0 alone
+/// routing.
+#[kernel(persistent, launch_bounds(max_threads = 256, min_blocks = 1))]
 #[allow(clippy::too_many_arguments)]
 pub fn moe_gate_up_tokens(
     x: &[bf16],
@@ -1242,9 +1299,11 @@ pub fn moe_gate_up_tokens(
     top_gates: Out<f32>,
     top_k: u32,
     renormalize: u32,
+    dense: u32,
+    gate_table: Published<f32>,
     timeline: Out<u64>,
 ) {
-    gate_up_tokens(x, x_map, router, w_gate, gate_map, w_up, up_map, &h, &routing, &pair_gate, &top_ids, &top_gates, top_k as usize, renormalize != 0, &timeline)
+    gate_up_tokens(x, x_map, router, w_gate, gate_map, w_up, up_map, &h, &routing, &pair_gate, &top_ids, &top_gates, top_k as usize, renormalize != 0, dense != 0, &gate_table, &timeline)
 }
 
 /// MoE launch 2/2 on the tokens schedule ([`fn@moe_down_g8`]'s arguments, with the tensor maps
@@ -1269,7 +1328,7 @@ pub mod host {
 
     use super::*;
     use crate::uniform;
-    use clusterfuse::host::{Buffer, Error, Gpu, Result, Stream, Swizzle, TensorMap};
+    use clusterfuse::host::{Buffer, Error, Gpu, Published, Result, Stream, Swizzle, TensorMap};
     use rayon::prelude::*;
 
     /// Relative error allowed against the f64 reference: `h` and `y` are rounded to bf16
@@ -1494,6 +1553,9 @@ pub mod host {
         top_gates: Buffer<f32>,
         /// `tokens × hidden`.
         out: Buffer<bf16>,
+        /// `experts ×` [`MAX_TOKENS`]: each expert's gate weight for every token, published
+        /// by the tokens schedules' first block.
+        gate_table: Published<f32>,
         maps: Maps,
         /// The two kernels' timelines ([`TIMELINE_POINTS`] a block; one value: off).
         timelines: [Buffer<u64>; 2],
@@ -1540,9 +1602,9 @@ pub mod host {
         }
     }
 
-    /// A step's hand-over (`h`, `h_tokens`, `routing`, `pair_gate`) and output (`top_ids`,
-    /// `top_gates`, `out`) buffers, in [`Buffers`]' order.
-    type Poisoned = (Buffer<bf16>, Buffer<bf16>, Buffer<u32>, Buffer<f32>, Buffer<u32>, Buffer<f32>, Buffer<bf16>);
+    /// A step's hand-over (`h`, `h_tokens`, `routing`, `pair_gate`), output (`top_ids`,
+    /// `top_gates`, `out`) and published (`gate_table`) buffers, in [`Buffers`]' order.
+    type Poisoned = (Buffer<bf16>, Buffer<bf16>, Buffer<u32>, Buffer<f32>, Buffer<u32>, Buffer<f32>, Buffer<bf16>, Published<f32>);
 
     /// Those buffers for `tokens` tokens of `layer`, poisoned: NaN, or `u32::MAX`.
     fn poisoned(gpu: &Gpu, layer: Layer, tokens: usize) -> Result<Poisoned> {
@@ -1556,6 +1618,8 @@ pub mod host {
             gpu.upload(&vec![u32::MAX; pairs])?,
             gpu.upload(&vec![f32::NAN; pairs])?,
             gpu.upload(&vec![nan; tokens * layer.hidden])?,
+            // One tile: the routing cluster's first block publishes it whole.
+            Published::new(gpu, gpu.upload(&vec![f32::NAN; layer.experts * MAX_TOKENS])?, (layer.experts * MAX_TOKENS) as u32)?,
         ))
     }
 
@@ -1563,7 +1627,7 @@ pub mod host {
         /// Uploads `moe`, with every output and hand-over buffer poisoned.
         pub fn upload(gpu: &Gpu, moe: &Moe) -> Result<Self> {
             let Layer { hidden, ffn, .. } = moe.layer;
-            let (h, h_tokens, routing, pair_gate, top_ids, top_gates, out) = poisoned(gpu, moe.layer, moe.tokens)?;
+            let (h, h_tokens, routing, pair_gate, top_ids, top_gates, out, gate_table) = poisoned(gpu, moe.layer, moe.tokens)?;
             let x = gpu.upload(&moe.x)?;
             let w_gate = gpu.upload(&tile(&moe.w_gate, hidden))?;
             let w_up = gpu.upload(&tile(&moe.w_up, hidden))?;
@@ -1584,6 +1648,7 @@ pub mod host {
                 top_ids,
                 top_gates,
                 out,
+                gate_table,
                 maps,
                 timelines: [gpu.upload(&[0u64])?, gpu.upload(&[0u64])?],
             })
@@ -1591,7 +1656,7 @@ pub mod host {
 
         /// Poisons the outputs and the hand-over again (new buffers, and their maps).
         pub fn poison(&mut self, gpu: &Gpu) -> Result<()> {
-            (self.h, self.h_tokens, self.routing, self.pair_gate, self.top_ids, self.top_gates, self.out) = poisoned(gpu, self.layer, self.tokens)?;
+            (self.h, self.h_tokens, self.routing, self.pair_gate, self.top_ids, self.top_gates, self.out, self.gate_table) = poisoned(gpu, self.layer, self.tokens)?;
             self.maps = Maps::new(gpu, self.layer, self.tokens, [&self.x, &self.w_gate, &self.w_up, &self.w_down, &self.h_tokens])?;
             Ok(())
         }
@@ -1624,7 +1689,9 @@ pub mod host {
     }
 
     /// Where a step's time went, in µs from the first gate/up block's start (`%globaltimer`
-    /// stamps of every block, [`TIMELINE_POINTS`]): means over blocks, and the last block.
+    /// stamps of every block, [`TIMELINE_POINTS`]): means over the blocks that stamp a point
+    /// (on the dense schedule only the routing cluster's stamp the router logits), and the
+    /// last block.
     #[derive(Clone, Copy, Debug, PartialEq)]
     pub struct Timeline {
         /// Gate/up blocks: their start, router logits summed, routing ready (mean), end (last).
@@ -1640,14 +1707,17 @@ pub mod host {
         /// From the two kernels' stamps, the gate/up kernel's in clusters of `cluster` blocks.
         fn new(gate_up: &[u64], down: &[u64], cluster: usize) -> Self {
             let origin = gate_up.chunks(TIMELINE_POINTS).map(|b| b[0]).min().unwrap_or(0);
-            let at = |t: u64| t.saturating_sub(origin) as f64 / 1e3;
-            fn average(values: impl ExactSizeIterator<Item = f64>) -> f64 {
-                let n = values.len().max(1);
-                values.sum::<f64>() / n as f64
+            // The stamps blocks made at `point`, in µs from the origin (0: not stamped).
+            fn stamped(stamps: &[u64], point: usize, origin: u64) -> impl Iterator<Item = f64> + '_ {
+                stamps.chunks(TIMELINE_POINTS).map(move |b| b[point]).filter(|&t| t != 0).map(move |t| t.saturating_sub(origin) as f64 / 1e3)
             }
-            let point = |stamps: &[u64], point: usize| average(stamps.chunks(TIMELINE_POINTS).map(|b| at(b[point])));
-            let last = |stamps: &[u64]| stamps.chunks(TIMELINE_POINTS).map(|b| at(b[3])).fold(0.0, f64::max);
-            let cluster_logits = average(gate_up.chunks(TIMELINE_POINTS * cluster).map(|c| c.chunks(TIMELINE_POINTS).map(|b| at(b[1])).fold(0.0, f64::max)));
+            fn average(values: impl Iterator<Item = f64>) -> f64 {
+                let (sum, n) = values.fold((0.0, 0), |(sum, n), v| (sum + v, n + 1));
+                sum / n.max(1) as f64
+            }
+            let point = |stamps: &[u64], point: usize| average(stamped(stamps, point, origin));
+            let last = |stamps: &[u64]| stamped(stamps, 3, origin).fold(0.0, f64::max);
+            let cluster_logits = average(gate_up.chunks(TIMELINE_POINTS * cluster).filter_map(|c| stamped(c, 1, origin).reduce(f64::max)));
             Timeline {
                 gate_up: [point(gate_up, 0), point(gate_up, 1), point(gate_up, 2), last(gate_up)],
                 cluster_logits,
@@ -1673,6 +1743,12 @@ pub mod host {
         /// pipeline ([`fn@moe_gate_up_tokens`], [`fn@moe_down_tokens`]): each expert's rows read
         /// once, whatever its share of the tokens. For many tokens.
         Tokens,
+        /// The tokens schedule's gate and up projections over *every* expert, so that they
+        /// need no routing to start: cluster 0 routes the step while the other blocks stream,
+        /// and publishes the gate weights they apply (zero for an expert no token chose); the
+        /// down kernel reads the selected experts only. For so many tokens that every expert
+        /// is chosen anyway ([`DENSE_PAIRS_PER_EXPERT`]).
+        Dense,
     }
 
     /// How a step launches: the schedule and both launch configurations.
@@ -1683,8 +1759,10 @@ pub mod host {
         pub down: LaunchConfig,
     }
 
-    /// The schedule [`plan`] takes for `tokens` tokens: the tokens schedule where the layer
-    /// allows it, the step has at least [`TOKENS_SCHEDULE_PAIRS`] pairs (the pairs schedule's
+    /// The schedule [`plan`] takes for `tokens` tokens: where the layer allows the tokens
+    /// schedule, the dense one from [`DENSE_PAIRS_PER_EXPERT`] pairs an expert on (its gate/up
+    /// blocks stream from the start, none waits for the routing), the tokens schedule where
+    /// the step has at least [`TOKENS_SCHEDULE_PAIRS`] pairs (the pairs schedule's
     /// groups get large, and reread `x` from L2 per 16 rows) and the routing at most
     /// [`TOKENS_SCHEDULE_LOGITS`] logits (every one of its blocks routes the whole step, and
     /// it has half as many blocks to share the weights); the pairs schedule otherwise. Fit to
@@ -1693,10 +1771,11 @@ pub mod host {
     /// (4096 logits).
     pub fn schedule(layer: &Layer, tokens: usize) -> Schedule {
         let (pairs, logits) = (tokens * layer.top_k, tokens * layer.experts);
-        if pairs >= TOKENS_SCHEDULE_PAIRS && logits <= TOKENS_SCHEDULE_LOGITS && tokens_schedule_fits(layer).is_ok() {
-            return Schedule::Tokens;
+        match tokens_schedule_fits(layer) {
+            Ok(()) if pairs >= DENSE_PAIRS_PER_EXPERT * layer.experts => Schedule::Dense,
+            Ok(()) if pairs >= TOKENS_SCHEDULE_PAIRS && logits <= TOKENS_SCHEDULE_LOGITS => Schedule::Tokens,
+            _ => Schedule::pairs(layer, tokens),
         }
-        Schedule::pairs(layer, tokens)
     }
 
     impl Schedule {
@@ -1709,6 +1788,11 @@ pub mod host {
         }
     }
 
+    /// Fewest pairs an expert (`tokens · top_k / experts`) for which [`plan`] takes the dense
+    /// schedule: an expert then goes unchosen with probability below `e^−4` (2%) under
+    /// uniform routing, `(1 − top_k / experts)^tokens`, so streaming every expert costs
+    /// little more than the selected ones.
+    pub const DENSE_PAIRS_PER_EXPERT: usize = 4;
     /// Fewest pairs (`tokens · top_k`) for which [`plan`] takes the tokens schedule.
     pub const TOKENS_SCHEDULE_PAIRS: usize = 64;
     /// Most router logits (`tokens · experts`) for which [`plan`] takes the tokens schedule.
@@ -1790,7 +1874,7 @@ pub mod host {
                 };
                 (gate_up_group, gate_up, if down_group == 8 { kernels.down_g8.raw() } else { kernels.down_g16.raw() })
             }
-            Schedule::Tokens => {
+            Schedule::Tokens | Schedule::Dense => {
                 tokens_schedule_fits(&layer)?;
                 (MAX_TOKENS, kernels.gate_up_tokens.raw(), kernels.down_tokens.raw())
             }
@@ -1804,6 +1888,7 @@ pub mod host {
                 units.div_ceil(if group == 8 { WARPS } else { 2 })
             }
             Schedule::Tokens => selected * layer.ffn / TILE_ROWS,
+            Schedule::Dense => layer.experts * layer.ffn / TILE_ROWS,
         };
         gate_up.grid = ((wanted as u64).min(resident).max(1).div_ceil(c as u64) as u32 * cluster).into();
 
@@ -1812,7 +1897,7 @@ pub mod host {
         // schedule's take one each (the whole grid must fit at once).
         let (tile_rows, splits, per_sm, smem) = match schedule {
             Schedule::Pairs { .. } => (ROWS, &[4, 2][..], 2, dispatch_smem(&layer, tokens) + (WARPS * ROWS * tokens * 4).next_multiple_of(16) + ROWS * tokens * 4),
-            Schedule::Tokens => (TILE_ROWS, &[8, 7, 6, 5, 4, 3, 2][..], 1, down_tokens_smem(&layer, tokens)),
+            Schedule::Tokens | Schedule::Dense => (TILE_ROWS, &[8, 7, 6, 5, 4, 3, 2][..], 1, down_tokens_smem(&layer, tokens)),
         };
         let row_tiles = layer.hidden / tile_rows;
         let config = |split: usize| LaunchConfig {
@@ -1825,7 +1910,7 @@ pub mod host {
         };
         // The largest such cluster the GPU can hold (a residency query that fails counts as no).
         let mut down = config(1);
-        let needed = |split: usize| if schedule == Schedule::Tokens { row_tiles * split } else { split } as u64;
+        let needed = |split: usize| if matches!(schedule, Schedule::Pairs { .. }) { split } else { row_tiles * split } as u64;
         for &split in splits.iter().filter(|&&p| row_tiles * p <= per_sm * sms) {
             if down_raw.max_resident_blocks(gpu.stream(), &down_raw.plan(&config(split))?).is_ok_and(|blocks| blocks >= needed(split)) {
                 down = config(split);
@@ -1853,7 +1938,7 @@ pub mod host {
             Schedule::Pairs { gate_up_group: 8, .. } => launch!(kernels.gate_up_g8),
             Schedule::Pairs { gate_up_group: 16, .. } => launch!(kernels.gate_up_g16),
             Schedule::Pairs { .. } => launch!(kernels.gate_up_g32),
-            Schedule::Tokens => {
+            Schedule::Tokens | Schedule::Dense => {
                 let m = &b.maps;
                 kernels.gate_up_tokens.launch(
                     stream,
@@ -1872,6 +1957,8 @@ pub mod host {
                     &mut b.top_gates,
                     k,
                     renormalize,
+                    u32::from(plan.schedule == Schedule::Dense),
+                    &mut b.gate_table,
                     &mut b.timelines[0],
                 )
             }
@@ -1890,7 +1977,7 @@ pub mod host {
         match plan.schedule {
             Schedule::Pairs { down_group: 8, .. } => launch!(kernels.down_g8),
             Schedule::Pairs { .. } => launch!(kernels.down_g16),
-            Schedule::Tokens => {
+            Schedule::Tokens | Schedule::Dense => {
                 let m = &b.maps;
                 kernels.down_tokens.launch(stream, &plan.down, &mut b.h_tokens, m.h_tokens.words(), &mut b.routing, &mut b.pair_gate, &b.w_down, m.w_down.words(), &mut b.out, k, &mut b.timelines[1])
             }

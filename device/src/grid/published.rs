@@ -7,8 +7,10 @@
 //! them: its threads poll the tiles' flags, four to a 16-byte `ld.acquire.gpu` (backing off
 //! with `nanosleep`), until each holds the generation, then a barrier, so the whole block sees
 //! what the publishers released. The wait hands out the only way to read a range: [`Ready`], a
-//! view of exactly the elements waited for; one thread reads one element with
-//! [`Published::get`], which waits for its tile alone. There is no read without a wait.
+//! view of exactly the elements waited for. A thread that waits apart from its block (one of
+//! a warpgroup that consumes a pipeline, say) polls alone, no barrier
+//! ([`Published::wait_alone`]); one thread reads one element with [`Published::get`], which
+//! waits for its tile alone. There is no read without a wait.
 //!
 //! Each tile is published once per launch: a value that changes over a launch (the residual
 //! stream, layer after layer) takes a region per version, so that no block overwrites what
@@ -142,23 +144,45 @@ impl<'a, T: Copy> Published<'a, T> {
             out_of_bounds()
         }
         let tiles = self.tiles_of(range.clone());
-        let groups = tiles.start / 4..tiles.end.div_ceil(4);
-        for group in block::stride_loop(groups) {
-            // SAFETY: a 16-byte group of the flags, in bounds (whole groups precede the tail)
-            // and aligned (checked at construction).
-            let flags = unsafe { self.flags.as_mut_ptr().add(4 * group) } as *const [u32; 4];
-            loop {
-                // SAFETY: as above.
-                let words = unsafe { arch::ld_acquire_gpu_global_v4_u32(flags) };
-                let waited = |j: usize| tiles.contains(&(4 * group + j));
-                if (0..4).all(|j| !waited(j) || words[j] == self.generation) {
-                    break;
-                }
-                arch::nanosleep(SPIN_NS);
-            }
+        for group in block::stride_loop(tiles.start / 4..tiles.end.div_ceil(4)) {
+            self.poll(group, tiles.clone());
         }
         block::sync();
         Ready { data: &self.data, range }
+    }
+
+    /// [`Published::wait`] for this thread alone, no barrier: for threads that wait apart
+    /// from the rest of their block (a warpgroup consuming a pipeline, say). Only this thread
+    /// may read the returned elements. Traps when the range is out of bounds.
+    #[inline(always)]
+    pub fn wait_alone(&self, range: Range<usize>) -> Ready<'_, T> {
+        if range.end > self.len() {
+            out_of_bounds()
+        }
+        let tiles = self.tiles_of(range.clone());
+        for group in tiles.start / 4..tiles.end.div_ceil(4) {
+            self.poll(group, tiles.clone());
+        }
+        Ready { data: &self.data, range }
+    }
+
+    /// Polls flag group `group` (tiles `4 · group ..`, four to a 16-byte acquire) until those
+    /// of `tiles` in it are published.
+    #[inline(always)]
+    fn poll(&self, group: usize, tiles: Range<usize>) {
+        // SAFETY: a 16-byte group of the flags, in bounds (callers pass groups of `tiles_of`
+        // a range in bounds; whole groups precede the tail) and aligned (checked at
+        // construction).
+        let flags = unsafe { self.flags.as_mut_ptr().add(4 * group) } as *const [u32; 4];
+        loop {
+            // SAFETY: as above.
+            let words = unsafe { arch::ld_acquire_gpu_global_v4_u32(flags) };
+            let waited = |j: usize| tiles.contains(&(4 * group + j));
+            if (0..4).all(|j| !waited(j) || words[j] == self.generation) {
+                break;
+            }
+            arch::nanosleep(SPIN_NS);
+        }
     }
 
     /// Element `i`, once its tile is published: this thread alone waits (for a few elements

@@ -3,7 +3,8 @@
 //! programmatically) on a Mixtral-8x7B-shaped layer (hidden 4096, 8 experts, top 2, FFN
 //! 14336) and a DeepSeek-V2-Lite-shaped one (hidden 2048, 64 experts, top 8, FFN 1408), bf16,
 //! at 64, 8 and 1 tokens (the first rows of one random batch), launched and replayed from a
-//! CUDA graph, on both schedules (the one `plan` takes first, marked "planned"). A second
+//! CUDA graph, on each schedule (the one `plan` takes first, marked "planned"; the dense one
+//! where the step has at least a pair an expert). A second
 //! table gives each launch alone, a third where one step's time goes (`%globaltimer` stamps of
 //! every block: [`Timeline`]).
 //!
@@ -105,13 +106,11 @@ fn main() -> Result<()> {
             let selected = reference.selected(layer.experts);
             let roofline_us = layer.step_bytes(tokens, selected) as f64 / bandwidth * 1e6;
             let planned = schedule(&layer, tokens);
-            let other = match planned {
-                Schedule::Tokens => Schedule::pairs(&layer, tokens),
-                Schedule::Pairs { .. } => Schedule::Tokens,
-            };
+            let dense = (tokens * layer.top_k >= layer.experts).then_some(Schedule::Dense);
+            let others = [Some(Schedule::pairs(&layer, tokens)), Some(Schedule::Tokens), dense].into_iter().flatten().filter(|&s| s != planned);
             let label = ffn.map_or(name.to_string(), |f| format!("{name} (FFN {f})"));
             let prefix = format!("| {label} | {tokens} | {selected} of {} |", layer.experts);
-            for schedule in [planned, other] {
+            for schedule in std::iter::once(planned).chain(others) {
                 // A row that fails to launch or to check costs its rows, not the run's.
                 let mut run = || -> Result<()> {
                     let plan = plan_schedule(&kernels, &gpu, layer, tokens, CLUSTER, true, schedule)?;
