@@ -201,7 +201,7 @@ impl RemoteSlice<u64> {
     /// [`Mbarrier::wait`](crate::mbarrier::Mbarrier::wait) after announcing the bytes, and no
     /// fence orders it (a releasing cluster barrier after `store` costs a `MEMBAR.ALL.GPU`).
     /// Nothing may touch the element until then. Traps when out of bounds or when `barrier`
-    /// is in another block.
+    /// is in another block; faults in a cluster of one block (the GPU needs two or more).
     #[inline(always)]
     pub fn store_async(self, i: usize, value: u64, barrier: RemoteMbarrier) {
         if i >= self.len() || barrier.rank != self.rank {

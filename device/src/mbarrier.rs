@@ -82,7 +82,8 @@ impl Mbarrier {
 /// the block [`expect`](Self::expect)s the words the phase brings, the senders
 /// [`post`](Self::post), every reader [`wait`](Self::wait)s. Whoever reuses a word in a
 /// later phase must know first that its reader is done with it (a cluster barrier after the
-/// reads: its arrival may be relaxed).
+/// reads: its arrival may be relaxed). Clusters of two blocks or more only: `st.async`
+/// faults in a cluster of one.
 pub struct Mailbox {
     words: SharedSlice<u64>,
     arrived: Mbarrier,

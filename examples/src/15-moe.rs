@@ -18,8 +18,8 @@ use rand::Rng;
 /// K-steps), top 8 of 160 at 3 tokens over clusters of 2 (80 experts a block: the top-k's
 /// rounds, not its ranks); on the tokens schedule, top 2 of 8 at 24 tokens and top 1 of 8 at
 /// 1 token over down clusters of 8 (blocks with no K-steps); on the dense schedule, top 4 of 16 at 40 tokens
-/// (`plan`'s choice there: 10 pairs an expert) and top 1 of 8 at 2 tokens, routed by one
-/// block (experts no token chose); clusters of 1, 2, 4 and 8; one router row doubled
+/// (`plan`'s choice there: 10 pairs an expert) and top 1 of 8 at 2 tokens (experts no token
+/// chose); clusters of 2, 4 and 8; one router row doubled
 /// so that two experts tie); Mixtral-8x7B and DeepSeek-V2-Lite shapes at 8 and 64 tokens on a
 /// GPU, each on the schedule `plan` takes (two on each).
 pub fn run(gpu: &Gpu) -> Result<Report> {
@@ -59,7 +59,7 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
             on_tokens(tokens_mixtral_like, 24, 2),
             planned(tokens_deepseek_like, 40, 4),
             on_tokens(tokens_top_1, 1, 2),
-            on_dense(tokens_top_1, 2, 1),
+            on_dense(tokens_top_1, 2, 2),
         ],
     );
     let (mut outs, mut refs, mut runs) = (Vec::new(), Vec::new(), Vec::new());

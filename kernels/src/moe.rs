@@ -1038,7 +1038,8 @@ fn gate_up_tokens(
     let router_cluster = cluster::index_in_grid().x == 0;
     // Dense: cluster 0 routes; the rest stream at once. The routing's block barriers order
     // the pipeline's initialisation before its use, this one where there is none.
-    let routed = (!dense || router_cluster).then(|| {
+    let routes = !dense || router_cluster;
+    let dispatch = if routes {
         let (dispatch, ids, gates) = route(&mut smem, x, router, tokens, k, renormalize, MAX_TOKENS, timeline);
         dispatch.hand_over(ids, gates, routing, pair_gate, top_ids, top_gates);
         if router_cluster && cluster::block_rank() == 0 {
@@ -1049,18 +1050,17 @@ fn gate_up_tokens(
             gate_table.publish(0..gate_table.tiles());
         }
         stamp(timeline, 2);
-        (dispatch, ids, gates)
-    });
-    if routed.is_none() {
+        (!dense).then_some(dispatch)
+    } else {
         block::sync();
-    }
+        None
+    };
 
     // An item is an expert's pairs (groups of 64 hold them all), a unit 128 of its
     // features; units go round robin, dense ones over every expert from the block after
     // cluster 0 on (so that the routing cluster's blocks take the fewest).
     const STEPS: usize = GATE_UP_STAGE_STEPS;
     let (tiles, stages_per_unit) = (ffn / TILE_ROWS, hidden / (STEP * STEPS));
-    let dispatch = routed.filter(|_| !dense).map(|(dispatch, ..)| dispatch);
     let (units, first) = match dispatch {
         Some(dispatch) => (dispatch.items() * tiles, 0),
         None => (experts * tiles, cluster::size()),
@@ -1117,7 +1117,7 @@ fn gate_up_tokens(
         // tokens schedule, whose every cluster routed the same; on the dense one, the first
         // unit's end is where a block waits for the routing).
         let table = gate_table.wait_alone(expert * MAX_TOKENS..(expert + 1) * MAX_TOKENS);
-        if i == 0 && t == 0 && routed.is_none() {
+        if i == 0 && t == 0 && !routes {
             crate::stamp(timeline, TIMELINE_POINTS, 2);
         }
         // This thread's values: token columns `8j + 2 (t % 4) + dc` (register `4j + 2dv + dc`,
@@ -1357,16 +1357,25 @@ pub mod host {
         /// Whether the kernels run this layer at `tokens` tokens with clusters of `cluster`
         /// (shared memory aside: [`plan`] checks it against the device's limit).
         pub fn check(&self, tokens: usize, cluster: u32) -> Result<()> {
-            let unsupported = |reason: String| Err(Error::UnsupportedShape { kernel: "the MoE layer", reason });
             let c = cluster as usize;
+            if !(2..=16).contains(&c) || !self.experts.is_multiple_of(c) {
+                let reason = format!("{} experts over clusters of {cluster}: the cluster (2-16 blocks: the routing's mailbox needs peers) must divide the experts", self.experts);
+                return Err(Error::UnsupportedShape { kernel: "the MoE layer", reason });
+            }
+            self.check_shape(tokens)
+        }
+
+        /// [`Layer::check`] without the cluster.
+        fn check_shape(&self, tokens: usize) -> Result<()> {
+            let unsupported = |reason: String| Err(Error::UnsupportedShape { kernel: "the MoE layer", reason });
             if !(1..=MAX_TOKENS).contains(&tokens) {
                 return unsupported(format!("{tokens} tokens: the kernels route 1 to {MAX_TOKENS}"));
             }
             if !(1..=MAX_TOP_K).contains(&self.top_k) || self.top_k > self.experts {
                 return unsupported(format!("top {} of {} experts: k is 1 to {MAX_TOP_K}, at most the experts", self.top_k, self.experts));
             }
-            if !(1..=16).contains(&c) || !self.experts.is_multiple_of(c) || self.experts >= 1 << 16 {
-                return unsupported(format!("{} experts over clusters of {cluster}: the cluster (1-16 blocks) must divide the experts, fewer than 65536", self.experts));
+            if self.experts >= 1 << 16 {
+                return unsupported(format!("{} experts: fewer than 65536", self.experts));
             }
             if self.hidden == 0 || self.ffn == 0 || !self.hidden.is_multiple_of(STEP * GATE_UP_UNROLL) || !self.ffn.is_multiple_of(STEP) {
                 return unsupported(format!("hidden {} and FFN {}: the hidden size must be a positive multiple of {}, the FFN of {STEP}", self.hidden, self.ffn, STEP * GATE_UP_UNROLL));
@@ -1402,7 +1411,7 @@ pub mod host {
     impl Moe {
         /// Random inputs from `seed`, scaled so that every activation is of order 1.
         pub fn random(layer: Layer, tokens: usize, seed: u64) -> Result<Self> {
-            layer.check(tokens, 1)?;
+            layer.check_shape(tokens)?;
             let (h, f, e) = (layer.hidden, layer.ffn, layer.experts);
             let (sh, sf) = ((3.0 / h as f32).sqrt(), (3.0 / f as f32).sqrt());
             Ok(Moe {

@@ -32,6 +32,7 @@ fn unsupported_layers_are_refused_with_the_reason() {
     assert!(refused(Layer { top_k: 9, ..Layer::DEEPSEEK_V2_LITE }, 1, 4).contains("top 9 of 64"));
     assert!(refused(Layer { top_k: 3, experts: 2, ..mixtral }, 1, 2).contains("top 3 of 2"));
     assert!(refused(mixtral, 1, 3).contains("clusters of 3"));
+    assert!(refused(mixtral, 1, 1).contains("clusters of 1"));
     assert!(refused(Layer { hidden: 4000, ..mixtral }, 1, 4).contains("hidden 4000"));
     assert!(refused(Layer { ffn: 14330, ..mixtral }, 1, 4).contains("FFN 14330"));
     assert!(refused(Layer { ffn: 0, ..mixtral }, 1, 4).contains("FFN 0"));

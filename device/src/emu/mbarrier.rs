@@ -183,8 +183,12 @@ pub fn bulk_copy(dst: u32, src: u32, bytes: u32, barrier: u32) {
 }
 
 /// `st.async...mbarrier::complete_tx.b64`: `value` written to `dst` (its alignment checked
-/// as every shared access's), then its 8 bytes completed on `barrier`.
+/// as every shared access's), then its 8 bytes completed on `barrier`. A fault in a cluster
+/// of one block, as on the GPU (compute-sanitizer: "Cluster needs to have at least 2 blocks").
 pub fn store_async(dst: u32, value: u64, barrier: u32) {
+    if with_current(|thread| thread.cluster().size) < 2 {
+        fault(format_args!("st.async in a cluster of 1 block: the GPU needs a cluster of at least 2"));
+    }
     complete_tx(dst, 8, barrier, |i, phase| memory::async_write(dst, &value.to_le_bytes(), i, phase));
 }
 
