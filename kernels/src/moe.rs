@@ -71,10 +71,10 @@
 //! output rows splitting them and `cluster::reduce_scatter` summing in rank order. The
 //! gate weights reach the epilogues through a [`Published`] table (the kernel is
 //! persistent). The *dense* schedule, for so many tokens that every expert is chosen anyway,
-//! is the same with every expert's rows: no block then needs the routing before its first
-//! unit's epilogue, so cluster 0 alone routes while the others already stream — the
-//! routing's tens of microseconds at 64 tokens overlap the weights' stream instead of
-//! preceding it.
+//! is the same with every expert's rows in both kernels: no block then needs the routing
+//! before its first unit's epilogue, so a few clusters route 8 tokens each while the others
+//! already stream, and the down kernel needs none — the routing's tens of microseconds at
+//! 64 tokens overlap the weights' stream instead of preceding it.
 //!
 //! ```no_run
 //! # fn main() -> clusterfuse::host::Result<()> {
@@ -102,6 +102,10 @@ use crate::decode::load_words_out;
 use crate::wgmma_gemm::consume;
 use clusterfuse::tma::{Pipeline, PipelineState, TensorMap};
 use clusterfuse::warpgroup::{AccM64N256, AccM64N64, Operand, Warpgroup};
+
+/// Tokens a routing cluster of the dense schedule routes (the others stream meanwhile): the
+/// gate table's tile, `ROUTER_TOKENS × experts`.
+pub const ROUTER_TOKENS: usize = 8;
 
 /// Most tokens a launch routes (a token mask is 64 bits).
 pub const MAX_TOKENS: usize = 64;
@@ -436,9 +440,20 @@ fn exclusive_sum(value: u32) -> u32 {
 /// Routes `tokens` tokens in every block of the cluster: logits, [`top_k`], gate weights
 /// (also returned as `ids`/`gates`, `tokens × k`), the pairs and the item list for groups of
 /// `group` pairs. Every thread calls it; the block's shared memory holds the result.
-/// `timeline`: the logits' point.
+/// `timeline`: the logits' point. The pairs schedule's kernels call it; the tokens
+/// schedule's inlines [`route_inline`] (ptxas allocates a kernel's registers around the
+/// functions it calls: one function shaped by both schedules' calls spilled the pairs
+/// kernels' streaming loops).
 #[allow(clippy::too_many_arguments)]
+#[inline(never)]
 fn route(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k: usize, renormalize: bool, group: usize, timeline: &Out<u64>) -> (Dispatch, SharedSlice<u32>, SharedSlice<f32>) {
+    route_inline(smem, x, router, tokens, k, renormalize, group, timeline)
+}
+
+/// [`route`], inlined.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn route_inline(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k: usize, renormalize: bool, group: usize, timeline: &Out<u64>) -> (Dispatch, SharedSlice<u32>, SharedSlice<f32>) {
     let hidden = x.len() / tokens;
     let experts = router.len() / hidden;
     let (rank, size) = (cluster::block_rank() as usize, cluster::size() as usize);
@@ -643,9 +658,8 @@ fn gate_up<const NT: usize>(
     if !hidden.is_multiple_of(STEP * GATE_UP_UNROLL) || !ffn.is_multiple_of(ROWS) || w_gate.len() != experts * ffn * hidden || w_up.len() != w_gate.len() {
         arch::trap();
     }
-    let group_pairs = 8 * NT;
     let mut smem = shared::dynamic();
-    let (dispatch, ids, gates) = route(&mut smem, x, router, tokens, k, renormalize, group_pairs, timeline);
+    let (dispatch, ids, gates) = route(&mut smem, x, router, tokens, k, renormalize, 8 * NT, timeline);
     dispatch.hand_over(ids, gates, routing, pair_gate, top_ids, top_gates);
     stamp(timeline, 2);
     let shape = GateUp { x, w_gate, w_up, h, hidden, ffn };
@@ -988,12 +1002,13 @@ fn tokens_operand(tokens: u32, kk: u32, steps: usize) -> Operand<bf16> {
 /// The gate/up kernel on the *tokens schedule* (for many tokens): routing as
 /// [`gate_up`], then every token against each selected expert's weights on `wgmma`, so that
 /// an expert's rows are read once however many tokens chose it. Cluster 0's first block
-/// publishes each expert's gate weights for every token in `gate_table` (`experts ×`
-/// [`MAX_TOKENS`], zero where a token did not choose the expert), which every block's
-/// epilogue reads. With `dense` (the *dense* schedule, for so many tokens that every expert
-/// is chosen) the blocks take every expert's weights instead: then none needs the routing
-/// to stream, so cluster 0 alone routes the step while the others stream, their consumers
-/// waiting for the table only at their first unit's end. A block (one an SM,
+/// publishes every token's gate weight for each expert in `gate_table` (zero where a token
+/// did not choose the expert; [`table_index`]: tiles of [`ROUTER_TOKENS`] tokens), which
+/// every block's epilogue reads. With `dense` (the *dense* schedule, for so many tokens that
+/// every expert is chosen) the blocks take every expert's weights instead: then none needs
+/// the routing to stream, so cluster `i` routes tokens `8i .. 8i + 8` alone (and publishes
+/// their tile and choices) while the other clusters stream, their consumers waiting for the
+/// table only at their first unit's end. A block (one an SM,
 /// persistent) takes *units* of 128 features of one selected expert in turn; warpgroup 0's
 /// first thread loads each K-step's gate and up tiles (a box each) and the tokens' 32
 /// columns of `x` through TMA into a [`GATE_UP_TOKENS_STAGES`]-stage [`Pipeline`], warpgroup 1 multiplies
@@ -1027,7 +1042,17 @@ fn gate_up_tokens(
     let hidden = x.len() / tokens;
     let experts = router.len() / hidden;
     let ffn = h.len() / (tokens * experts);
-    if tokens > MAX_TOKENS || !hidden.is_multiple_of(STEP * GATE_UP_UNROLL) || !ffn.is_multiple_of(TILE_ROWS) || w_gate.len() != experts * ffn * hidden || w_up.len() != w_gate.len() || gate_table.len() != experts * MAX_TOKENS {
+    let (cluster_index, clusters) = (cluster::index_in_grid().x as usize, (grid::dim().x / cluster::size()) as usize);
+    let groups = tokens.div_ceil(ROUTER_TOKENS);
+    if tokens > MAX_TOKENS
+        || !hidden.is_multiple_of(STEP * GATE_UP_UNROLL)
+        || !ffn.is_multiple_of(TILE_ROWS)
+        || w_gate.len() != experts * ffn * hidden
+        || w_up.len() != w_gate.len()
+        || gate_table.len() != MAX_TOKENS * experts
+        || gate_table.tile_len() != ROUTER_TOKENS * experts
+        || (dense && groups > clusters)
+    {
         arch::trap();
     }
     let (x_map, gate_map, up_map) = (TensorMap::new(x_map), TensorMap::new(gate_map), TensorMap::new(up_map));
@@ -1035,19 +1060,31 @@ fn gate_up_tokens(
     smem.align_to(1024);
     let stages = smem.take::<u32>(GATE_UP_TOKENS_STAGES * GATE_UP_TOKENS_STAGE_BYTES as usize / 4).addr();
     let pipeline = Pipeline::<GATE_UP_TOKENS_STAGES>::new(smem.take::<u64>(2 * GATE_UP_TOKENS_STAGES), 1);
-    let router_cluster = cluster::index_in_grid().x == 0;
-    // Dense: cluster 0 routes; the rest stream at once. The routing's block barriers order
-    // the pipeline's initialisation before its use, this one where there is none.
-    let routes = !dense || router_cluster;
+    // The tokens this block's cluster routes: every one (tokens schedule), or dense, group
+    // `i` of `ROUTER_TOKENS` in cluster `i`, while the other clusters stream at once.
+    let own = if dense { cluster_index * ROUTER_TOKENS..((cluster_index + 1) * ROUTER_TOKENS).min(tokens) } else { 0..tokens };
+    let routes = !own.is_empty();
+    // The routing's block barriers order the pipeline's initialisation before its use, this
+    // one where there is none.
     let dispatch = if routes {
-        let (dispatch, ids, gates) = route(&mut smem, x, router, tokens, k, renormalize, MAX_TOKENS, timeline);
-        dispatch.hand_over(ids, gates, routing, pair_gate, top_ids, top_gates);
-        if router_cluster && cluster::block_rank() == 0 {
-            for i in block::stride_loop(0..experts * MAX_TOKENS) {
-                let (e, t) = (i / MAX_TOKENS, i % MAX_TOKENS);
-                gate_table.set(i, if t < tokens { chosen_gate(ids, gates, k, t, e) } else { 0.0 });
+        let (dispatch, ids, gates) = route_inline(&mut smem, &x[own.start * hidden..own.end * hidden], router, own.len(), k, renormalize, MAX_TOKENS, timeline);
+        if !dense {
+            dispatch.hand_over(ids, gates, routing, pair_gate, top_ids, top_gates);
+        }
+        // The gate weights for every block (cluster 0's alone on the tokens schedule, whose
+        // clusters all routed the same), and dense, the tokens' choices for the host.
+        if cluster::block_rank() == 0 && (dense || cluster_index == 0) {
+            for i in block::stride_loop(0..own.len() * experts) {
+                let (t, e) = (i / experts, i % experts);
+                gate_table.set(table_index(own.start + t, e, experts), chosen_gate(ids, gates, k, t, e));
             }
-            gate_table.publish(0..gate_table.tiles());
+            if dense {
+                for p in block::stride_loop(0..own.len() * k) {
+                    top_ids.set(own.start * k + p, ids.load(p));
+                    top_gates.set(own.start * k + p, gates.load(p));
+                }
+            }
+            gate_table.publish(gate_table.tiles_of(own.start * experts..own.end * experts));
         }
         stamp(timeline, 2);
         (!dense).then_some(dispatch)
@@ -1058,12 +1095,12 @@ fn gate_up_tokens(
 
     // An item is an expert's pairs (groups of 64 hold them all), a unit 128 of its
     // features; units go round robin, dense ones over every expert from the block after
-    // cluster 0 on (so that the routing cluster's blocks take the fewest).
+    // the routing clusters on (so that their blocks take the fewest).
     const STEPS: usize = GATE_UP_STAGE_STEPS;
     let (tiles, stages_per_unit) = (ffn / TILE_ROWS, hidden / (STEP * STEPS));
     let (units, first) = match dispatch {
         Some(dispatch) => (dispatch.items() * tiles, 0),
-        None => (experts * tiles, cluster::size()),
+        None => (experts * tiles, groups as u32 * cluster::size()),
     };
     let expert_of = |unit: usize| match dispatch {
         Some(dispatch) => dispatch.item(unit / tiles, MAX_TOKENS).expert,
@@ -1113,10 +1150,10 @@ fn gate_up_tokens(
             pipeline.consumer_release(last);
         }
         state = next;
-        // The expert's gate weights, published by the routing cluster (at once on the
-        // tokens schedule, whose every cluster routed the same; on the dense one, the first
-        // unit's end is where a block waits for the routing).
-        let table = gate_table.wait_alone(expert * MAX_TOKENS..(expert + 1) * MAX_TOKENS);
+        // The gate weights, published by the routing clusters (at once on the tokens
+        // schedule, whose every cluster routed the same; on the dense one, the first unit's
+        // end is where a block waits for the routing).
+        let table = gate_table.wait_alone(0..groups * ROUTER_TOKENS * experts);
         if i == 0 && t == 0 && !routes {
             crate::stamp(timeline, TIMELINE_POINTS, 2);
         }
@@ -1131,7 +1168,7 @@ fn gate_up_tokens(
             unroll!(dc in [0 1] {
                 let c = 8 * j + 2 * (t as usize % 4) + dc;
                 if c < tokens {
-                    let g = table.get(expert * MAX_TOKENS + c);
+                    let g = table.get(table_index(c, expert, experts));
                     let row = c * experts * ffn + feature;
                     unroll!(dv in [0 1] {
                         let i = 4 * j + 2 * dv + dc;
@@ -1149,6 +1186,14 @@ fn gate_up_tokens(
     if t == 0 {
         crate::stamp(timeline, TIMELINE_POINTS, 3);
     }
+}
+
+/// Where the gate table holds token `t`'s gate weight for `expert`: tiles of
+/// [`ROUTER_TOKENS`] tokens (a dense routing cluster's), each expert-major, so that an
+/// epilogue's columns of one expert are a constant apart.
+#[inline(always)]
+fn table_index(t: usize, expert: usize, experts: usize) -> usize {
+    (t / ROUTER_TOKENS * experts + expert) * ROUTER_TOKENS + t % ROUTER_TOKENS
 }
 
 /// Token `t`'s gate weight for `expert` in the routing's `ids`/`gates` (`tokens × k`), zero
@@ -1174,7 +1219,7 @@ fn chosen_gate(ids: SharedSlice<u32>, gates: SharedSlice<f32>, k: usize, t: usiz
 /// `y` (no atomics: bitwise deterministic).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn down_tokens(h: &Out<bf16>, h_map: &[u64], routing: &Out<u32>, pair_gate: &Out<f32>, w_down: &[bf16], down_map: &[u64], out: &Out<bf16>, k: usize, timeline: &Out<u64>) {
+fn down_tokens(h: &Out<bf16>, h_map: &[u64], routing: &Out<u32>, pair_gate: &Out<f32>, w_down: &[bf16], down_map: &[u64], out: &Out<bf16>, k: usize, dense: bool, timeline: &Out<u64>) {
     stamp(timeline, 0);
     let tokens = pair_gate.len() / k;
     let hidden = out.len() / tokens;
@@ -1192,13 +1237,21 @@ fn down_tokens(h: &Out<bf16>, h_map: &[u64], routing: &Out<u32>, pair_gate: &Out
     let tile = smem.take::<f32>(TILE_ROWS * MAX_TOKENS);
     let dispatch = Dispatch::take(&mut smem, experts, tokens * k);
     // Waits for the gate/up kernel; its block barriers order the pipeline's initialisation.
-    dispatch.receive(routing, pair_gate, MAX_TOKENS);
+    // Dense: every expert, no routing to receive.
+    let dispatch = if dense {
+        grid::wait_for_prerequisites();
+        block::sync();
+        None
+    } else {
+        dispatch.receive(routing, pair_gate, MAX_TOKENS);
+        Some(dispatch)
+    };
     stamp(timeline, 2);
 
     const STEPS: usize = DOWN_STAGE_STEPS;
     let steps = ffn / (STEP * STEPS);
     let (rank, size) = (cluster::block_rank() as usize, cluster::size() as usize);
-    let units = dispatch.items() * steps;
+    let units = dispatch.map_or(experts, |dispatch| dispatch.items()) * steps;
     let (lo, hi) = (rank * units / size, (rank + 1) * units / size);
     // A block with no K-steps (more blocks than steps) multiplies one step of zeros (`h`'s
     // columns past its last, which TMA fills with zeros) rather than skip the main loop: a
@@ -1210,7 +1263,12 @@ fn down_tokens(h: &Out<bf16>, h_map: &[u64], routing: &Out<u32>, pair_gate: &Out
         if wg.thread_rank() == 0 {
             let mut state = PipelineState::START;
             for unit in lo..lo + count {
-                let (expert, s) = if unit < hi { (dispatch.item(unit / steps, MAX_TOKENS).expert, unit % steps) } else { (experts, 0) };
+                let expert = match dispatch {
+                    _ if unit >= hi => experts,
+                    Some(dispatch) => dispatch.item(unit / steps, MAX_TOKENS).expert,
+                    None => unit / steps,
+                };
+                let s = if unit < hi { unit % steps } else { 0 };
                 let full = pipeline.producer_acquire(state, DOWN_TOKENS_STAGE_BYTES);
                 let stage = stages + state.stage() as u32 * DOWN_TOKENS_STAGE_BYTES;
                 // SAFETY: the stage's 24 KB (1024-aligned) are free and the full barrier
@@ -1279,9 +1337,10 @@ macro_rules! moe_kernels {
 /// MoE launch 1/2 on the tokens schedule ([`fn@moe_gate_up_g8`]'s arguments, with the
 /// tensor maps of `x` (boxes of 64 rows × 32 columns) and of the tiled gate and up weights
 /// (a 16 × 32 tile a box; [`host::Buffers`] makes them)); `h` is `tokens × experts · ffn`.
-/// `gate_table` (`experts ×` [`MAX_TOKENS`]) carries the gate weights from cluster 0 to every
-/// block; with `dense` nonzero, the dense schedule: every expert's weights, cluster 0 alone
-/// routing.
+/// `gate_table` ([`MAX_TOKENS`] `× experts`, in tiles of [`ROUTER_TOKENS`] tokens) carries the
+/// gate weights from the routing clusters to every block; with `dense` nonzero, the dense
+/// schedule: every expert's weights, the first `tokens / 8` clusters routing (`routing` and
+/// `pair_gate` are then left alone: the dense down kernel needs neither).
 #[kernel(persistent, launch_bounds(max_threads = 256, min_blocks = 1))]
 #[allow(clippy::too_many_arguments)]
 pub fn moe_gate_up_tokens(
@@ -1307,11 +1366,12 @@ pub fn moe_gate_up_tokens(
 }
 
 /// MoE launch 2/2 on the tokens schedule ([`fn@moe_down_g8`]'s arguments, with the tensor maps
-/// of `h` (boxes of 64 rows × 32 columns) and of the tiled down weights).
+/// of `h` (boxes of 64 rows × 32 columns) and of the tiled down weights); with `dense`
+/// nonzero, over every expert (the dense schedule: `routing` and `pair_gate` unread).
 #[kernel(launch_bounds(max_threads = 256, min_blocks = 1))]
 #[allow(clippy::too_many_arguments)]
-pub fn moe_down_tokens(h: Out<bf16>, h_map: &[u64], routing: Out<u32>, pair_gate: Out<f32>, w_down: &[bf16], down_map: &[u64], out: Out<bf16>, top_k: u32, timeline: Out<u64>) {
-    down_tokens(&h, h_map, &routing, &pair_gate, w_down, down_map, &out, top_k as usize, &timeline)
+pub fn moe_down_tokens(h: Out<bf16>, h_map: &[u64], routing: Out<u32>, pair_gate: Out<f32>, w_down: &[bf16], down_map: &[u64], out: Out<bf16>, top_k: u32, dense: u32, timeline: Out<u64>) {
+    down_tokens(&h, h_map, &routing, &pair_gate, w_down, down_map, &out, top_k as usize, dense != 0, &timeline)
 }
 
 // The down kernel has no 32-pair form: with 4 n-tiles too few of its steps' loads fit in
@@ -1562,8 +1622,8 @@ pub mod host {
         top_gates: Buffer<f32>,
         /// `tokens × hidden`.
         out: Buffer<bf16>,
-        /// `experts ×` [`MAX_TOKENS`]: each expert's gate weight for every token, published
-        /// by the tokens schedules' first block.
+        /// [`MAX_TOKENS`] `× experts`: every token's gate weight for each expert, published
+        /// by the tokens schedules' routing clusters.
         gate_table: Published<f32>,
         maps: Maps,
         /// The two kernels' timelines ([`TIMELINE_POINTS`] a block; one value: off).
@@ -1627,8 +1687,8 @@ pub mod host {
             gpu.upload(&vec![u32::MAX; pairs])?,
             gpu.upload(&vec![f32::NAN; pairs])?,
             gpu.upload(&vec![nan; tokens * layer.hidden])?,
-            // One tile: the routing cluster's first block publishes it whole.
-            Published::new(gpu, gpu.upload(&vec![f32::NAN; layer.experts * MAX_TOKENS])?, (layer.experts * MAX_TOKENS) as u32)?,
+            // In tiles of a dense routing cluster's tokens.
+            Published::new(gpu, gpu.upload(&vec![f32::NAN; MAX_TOKENS * layer.experts])?, (ROUTER_TOKENS * layer.experts) as u32)?,
         ))
     }
 
@@ -1897,9 +1957,15 @@ pub mod host {
                 units.div_ceil(if group == 8 { WARPS } else { 2 })
             }
             Schedule::Tokens => selected * layer.ffn / TILE_ROWS,
-            Schedule::Dense => layer.experts * layer.ffn / TILE_ROWS,
+            // Every expert's units, and a cluster for each group of tokens to route.
+            Schedule::Dense => (layer.experts * layer.ffn / TILE_ROWS).max(tokens.div_ceil(ROUTER_TOKENS) * c),
         };
         gate_up.grid = ((wanted as u64).min(resident).max(1).div_ceil(c as u64) as u32 * cluster).into();
+        let routers = tokens.div_ceil(ROUTER_TOKENS) as u32;
+        if schedule == Schedule::Dense && gate_up.grid.x / cluster < routers {
+            let reason = format!("{} clusters of {cluster} fit at once, fewer than the {routers} that route {tokens} tokens", gate_up.grid.x / cluster);
+            return Err(Error::UnsupportedShape { kernel: "the MoE layer's dense schedule", reason });
+        }
 
         // The down kernel's clusters split K, so that its blocks fill the GPU: the pairs
         // schedule's loop over their row tiles (a cluster that fits is enough), the tokens
@@ -1988,7 +2054,8 @@ pub mod host {
             Schedule::Pairs { .. } => launch!(kernels.down_g16),
             Schedule::Tokens | Schedule::Dense => {
                 let m = &b.maps;
-                kernels.down_tokens.launch(stream, &plan.down, &mut b.h_tokens, m.h_tokens.words(), &mut b.routing, &mut b.pair_gate, &b.w_down, m.w_down.words(), &mut b.out, k, &mut b.timelines[1])
+                let dense = u32::from(plan.schedule == Schedule::Dense);
+                kernels.down_tokens.launch(stream, &plan.down, &mut b.h_tokens, m.h_tokens.words(), &mut b.routing, &mut b.pair_gate, &b.w_down, m.w_down.words(), &mut b.out, k, dense, &mut b.timelines[1])
             }
         }
     }
