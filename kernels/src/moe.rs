@@ -440,20 +440,27 @@ fn exclusive_sum(value: u32) -> u32 {
 /// Routes `tokens` tokens in every block of the cluster: logits, [`top_k`], gate weights
 /// (also returned as `ids`/`gates`, `tokens × k`), the pairs and the item list for groups of
 /// `group` pairs. Every thread calls it; the block's shared memory holds the result.
-/// `timeline`: the logits' point. The pairs schedule's kernels call it; the tokens
-/// schedule's inlines [`route_inline`] (ptxas allocates a kernel's registers around the
-/// functions it calls: one function shaped by both schedules' calls spilled the pairs
-/// kernels' streaming loops).
+/// `timeline`: the logits' point. The pairs schedule's kernels call it, the tokens
+/// schedule's [`route_tokens`], the same code: ptxas allocates a kernel's registers around
+/// the functions it calls, and one function shaped by both schedules' calls spilled the
+/// pairs kernels' streaming loops (inlined into the tokens kernel, it slowed that one's).
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 fn route(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k: usize, renormalize: bool, group: usize, timeline: &Out<u64>) -> (Dispatch, SharedSlice<u32>, SharedSlice<f32>) {
-    route_inline(smem, x, router, tokens, k, renormalize, group, timeline)
+    route_body(smem, x, router, tokens, k, renormalize, group, timeline)
 }
 
-/// [`route`], inlined.
+/// [`route`] for the tokens schedule's gate/up kernel.
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+fn route_tokens(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k: usize, renormalize: bool, timeline: &Out<u64>) -> (Dispatch, SharedSlice<u32>, SharedSlice<f32>) {
+    route_body(smem, x, router, tokens, k, renormalize, MAX_TOKENS, timeline)
+}
+
+/// [`route`]'s body.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn route_inline(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k: usize, renormalize: bool, group: usize, timeline: &Out<u64>) -> (Dispatch, SharedSlice<u32>, SharedSlice<f32>) {
+fn route_body(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k: usize, renormalize: bool, group: usize, timeline: &Out<u64>) -> (Dispatch, SharedSlice<u32>, SharedSlice<f32>) {
     let hidden = x.len() / tokens;
     let experts = router.len() / hidden;
     let (rank, size) = (cluster::block_rank() as usize, cluster::size() as usize);
@@ -1067,7 +1074,7 @@ fn gate_up_tokens(
     // The routing's block barriers order the pipeline's initialisation before its use, this
     // one where there is none.
     let dispatch = if routes {
-        let (dispatch, ids, gates) = route_inline(&mut smem, &x[own.start * hidden..own.end * hidden], router, own.len(), k, renormalize, MAX_TOKENS, timeline);
+        let (dispatch, ids, gates) = route_tokens(&mut smem, &x[own.start * hidden..own.end * hidden], router, own.len(), k, renormalize, timeline);
         if !dense {
             dispatch.hand_over(ids, gates, routing, pair_gate, top_ids, top_gates);
         }
@@ -1262,13 +1269,17 @@ fn down_tokens(h: &Out<bf16>, h_map: &[u64], routing: &Out<u32>, pair_gate: &Out
     if wg.index() == 0 {
         if wg.thread_rank() == 0 {
             let mut state = PipelineState::START;
+            // The unit's item and K-step, advanced without a division a stage (a lone thread
+            // issues every stage: its instructions pace the stream).
+            let (mut item, mut step) = (lo / steps, lo % steps);
             for unit in lo..lo + count {
                 let expert = match dispatch {
                     _ if unit >= hi => experts,
-                    Some(dispatch) => dispatch.item(unit / steps, MAX_TOKENS).expert,
-                    None => unit / steps,
+                    Some(dispatch) => dispatch.item(item, MAX_TOKENS).expert,
+                    None => item,
                 };
-                let s = if unit < hi { unit % steps } else { 0 };
+                let s = if unit < hi { step } else { 0 };
+                (item, step) = if step + 1 == steps { (item + 1, 0) } else { (item, step + 1) };
                 let full = pipeline.producer_acquire(state, DOWN_TOKENS_STAGE_BYTES);
                 let stage = stages + state.stage() as u32 * DOWN_TOKENS_STAGE_BYTES;
                 // SAFETY: the stage's 24 KB (1024-aligned) are free and the full barrier
