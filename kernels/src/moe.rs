@@ -7,7 +7,7 @@
 //! with `g` the softmax of the router logits `W_router · x[t]` (over all experts, or over the
 //! top k alone with `renormalize`: Mixtral's gating, where the two are the same numbers).
 //!
-//! Two schedules share the routing ([`host::Schedule`]; [`host::plan`] picks one). The
+//! Three schedules share the routing ([`host::Schedule`]; [`host::plan`] picks one). The
 //! *pairs* schedule, for few tokens, streams the weights through registers on `mma.sync`
 //! warps, one pass over an expert's rows per group of the (token, expert) pairs it serves:
 //!
@@ -1939,7 +1939,9 @@ pub mod host {
     /// 16 and 32); the down kernel a cluster per 16 output rows, of as many blocks (1, 2 or 4,
     /// splitting K) as keep the grid within two blocks per SM. The tokens schedule: a gate/up
     /// block an SM (at most one per unit of the largest routing), the down kernel a cluster
-    /// per 128 output rows, of as many blocks (1-8, splitting K) as the GPU holds all at once.
+    /// per 128 output rows, of as many blocks (1-8, splitting K) as the GPU holds all at once;
+    /// the dense one the same with every expert's units, and at least a cluster for each 8
+    /// tokens to route.
     #[allow(clippy::too_many_arguments)]
     pub fn plan_schedule(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, cluster: u32, programmatic: bool, schedule: Schedule) -> Result<Plan> {
         layer.check(tokens, cluster)?;
