@@ -161,10 +161,11 @@ pub const CHAIN_TILE: usize = 64;
 /// A persistent two-stage chain across blocks: stage 1 writes `y = 2x` tile by tile (the grid's
 /// blocks taking tiles round robin) and publishes each tile; stage 2 writes tile `t` of
 /// `z = y + 1` from tile `t + 1` of `y` (the next tile round, which another block wrote), after
-/// waiting for it. With `skip < tiles`, tile `skip` of `y` is written but never published: the
-/// block that waits for it waits forever, a deadlock.
+/// waiting for it — with `alone` nonzero, each thread by itself (`Published::wait_alone`, no
+/// block barrier), reading only its own elements. With `skip < tiles`, tile `skip` of `y` is
+/// written but never published: the block that waits for it waits forever, a deadlock.
 #[kernel(persistent, launch_bounds(max_threads = 128))]
-pub fn published_chain(x: &[f32], y: Published<f32>, z: Out<f32>, skip: u32) {
+pub fn published_chain(x: &[f32], y: Published<f32>, z: Out<f32>, skip: u32, alone: u32) {
     let tiles = y.tiles() as u32;
     for t in grid::round_robin(tiles, 0) {
         let tile = t as usize * CHAIN_TILE..(t as usize + 1) * CHAIN_TILE;
@@ -177,7 +178,7 @@ pub fn published_chain(x: &[f32], y: Published<f32>, z: Out<f32>, skip: u32) {
     }
     for t in grid::round_robin(tiles, 0) {
         let source = (t as usize + 1) % tiles as usize * CHAIN_TILE;
-        let ready = y.wait(source..source + CHAIN_TILE);
+        let ready = if alone != 0 { y.wait_alone(source..source + CHAIN_TILE) } else { y.wait(source..source + CHAIN_TILE) };
         for i in block::stride_loop(0..CHAIN_TILE) {
             z.set(t as usize * CHAIN_TILE + i, ready.get(source + i) + 1.0);
         }

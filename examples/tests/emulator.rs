@@ -400,7 +400,7 @@ fn a_persistent_kernel_waits_for_tiles_other_blocks_publish() {
     let epoch = tiles.next_multiple_of(4);
     for launch in 1..=3 {
         let mut z = gpu.upload(&vec![f32::NAN; x.len()]).unwrap();
-        kernel.launch(gpu.stream(), &config(5, 128), &dx, &mut y, &mut z, u32::MAX).unwrap();
+        kernel.launch(gpu.stream(), &config(5, 128), &dx, &mut y, &mut z, u32::MAX, 0).unwrap();
         let expected: Vec<f32> = (0..x.len()).map(|i| 2.0 * x[(i + CHAIN_TILE) % x.len()] + 1.0).collect();
         assert_eq!(gpu.download(&z).unwrap(), expected);
         let flags = gpu.download(y.flags()).unwrap();
@@ -410,11 +410,25 @@ fn a_persistent_kernel_waits_for_tiles_other_blocks_publish() {
 }
 
 #[test]
+fn a_thread_waits_alone_for_a_tile_another_block_publishes() {
+    let gpu = Gpu::emulator();
+    let kernel = published_chain::load(&gpu).unwrap();
+    let (x, dx, mut y, mut z) = chain_buffers(&gpu, 12);
+    kernel.launch(gpu.stream(), &config(5, 128), &dx, &mut y, &mut z, u32::MAX, 1).unwrap();
+    let expected: Vec<f32> = (0..x.len()).map(|i| 2.0 * x[(i + CHAIN_TILE) % x.len()] + 1.0).collect();
+    assert_eq!(gpu.download(&z).unwrap(), expected);
+    // Never published: every thread of the waiting block spins alone, none at a barrier.
+    let (_, dx, mut y, mut z) = chain_buffers(&gpu, 8);
+    let fault = fault(kernel.launch(gpu.stream(), &config(4, 128), &dx, &mut y, &mut z, 5, 1));
+    assert!(fault.message.contains("block (0, 0, 0): 128 thread(s) spin on words 4..8 of `y (flags)`"), "{fault}");
+}
+
+#[test]
 fn a_wait_for_a_tile_never_published_is_a_deadlock_naming_the_flag() {
     let gpu = Gpu::emulator();
     let kernel = published_chain::load(&gpu).unwrap();
     let (_, dx, mut y, mut z) = chain_buffers(&gpu, 8);
-    let fault = fault(kernel.launch(gpu.stream(), &config(4, 128), &dx, &mut y, &mut z, 5));
+    let fault = fault(kernel.launch(gpu.stream(), &config(4, 128), &dx, &mut y, &mut z, 5, 0));
     assert_eq!(fault.at, None);
     assert!(fault.message.starts_with("deadlock"), "{fault}");
     // Tile 4 of `z` reads tile 5 of `y`: block 0 takes tiles 0, 4 of 4 blocks.
