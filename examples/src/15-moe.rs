@@ -6,7 +6,7 @@
 
 use crate::check::{shape, with_rng, Report};
 use clusterfuse::host::{Gpu, Result};
-use clusterfuse_kernels::moe::host::{plan_schedule, schedule, step, Buffers, Kernels, Layer, Moe, Reference, Schedule, Timeline, TOLERANCE};
+use clusterfuse_kernels::moe::host::{gate_up_cluster, plan_schedule, schedule, step, Buffers, Kernels, Layer, Moe, Reference, Schedule, Timeline, TOLERANCE};
 use rand::Rng;
 
 /// Small layers on the emulator (Mixtral-like top 2 of 8 with renormalised gates, DeepSeek-like
@@ -21,7 +21,7 @@ use rand::Rng;
 /// (`plan`'s choice there: 10 pairs an expert) and top 1 of 8 at 2 tokens (experts no token
 /// chose); clusters of 2, 4 and 8; one router row doubled
 /// so that two experts tie); Mixtral-8x7B and DeepSeek-V2-Lite shapes at 8 and 64 tokens on a
-/// GPU, each on the schedule `plan` takes (two on each).
+/// GPU, each on the schedule and cluster `plan` takes (two on each).
 pub fn run(gpu: &Gpu) -> Result<Report> {
     let kernels = Kernels::load(gpu)?;
     let mixtral_like = Layer { hidden: 128, experts: 8, top_k: 2, ffn: 64, renormalize: true };
@@ -39,12 +39,16 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
     let tokens_mixtral_like = Layer { hidden: 128, experts: 8, top_k: 2, ffn: 128, renormalize: true };
     let tokens_deepseek_like = Layer { hidden: 256, experts: 16, top_k: 4, ffn: 256, renormalize: false };
     let tokens_top_1 = Layer { hidden: 128, experts: 8, top_k: 1, ffn: 128, renormalize: false };
-    let planned = |layer: Layer, tokens: usize, cluster: u32| (layer, tokens, cluster, schedule(&layer, tokens));
-    let on_tokens = |layer: Layer, tokens: usize, cluster: u32| (layer, tokens, cluster, Schedule::Tokens);
-    let on_dense = |layer: Layer, tokens: usize, cluster: u32| (layer, tokens, cluster, Schedule::Dense);
+    let sms = gpu.multiprocessors()?.unwrap_or(132);
+    // (layer, tokens, gate/up cluster or `plan`'s, schedule)
+    let planned = |layer: Layer, tokens: usize, cluster: u32| (layer, tokens, Some(cluster), schedule(&layer, tokens, sms));
+    let on_pairs = |layer: Layer, tokens: usize, cluster: u32| (layer, tokens, Some(cluster), Schedule::pairs(&layer, tokens));
+    let on_tokens = |layer: Layer, tokens: usize, cluster: u32| (layer, tokens, Some(cluster), Schedule::Tokens);
+    let on_dense = |layer: Layer, tokens: usize, cluster: u32| (layer, tokens, Some(cluster), Schedule::Dense);
+    let as_planned = |layer: Layer, tokens: usize| (layer, tokens, None, schedule(&layer, tokens, sms));
     let cases = shape(
         gpu,
-        vec![planned(Layer::MIXTRAL_8X7B, 8, 4), planned(Layer::DEEPSEEK_V2_LITE, 8, 4), planned(Layer::MIXTRAL_8X7B, 64, 4), planned(Layer::DEEPSEEK_V2_LITE, 64, 4)],
+        vec![as_planned(Layer::MIXTRAL_8X7B, 8), as_planned(Layer::DEEPSEEK_V2_LITE, 8), as_planned(Layer::MIXTRAL_8X7B, 64), as_planned(Layer::DEEPSEEK_V2_LITE, 64)],
         vec![
             planned(mixtral_like, 1, 2),
             planned(mixtral_like, 5, 8),
@@ -54,7 +58,8 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
             planned(wide, 1, 4),
             planned(deepseek_like, 1, 2),
             planned(windows, 4, 2),
-            planned(long_ffn, 1, 2),
+            // `plan` takes the tokens schedule here (50 units of 128 rows: fewer than the SMs).
+            on_pairs(long_ffn, 1, 2),
             planned(many_experts, 3, 2),
             on_tokens(tokens_mixtral_like, 24, 2),
             planned(tokens_deepseek_like, 40, 4),
@@ -72,6 +77,10 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
         moe.router[2 * h..3 * h].copy_from_slice(&row);
         let reference = Reference::new(&moe);
         let mut b = Buffers::upload(gpu, &moe)?;
+        let cluster = match cluster {
+            Some(cluster) => cluster,
+            None => gate_up_cluster(&kernels, gpu, layer, tokens, schedule)?,
+        };
         let plan = plan_schedule(&kernels, gpu, layer, tokens, cluster, true, schedule)?;
         step(&kernels, gpu.stream(), &mut b, &plan)?;
         let first = b.results(gpu)?;

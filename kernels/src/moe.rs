@@ -85,7 +85,7 @@
 //! let moe = Moe::random(Layer::MIXTRAL_8X7B, 8, 42)?; // 8 tokens, seed 42
 //! let kernels = Kernels::load(&gpu)?;
 //! let mut buffers = Buffers::upload(&gpu, &moe)?; // tiles the expert weights
-//! let plan = plan(&kernels, &gpu, moe.layer, moe.tokens, 4, true)?; // clusters of 4, PDL
+//! let plan = plan(&kernels, &gpu, moe.layer, moe.tokens, true)?; // the down launch programmatic
 //! step(&kernels, gpu.stream(), &mut buffers, &plan)?;
 //! let (y, experts, gates) = buffers.results(&gpu)?;
 //! # let _ = (y, experts, gates); Ok(()) }
@@ -1828,11 +1828,11 @@ pub mod host {
         /// pipeline ([`fn@moe_gate_up_tokens`], [`fn@moe_down_tokens`]): each expert's rows read
         /// once, whatever its share of the tokens. For many tokens.
         Tokens,
-        /// The tokens schedule's gate and up projections over *every* expert, so that they
-        /// need no routing to start: cluster 0 routes the step while the other blocks stream,
-        /// and publishes the gate weights they apply (zero for an expert no token chose); the
-        /// down kernel reads the selected experts only. For so many tokens that every expert
-        /// is chosen anyway ([`DENSE_PAIRS_PER_EXPERT`]).
+        /// The tokens schedule over *every* expert, so that the gate and up projections need
+        /// no routing to start: a few clusters route 8 tokens each while the other blocks
+        /// stream, and publish the gate weights the epilogues apply (zero for an expert no
+        /// token chose); the down kernel needs no routing at all. For so many tokens that
+        /// every expert is chosen anyway ([`DENSE_PAIRS_PER_EXPERT`]).
         Dense,
     }
 
@@ -1844,21 +1844,25 @@ pub mod host {
         pub down: LaunchConfig,
     }
 
-    /// The schedule [`plan`] takes for `tokens` tokens: where the layer allows the tokens
-    /// schedule, the dense one from [`DENSE_PAIRS_PER_EXPERT`] pairs an expert on (its gate/up
-    /// blocks stream from the start, none waits for the routing), the tokens schedule where
-    /// the step has at least [`TOKENS_SCHEDULE_PAIRS`] pairs (the pairs schedule's
-    /// groups get large, and reread `x` from L2 per 16 rows) and the routing at most
-    /// [`TOKENS_SCHEDULE_LOGITS`] logits (every one of its blocks routes the whole step, and
-    /// it has half as many blocks to share the weights); the pairs schedule otherwise. Fit to
-    /// the H200's side-by-side run (results/moe-h200.md, session 30): the tokens schedule won
-    /// Mixtral at 64 tokens and DeepSeek at 8, lost Mixtral at 8 (16 pairs) and DeepSeek at 64
-    /// (4096 logits).
-    pub fn schedule(layer: &Layer, tokens: usize) -> Schedule {
+    /// The schedule [`plan`] takes for `tokens` tokens on a GPU of `sms` multiprocessors:
+    /// where the layer allows the tokens schedule, the dense one from
+    /// [`DENSE_PAIRS_PER_EXPERT`] pairs an expert on (its gate/up blocks stream from the
+    /// start, none waits for the routing), the tokens schedule where the step has at least
+    /// [`TOKENS_SCHEDULE_PAIRS`] pairs (the pairs schedule's groups get large, and reread `x`
+    /// from L2 per 16 rows) and the routing at most [`TOKENS_SCHEDULE_LOGITS`] logits (every
+    /// one of its blocks routes the whole step), or where the experts it can select have fewer
+    /// 128-row units than the GPU has SMs (then fewer SMs stream than the GPU has, each more
+    /// than its share of the bytes, which the tokens schedule's deeper pipeline pulls
+    /// faster); the pairs schedule otherwise. Fit to the H200's side-by-side runs
+    /// (results/moe-h200.md, sessions 30-34): the tokens schedule won Mixtral at 64 tokens and
+    /// DeepSeek at 8 and 1 (88 units), lost Mixtral at 8 (16 pairs) and 1 (224 units) and
+    /// DeepSeek at 64 (4096 logits).
+    pub fn schedule(layer: &Layer, tokens: usize, sms: usize) -> Schedule {
         let (pairs, logits) = (tokens * layer.top_k, tokens * layer.experts);
+        let few_units = layer.experts.min(pairs) * layer.ffn / TILE_ROWS < sms;
         match tokens_schedule_fits(layer) {
             Ok(()) if pairs >= DENSE_PAIRS_PER_EXPERT * layer.experts => Schedule::Dense,
-            Ok(()) if pairs >= TOKENS_SCHEDULE_PAIRS && logits <= TOKENS_SCHEDULE_LOGITS => Schedule::Tokens,
+            Ok(()) if (pairs >= TOKENS_SCHEDULE_PAIRS && logits <= TOKENS_SCHEDULE_LOGITS) || few_units => Schedule::Tokens,
             _ => Schedule::pairs(layer, tokens),
         }
     }
@@ -1928,56 +1932,90 @@ pub mod host {
     }
 
     /// The launches of `layer` at `tokens` tokens on the [`schedule`] it takes, gate/up in
-    /// clusters of `cluster`, the down kernel launched programmatically with `programmatic`.
-    pub fn plan(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, cluster: u32, programmatic: bool) -> Result<Plan> {
-        plan_schedule(kernels, gpu, layer, tokens, cluster, programmatic, schedule(&layer, tokens))
+    /// clusters of [`gate_up_cluster`] blocks, the down kernel launched programmatically with
+    /// `programmatic`.
+    pub fn plan(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, programmatic: bool) -> Result<Plan> {
+        let schedule = schedule(&layer, tokens, gpu.multiprocessors()?.unwrap_or(132));
+        plan_schedule(kernels, gpu, layer, tokens, gate_up_cluster(kernels, gpu, layer, tokens, schedule)?, programmatic, schedule)
     }
 
-    /// The launches of `layer` at `tokens` tokens on `schedule`. The pairs schedule: pairs in
-    /// groups of `gate_up_group`, as many gate/up blocks as the GPU holds at once (at most one
-    /// per 8 units of the largest routing with groups of 8, a unit a warp, or per 2 units with
-    /// 16 and 32); the down kernel a cluster per 16 output rows, of as many blocks (1, 2 or 4,
-    /// splitting K) as keep the grid within two blocks per SM. The tokens schedule: a gate/up
-    /// block an SM (at most one per unit of the largest routing), the down kernel a cluster
-    /// per 128 output rows, of as many blocks (1-8, splitting K) as the GPU holds all at once;
-    /// the dense one the same with every expert's units, and at least a cluster for each 8
-    /// tokens to route.
+    /// The gate/up kernel's cluster for `schedule`: of 2 blocks where the step has a block's
+    /// work for every SM (clusters of 2 fill every SM, 132 blocks on the H200, where clusters
+    /// of 4 fill 120: a GPC holds whole clusters), else of 4 where they still hold every block
+    /// the step wants (the stream has SMs to spare, and each block computes half as many
+    /// experts' logits, so the routing is faster), else of 2. Fit to the H200's runs
+    /// (results/moe-h200.md, session 34): clusters of 2 against 4 sped Mixtral's steps up
+    /// by 3-6% and DeepSeek's 8-token one by 2 points of its roofline, and slowed DeepSeek's
+    /// 1-token step (88-100 blocks) by 7-13%; clusters of 8 ran that one 4-5% slower than 4.
+    pub fn gate_up_cluster(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, schedule: Schedule) -> Result<u32> {
+        let wanted = gate_up_blocks(&layer, tokens, schedule);
+        let spare_sms = wanted < gpu.multiprocessors()?.unwrap_or(132);
+        if spare_sms && layer.check(tokens, 4).is_ok() && gate_up_launch(kernels, gpu, &layer, tokens, 4, schedule)?.1 >= wanted as u64 {
+            return Ok(4);
+        }
+        Ok(2)
+    }
+
+    /// Blocks the gate/up kernel wants on `schedule` (before the GPU's limit): on the pairs
+    /// schedule one per 8 units (16 rows of an item) of the largest routing with groups of 8,
+    /// a unit a warp, or per 2 units with 16 and 32; on the tokens schedule one per unit (128
+    /// rows of a selected expert); on the dense one one per unit of every expert.
+    fn gate_up_blocks(layer: &Layer, tokens: usize, schedule: Schedule) -> usize {
+        // The most experts a routing can select.
+        let selected = layer.experts.min(tokens * layer.top_k);
+        match schedule {
+            Schedule::Pairs { gate_up_group: group, .. } => {
+                let units = selected * layer.ffn / ROWS + tokens * layer.top_k / group * layer.ffn / ROWS;
+                units.div_ceil(if group == 8 { WARPS } else { 2 })
+            }
+            Schedule::Tokens => selected * layer.ffn / TILE_ROWS,
+            Schedule::Dense => layer.experts * layer.ffn / TILE_ROWS,
+        }
+    }
+
+    /// The gate/up kernel on `schedule` in clusters of `cluster`: its launch (grid of one
+    /// cluster) and how many of its blocks the GPU holds at once.
+    fn gate_up_launch(kernels: &Kernels, gpu: &Gpu, layer: &Layer, tokens: usize, cluster: u32, schedule: Schedule) -> Result<(LaunchConfig, u64)> {
+        let (raw, group) = match schedule {
+            Schedule::Pairs { gate_up_group: 8, .. } => (kernels.gate_up_g8.raw(), 8),
+            Schedule::Pairs { gate_up_group: 16, .. } => (kernels.gate_up_g16.raw(), 16),
+            Schedule::Pairs { .. } => (kernels.gate_up_g32.raw(), 32),
+            Schedule::Tokens | Schedule::Dense => (kernels.gate_up_tokens.raw(), MAX_TOKENS),
+        };
+        let config = LaunchConfig { grid: cluster.into(), block: BLOCK.into(), cluster: Some(cluster.into()), dynamic_smem_bytes: gate_up_smem(layer, tokens, cluster as usize, group) as u32, ..LaunchConfig::default() };
+        let resident = raw.max_resident_blocks(gpu.stream(), &raw.plan(&config)?)?;
+        Ok((config, resident))
+    }
+
+    /// The launches of `layer` at `tokens` tokens on `schedule`, gate/up in clusters of
+    /// `cluster`: as many gate/up blocks as the GPU holds at once, at most as many as the step
+    /// wants (on the pairs schedule one per 8 units of the largest routing with groups of 8,
+    /// a unit a warp, or per 2 units with 16 and 32; on the tokens schedule one per 128-row
+    /// unit; on the dense one one per unit of every expert, and at least a cluster for each
+    /// 8 tokens to route). The down kernel: on the pairs schedule a cluster per 16 output
+    /// rows, of as many blocks (1, 2 or 4, splitting K) as keep the grid within two blocks per
+    /// SM; on the others a cluster per 128 output rows, of as many blocks (1-8, splitting K)
+    /// as the GPU holds all at once.
     #[allow(clippy::too_many_arguments)]
     pub fn plan_schedule(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, cluster: u32, programmatic: bool, schedule: Schedule) -> Result<Plan> {
         layer.check(tokens, cluster)?;
         let c = cluster as usize;
         let sms = gpu.multiprocessors()?.unwrap_or(132);
-        // The most experts a routing can select.
-        let selected = layer.experts.min(tokens * layer.top_k);
-        let (gate_up_group, gate_up_raw, down_raw) = match schedule {
+        let down_raw = match schedule {
             Schedule::Pairs { gate_up_group, down_group } => {
                 if ![8, 16, 32].contains(&gate_up_group) || ![8, 16].contains(&down_group) {
                     return Err(Error::UnsupportedShape { kernel: "the MoE layer", reason: format!("groups of {gate_up_group} and {down_group} pairs: the kernels take 8, 16 or 32, and 8 or 16") });
                 }
-                let gate_up = match gate_up_group {
-                    8 => kernels.gate_up_g8.raw(),
-                    16 => kernels.gate_up_g16.raw(),
-                    _ => kernels.gate_up_g32.raw(),
-                };
-                (gate_up_group, gate_up, if down_group == 8 { kernels.down_g8.raw() } else { kernels.down_g16.raw() })
+                if down_group == 8 { kernels.down_g8.raw() } else { kernels.down_g16.raw() }
             }
             Schedule::Tokens | Schedule::Dense => {
                 tokens_schedule_fits(&layer)?;
-                (MAX_TOKENS, kernels.gate_up_tokens.raw(), kernels.down_tokens.raw())
+                kernels.down_tokens.raw()
             }
         };
-        let mut gate_up = LaunchConfig { grid: cluster.into(), block: BLOCK.into(), cluster: Some(cluster.into()), dynamic_smem_bytes: gate_up_smem(&layer, tokens, c, gate_up_group) as u32, ..LaunchConfig::default() };
-        let resident = gate_up_raw.max_resident_blocks(gpu.stream(), &gate_up_raw.plan(&gate_up)?)?;
-        let wanted = match schedule {
-            Schedule::Pairs { gate_up_group: group, .. } => {
-                // The units (16 rows of an item) of the largest routing.
-                let units = selected * layer.ffn / ROWS + tokens * layer.top_k / group * layer.ffn / ROWS;
-                units.div_ceil(if group == 8 { WARPS } else { 2 })
-            }
-            Schedule::Tokens => selected * layer.ffn / TILE_ROWS,
-            // Every expert's units, and a cluster for each group of tokens to route.
-            Schedule::Dense => (layer.experts * layer.ffn / TILE_ROWS).max(tokens.div_ceil(ROUTER_TOKENS) * c),
-        };
+        let (mut gate_up, resident) = gate_up_launch(kernels, gpu, &layer, tokens, cluster, schedule)?;
+        // Dense: a cluster for each group of tokens to route.
+        let wanted = gate_up_blocks(&layer, tokens, schedule).max(if schedule == Schedule::Dense { tokens.div_ceil(ROUTER_TOKENS) * c } else { 0 });
         gate_up.grid = ((wanted as u64).min(resident).max(1).div_ceil(c as u64) as u32 * cluster).into();
         let routers = tokens.div_ceil(ROUTER_TOKENS) as u32;
         if schedule == Schedule::Dense && gate_up.grid.x / cluster < routers {

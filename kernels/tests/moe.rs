@@ -1,9 +1,9 @@
-//! The MoE layer's host side without a GPU: the tiled weight layout the kernels read, and the
-//! shapes they refuse before launching.
+//! The MoE layer's host side without a GPU: the tiled weight layout the kernels read, the
+//! schedule a step takes, and the shapes the kernels refuse before launching.
 
 use clusterfuse::bf16;
 use clusterfuse::host::Error;
-use clusterfuse_kernels::moe::host::{tile, Layer};
+use clusterfuse_kernels::moe::host::{schedule, tile, Layer, Schedule};
 
 #[test]
 fn tiling_keeps_16_rows_of_32_columns_together_in_k_order() {
@@ -17,6 +17,27 @@ fn tiling_keeps_16_rows_of_32_columns_together_in_k_order() {
             let at = r / 16 * 16 * cols + c / 32 * 512 + r % 16 * 32 + c % 32;
             assert_eq!(tiled[at].to_bits() as usize, r * cols + c, "element ({r}, {c})");
         }
+    }
+}
+
+#[test]
+fn steps_take_the_schedule_their_shape_streams_fastest() {
+    let (mixtral, deepseek) = (Layer::MIXTRAL_8X7B, Layer::DEEPSEEK_V2_LITE);
+    let pairs = |group| Schedule::Pairs { gate_up_group: group, down_group: group.min(16) };
+    // (layer, tokens, SMs, schedule): DeepSeek's 8 experts of one token are 88 units of 128
+    // rows, fewer than 132 SMs (the tokens schedule), Mixtral's 2 are 224 (pairs).
+    let cases = [
+        (mixtral, 1, 132, pairs(8)),
+        (mixtral, 8, 132, pairs(8)),
+        (mixtral, 64, 132, Schedule::Dense),
+        (deepseek, 1, 132, Schedule::Tokens),
+        (deepseek, 1, 80, pairs(8)),
+        (deepseek, 8, 132, Schedule::Tokens),
+        (deepseek, 64, 132, Schedule::Dense),
+        (Layer { ffn: 1400, ..deepseek }, 1, 132, pairs(8)),
+    ];
+    for (layer, tokens, sms, expected) in cases {
+        assert_eq!(schedule(&layer, tokens, sms), expected, "{layer:?} at {tokens} tokens on {sms} SMs");
     }
 }
 

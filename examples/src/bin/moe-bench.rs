@@ -1,5 +1,5 @@
 //! The mixture-of-experts layer of the kernel library (`clusterfuse_kernels::moe`, two
-//! launches: routing + gate/up in clusters of 4, then down + combine launched
+//! launches: routing + gate/up in clusters of 2, 4 or 8 (`plan`'s choice), then down + combine launched
 //! programmatically) on a Mixtral-8x7B-shaped layer (hidden 4096, 8 experts, top 2, FFN
 //! 14336) and a DeepSeek-V2-Lite-shaped one (hidden 2048, 64 experts, top 8, FFN 1408), bf16,
 //! at 64, 8 and 1 tokens (the first rows of one random batch), launched and replayed from a
@@ -21,20 +21,20 @@
 //! output, as raw little-endian files for `scripts/moe-torch.py --check DIR`. `--only NAME
 //! TOKENS` runs one row (e.g. `--only DeepSeek 1`, for a profiler). `--ffn N` gives the
 //! experts' FFN width `N` instead: at 128 (one 128-row unit an expert) a gate/up launch is
-//! mostly its routing.
+//! mostly its routing. `--cluster N`: gate/up clusters of `N` blocks (2-16) instead of
+//! `gate_up_cluster`'s choice.
 //!
-//! `cargo run --release -p clusterfuse-examples --bin moe-bench [-- --dump DIR | --only NAME TOKENS | --ffn N]`
+//! `cargo run --release -p clusterfuse-examples --bin moe-bench [-- --dump DIR | --only NAME TOKENS | --ffn N | --cluster N]`
 
 use clusterfuse::bf16;
 use clusterfuse::host::{Gpu, LaunchConfig};
 use clusterfuse_examples::check::{gpu_or_skip, median, median_us_per_call, print_rows, with_rng, Report};
-use clusterfuse_kernels::moe::host::{down, gate_up, plan_schedule, schedule, step, Buffers, Kernels, Layer, Moe, Plan, Reference, Schedule, Timeline, TOLERANCE};
+use clusterfuse_kernels::moe::host::{down, gate_up, gate_up_cluster, plan_schedule, schedule, step, Buffers, Kernels, Layer, Moe, Plan, Reference, Schedule, Timeline, TOLERANCE};
 use rand::Rng;
 use std::error::Error;
 use std::path::{Path, PathBuf};
 
 const TOKENS: [usize; 3] = [64, 8, 1];
-const CLUSTER: u32 = 4;
 const STEPS_PER_PASS: usize = 20;
 const WARMUP: usize = 5;
 const REPS: usize = 50;
@@ -82,9 +82,11 @@ fn main() -> Result<()> {
     let dump_dir = std::env::args().skip_while(|a| a != "--dump").nth(1).map(PathBuf::from);
     let only: Vec<String> = std::env::args().skip_while(|a| a != "--only").skip(1).take(2).collect();
     let ffn: Option<usize> = std::env::args().skip_while(|a| a != "--ffn").nth(1).map(|n| n.parse()).transpose()?;
+    let cluster: Option<u32> = std::env::args().skip_while(|a| a != "--cluster").nth(1).map(|n| n.parse()).transpose()?;
     let wanted = |name: &str, tokens: usize| only.len() < 2 || (name.starts_with(only[0].as_str()) && only[1] == tokens.to_string());
     let Some(gpu) = gpu_or_skip("moe-bench") else { return Ok(()) };
     let kernels = Kernels::load(&gpu)?;
+    let sms = gpu.multiprocessors()?.unwrap_or(132);
     let bandwidth = copy_bandwidth(&gpu)?;
     println!("copy bandwidth (cuMemcpyDtoD, 1 GiB): {:.2} TB/s", bandwidth / 1e12);
     let (mut rows, mut launches, mut timelines) = (Vec::new(), Vec::new(), Vec::new());
@@ -105,7 +107,7 @@ fn main() -> Result<()> {
             let reference = Reference::new(&moe);
             let selected = reference.selected(layer.experts);
             let roofline_us = layer.step_bytes(tokens, selected) as f64 / bandwidth * 1e6;
-            let planned = schedule(&layer, tokens);
+            let planned = schedule(&layer, tokens, sms);
             let dense = (tokens * layer.top_k >= layer.experts).then_some(Schedule::Dense);
             let others = [Some(Schedule::pairs(&layer, tokens)), Some(Schedule::Tokens), dense].into_iter().flatten().filter(|&s| s != planned);
             let label = ffn.map_or(name.to_string(), |f| format!("{name} (FFN {f})"));
@@ -113,7 +115,8 @@ fn main() -> Result<()> {
             for schedule in std::iter::once(planned).chain(others) {
                 // A row that fails to launch or to check costs its rows, not the run's.
                 let mut run = || -> Result<()> {
-                    let plan = plan_schedule(&kernels, &gpu, layer, tokens, CLUSTER, true, schedule)?;
+                    let cluster = cluster.map_or_else(|| gate_up_cluster(&kernels, &gpu, layer, tokens, schedule), Ok)?;
+                    let plan = plan_schedule(&kernels, &gpu, layer, tokens, cluster, true, schedule)?;
                     let down_cluster = plan.down.cluster.map_or(1, |c| c.x);
                     let mut b = Buffers::upload(&gpu, &moe)?;
                     step(&kernels, gpu.stream(), &mut b, &plan)?;
@@ -121,7 +124,7 @@ fn main() -> Result<()> {
                     // The busiest expert's pairs: past a group, its weights are read again.
                     let busiest = (0..layer.experts as u32).map(|e| first.1.iter().filter(|&&id| id == e).count()).max().unwrap_or(0);
                     let mark = if schedule == planned { "planned " } else { "" };
-                    let layout = format!("{mark}{schedule:?}: {} + {} blocks, clusters of {CLUSTER} and {down_cluster}, busiest expert {busiest} pairs", plan.gate_up.grid.x, plan.down.grid.x);
+                    let layout = format!("{mark}{schedule:?}: {} + {} blocks, clusters of {cluster} and {down_cluster}, busiest expert {busiest} pairs", plan.gate_up.grid.x, plan.down.grid.x);
                     if let (Some(dir), true) = (&dump_dir, tokens == TOKENS[0] && schedule == planned) {
                         dump(dir, name, &moe, &first)?;
                     }
