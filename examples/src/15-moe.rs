@@ -16,11 +16,8 @@ use rand::Rng;
 /// one token with hidden 512, top 2 of 4 at 4 tokens with hidden 1152 (the staged gate/up
 /// window of `x` and a part of one), top 1 of 4 with FFN 6400 (one item's long runs of down
 /// K-steps), top 8 of 160 at 3 tokens over clusters of 2 (80 experts a block: the top-k's
-/// rounds, not its ranks); on the tokens schedule, top 2 of 8 at 24 tokens, top 1 of 8 at
-/// 1 token over down clusters of 8 (blocks with no K-steps) and top 2 of 8 at 3 tokens with
-/// hidden 512, both with each unit's K split over a cluster (`Plan::split_k`: fewer units
-/// than SMs; 2 and 8 K-steps a block, fewer and more than the pipeline's stages), their
-/// grids cut to 2 clusters so that a cluster sums several units; on the dense schedule, top 4 of 16 at 40 tokens
+/// rounds, not its ranks); on the tokens schedule, top 2 of 8 at 24 tokens and top 1 of 8 at
+/// 1 token over down clusters of 8 (blocks with no K-steps); on the dense schedule, top 4 of 16 at 40 tokens
 /// (`plan`'s choice there: 10 pairs an expert) and top 1 of 8 at 2 tokens (experts no token
 /// chose); clusters of 2, 4 and 8; one router row doubled
 /// so that two experts tie); Mixtral-8x7B and DeepSeek-V2-Lite shapes at 8 and 64 tokens on a
@@ -42,7 +39,6 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
     let tokens_mixtral_like = Layer { hidden: 128, experts: 8, top_k: 2, ffn: 128, renormalize: true };
     let tokens_deepseek_like = Layer { hidden: 256, experts: 16, top_k: 4, ffn: 256, renormalize: false };
     let tokens_top_1 = Layer { hidden: 128, experts: 8, top_k: 1, ffn: 128, renormalize: false };
-    let tokens_split_k = Layer { hidden: 512, experts: 8, top_k: 2, ffn: 256, renormalize: true };
     let sms = gpu.multiprocessors()?.unwrap_or(132);
     // (layer, tokens, gate/up cluster or `plan`'s, schedule)
     let planned = |layer: Layer, tokens: usize, cluster: u32| (layer, tokens, Some(cluster), schedule(&layer, tokens, sms));
@@ -68,7 +64,6 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
             on_tokens(tokens_mixtral_like, 24, 2),
             planned(tokens_deepseek_like, 40, 4),
             on_tokens(tokens_top_1, 1, 2),
-            planned(tokens_split_k, 3, 2),
             on_dense(tokens_top_1, 2, 2),
         ],
     );
@@ -86,12 +81,7 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
             Some(cluster) => cluster,
             None => gate_up_cluster(&kernels, gpu, layer, tokens, schedule)?,
         };
-        let mut plan = plan_schedule(&kernels, gpu, layer, tokens, cluster, true, schedule)?;
-        if plan.split_k {
-            // Fewer clusters than units, as where the GPU holds fewer clusters than a step's
-            // units: each cluster sums several.
-            plan.gate_up.grid = (2 * cluster).min(plan.gate_up.grid.x).into();
-        }
+        let plan = plan_schedule(&kernels, gpu, layer, tokens, cluster, true, schedule)?;
         step(&kernels, gpu.stream(), &mut b, &plan)?;
         let first = b.results(gpu)?;
         b.poison(gpu)?;
@@ -108,8 +98,7 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
         outs.extend(second.0.iter().chain(&second.2).map(|&v| if agrees { v } else { f32::NAN }));
         refs.extend(reference.out.iter().chain(&reference.gates));
         let mismatch = if differs.is_empty() { String::new() } else { format!(", routing differs at (token, slot, ours, reference) {:?}", &differs[..differs.len().min(4)]) };
-        let split = if plan.split_k { ", split K" } else { "" };
-        runs.push(format!("{tokens} tok × top {} of {} (hidden {h}, ffn {}), {} experts used, cluster {cluster}, {:?}{split}{mismatch}{}", layer.top_k, layer.experts, layer.ffn, reference.selected(layer.experts), plan.schedule, if stamped { "" } else { ", timeline out of order" }));
+        runs.push(format!("{tokens} tok × top {} of {} (hidden {h}, ffn {}), {} experts used, cluster {cluster}, {:?}{mismatch}{}", layer.top_k, layer.experts, layer.ffn, reference.selected(layer.experts), plan.schedule, if stamped { "" } else { ", timeline out of order" }));
     }
     Ok(Report::new(runs.join("; "), &outs, &refs, TOLERANCE))
 }

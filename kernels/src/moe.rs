@@ -1021,15 +1021,10 @@ fn tokens_operand(tokens: u32, kk: u32, steps: usize) -> Operand<bf16> {
 /// columns of `x` through TMA into a [`GATE_UP_TOKENS_STAGES`]-stage [`Pipeline`], warpgroup 1 multiplies
 /// them (four `m64n64k16` accumulators: gate and up, even and odd rows) and writes
 /// `h[t, e·ffn + f] = g[t, e] · silu(gate) · up` for every token — zero where `t` did not choose
-/// `e` — so that the down projection is one GEMM over the selected experts' columns. With
-/// `SPLIT_K` (at most [`SPLIT_K_TOKENS`] tokens, where the selected experts have fewer units
-/// than the GPU has SMs) a *cluster* takes each unit, its blocks a contiguous share of the
-/// K-steps each, and `cluster::reduce` sums their accumulators (the token columns) in rank
-/// order before each block's epilogue writes its share of the unit's rows: the units'
-/// bytes then spread over every SM.
+/// `e` — so that the down projection is one GEMM over the selected experts' columns.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn gate_up_tokens<const SPLIT_K: bool>(
+fn gate_up_tokens(
     x: &[bf16],
     x_map: &[u64],
     router: &[bf16],
@@ -1054,7 +1049,6 @@ fn gate_up_tokens<const SPLIT_K: bool>(
     let hidden = x.len() / tokens;
     let experts = router.len() / hidden;
     let ffn = h.len() / (tokens * experts);
-    let (rank, size) = (cluster::block_rank() as usize, cluster::size() as usize);
     let (cluster_index, clusters) = (cluster::index_in_grid().x as usize, (grid::dim().x / cluster::size()) as usize);
     let groups = tokens.div_ceil(ROUTER_TOKENS);
     if tokens > MAX_TOKENS
@@ -1065,7 +1059,6 @@ fn gate_up_tokens<const SPLIT_K: bool>(
         || gate_table.len() != MAX_TOKENS * experts
         || gate_table.tile_len() != ROUTER_TOKENS * experts
         || (dense && groups > clusters)
-        || (SPLIT_K && (dense || tokens > SPLIT_K_TOKENS || hidden / (STEP * GATE_UP_STAGE_STEPS) < size))
     {
         arch::trap();
     }
@@ -1074,8 +1067,6 @@ fn gate_up_tokens<const SPLIT_K: bool>(
     smem.align_to(1024);
     let stages = smem.take::<u32>(GATE_UP_TOKENS_STAGES * GATE_UP_TOKENS_STAGE_BYTES as usize / 4).addr();
     let pipeline = Pipeline::<GATE_UP_TOKENS_STAGES>::new(smem.take::<u64>(2 * GATE_UP_TOKENS_STAGES), 1);
-    // Split K: the block's partial sums of a unit, for the cluster's.
-    let partials = smem.take::<f32>(if SPLIT_K { SPLIT_K_PARTIALS } else { 0 });
     // The tokens this block's cluster routes: every one (tokens schedule), or dense, group
     // `i` of `ROUTER_TOKENS` in cluster `i`, while the other clusters stream at once.
     let own = if dense { cluster_index * ROUTER_TOKENS..((cluster_index + 1) * ROUTER_TOKENS).min(tokens) } else { 0..tokens };
@@ -1111,11 +1102,9 @@ fn gate_up_tokens<const SPLIT_K: bool>(
 
     // An item is an expert's pairs (groups of 64 hold them all), a unit 128 of its
     // features; units go round robin, dense ones over every expert from the block after
-    // the routing clusters on (so that their blocks take the fewest); split K, over the
-    // clusters, each block taking its share of the unit's K-steps.
+    // the routing clusters on (so that their blocks take the fewest).
     const STEPS: usize = GATE_UP_STAGE_STEPS;
     let (tiles, stages_per_unit) = (ffn / TILE_ROWS, hidden / (STEP * STEPS));
-    let k_stages = if SPLIT_K { rank * stages_per_unit / size..(rank + 1) * stages_per_unit / size } else { 0..stages_per_unit };
     let (units, first) = match dispatch {
         Some(dispatch) => (dispatch.items() * tiles, 0),
         None => (experts * tiles, groups as u32 * cluster::size()),
@@ -1124,44 +1113,27 @@ fn gate_up_tokens<const SPLIT_K: bool>(
         Some(dispatch) => dispatch.item(unit / tiles, MAX_TOKENS).expert,
         None => unit / tiles,
     };
-    let units = || if SPLIT_K { grid::cluster_round_robin(units as u32, 0) } else { grid::round_robin(units as u32, first) }.map(|unit| unit as usize);
+    let units = || grid::round_robin(units as u32, first).map(|unit| unit as usize);
     let wg = Warpgroup::current();
     if wg.index() == 0 {
-        // Split K, the producer's warpgroup joins each unit's sum across the cluster (every
-        // thread of the cluster meets its barriers) after loading the next unit's first
-        // stages, which the slots the consumer freed hold: it loads no stage that needs a
-        // slot only the sum's end frees. Otherwise its first thread alone loads.
-        if !SPLIT_K && wg.thread_rank() != 0 {
-            return;
-        }
-        let early = k_stages.len().min(GATE_UP_TOKENS_STAGES);
-        let mut state = PipelineState::START;
-        for (n, unit) in units().enumerate() {
-            let row_tile = (expert_of(unit) * tiles + unit % tiles) * TILE_ROW_TILES;
-            for (i, k) in k_stages.clone().enumerate() {
-                if SPLIT_K && n > 0 && i == early {
-                    cluster::reduce(partials, Sum);
-                }
-                if wg.thread_rank() == 0 {
+        if wg.thread_rank() == 0 {
+            let mut state = PipelineState::START;
+            for unit in units() {
+                let row_tile = (expert_of(unit) * tiles + unit % tiles) * TILE_ROW_TILES;
+                for k in 0..stages_per_unit {
                     let full = pipeline.producer_acquire(state, GATE_UP_TOKENS_STAGE_BYTES);
                     let stage = stages + state.stage() as u32 * GATE_UP_TOKENS_STAGE_BYTES;
-                    // SAFETY: the stage (1024-aligned) is free (its empty barrier passed) and
-                    // the full barrier expects all 3 boxes' bytes; the row tiles are the
-                    // expert's (checked lengths) and the stage's K-steps inside them.
+                    // SAFETY: the stage (1024-aligned) is free (its empty barrier passed) and the
+                    // full barrier expects all 3 boxes' bytes; the row tiles are the expert's
+                    // (checked lengths) and the stage's K-steps inside them.
                     unsafe {
                         load_weights(gate_map, stage, row_tile, k, STEPS, full);
                         load_weights(up_map, stage + weight_box_bytes(STEPS), row_tile, k, STEPS, full);
                         x_map.load_2d(stage + 2 * weight_box_bytes(STEPS), (k * STEPS * STEP) as i32, 0, full);
                     }
+                    state = state.next();
                 }
-                state = state.next();
             }
-            if SPLIT_K && n > 0 && early == k_stages.len() {
-                cluster::reduce(partials, Sum);
-            }
-        }
-        if SPLIT_K && units().next().is_some() {
-            cluster::reduce(partials, Sum);
         }
         return;
     }
@@ -1172,7 +1144,7 @@ fn gate_up_tokens<const SPLIT_K: bool>(
         let expert = expert_of(unit);
         // [gate, up] × [even rows, odd rows].
         let mut acc = [AccM64N64::ZERO, AccM64N64::ZERO, AccM64N64::ZERO, AccM64N64::ZERO];
-        let (last, next) = consume::<GATE_UP_TOKENS_STAGES, { 2 * STEPS as u32 }>(&wg, &pipeline, state, k_stages.len(), |s, kk, accumulate| {
+        let (last, next) = consume::<GATE_UP_TOKENS_STAGES, { 2 * STEPS as u32 }>(&wg, &pipeline, state, stages_per_unit, |s, kk, accumulate| {
             let stage = stages + s * GATE_UP_TOKENS_STAGE_BYTES;
             let b = tokens_operand(stage + 2 * weight_box_bytes(STEPS), kk, STEPS);
             unroll!(i in [0 1 2 3] {
@@ -1203,26 +1175,6 @@ fn gate_up_tokens<const SPLIT_K: bool>(
         // at a time beside the accumulators (sixteen at once spilled, and each store then
         // waited on a reload; so did a second way to a gate weight, scanning the block's own
         // routing). Unrolled, so that `acc` is only indexed by constants.
-        // Split K: the cluster's sums of the unit's first token columns (every token's) in
-        // every block, whose epilogue then writes its share of the row tiles.
-        if SPLIT_K {
-            unroll!(a in [0 1 2 3] {
-                unroll!(i in [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31] {
-                    let (m, c) = AccM64N256::position(t, i);
-                    if c < SPLIT_K_TOKENS {
-                        partials.store(partial_index(a, m, c), acc[a].values[i]);
-                    }
-                });
-            });
-            cluster::reduce(partials, Sum);
-            unroll!(a in [0 1 2 3] {
-                unroll!(i in [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31] {
-                    // Zero past the summed columns: no accumulator stays live across the sum.
-                    let (m, c) = AccM64N256::position(t, i);
-                    acc[a].values[i] = if c < SPLIT_K_TOKENS { partials.load(partial_index(a, m, c)) } else { 0.0 };
-                });
-            });
-        }
         let feature = expert * ffn + unit % tiles * TILE_ROWS;
         unroll!(j in [0 1 2 3 4 5 6 7] {
             unroll!(dc in [0 1] {
@@ -1233,13 +1185,10 @@ fn gate_up_tokens<const SPLIT_K: bool>(
                     unroll!(dv in [0 1] {
                         let i = 4 * j + 2 * dv + dc;
                         let m = AccM64N256::position(t, i).0;
-                        // Split K, this block's row tiles (`m / 8` of the 8, for either parity).
-                        if !SPLIT_K || m / 8 % size == rank {
-                            unroll!(parity in [0 1] {
-                                let value = g * silu_gate(acc[parity].values[i], acc[2 + parity].values[i]);
-                                h.set(row + weight_row(m, parity), bf16::from_f32(value));
-                            });
-                        }
+                        unroll!(parity in [0 1] {
+                            let value = g * silu_gate(acc[parity].values[i], acc[2 + parity].values[i]);
+                            h.set(row + weight_row(m, parity), bf16::from_f32(value));
+                        });
                     });
                 }
             });
@@ -1249,18 +1198,6 @@ fn gate_up_tokens<const SPLIT_K: bool>(
     if t == 0 {
         crate::stamp(timeline, TIMELINE_POINTS, 3);
     }
-}
-
-/// Most tokens a split-K gate/up launch takes ([`host::Plan::split_k`]): the token columns
-/// of a unit its cluster sums.
-pub const SPLIT_K_TOKENS: usize = 8;
-/// Values of a split-K block's partial sums: the 4 accumulators' 64 rows × [`SPLIT_K_TOKENS`].
-const SPLIT_K_PARTIALS: usize = 4 * 64 * SPLIT_K_TOKENS;
-
-/// Where a split-K block keeps row `m`, token column `c` of accumulator `a` of a unit.
-#[inline(always)]
-fn partial_index(a: usize, m: usize, c: usize) -> usize {
-    (a * 64 + m) * SPLIT_K_TOKENS + c
 }
 
 /// Where the gate table holds token `t`'s gate weight for `expert`: tiles of
@@ -1413,50 +1350,35 @@ macro_rules! moe_kernels {
     };
 }
 
-macro_rules! tokens_gate_up_kernels {
-    ($($name:ident, $split_k:literal, $doc:literal;)*) => {
-        $(
-            /// MoE launch 1/2 on the tokens schedule ([`fn@moe_gate_up_g8`]'s arguments, with
-            /// the tensor maps of `x` (boxes of 64 rows × 32 columns) and of the tiled gate and
-            /// up weights (a 16 × 32 tile a box; [`host::Buffers`] makes them)); `h` is `tokens
-            /// × experts · ffn`. `gate_table` ([`MAX_TOKENS`] `× experts`, in tiles of
-            /// [`ROUTER_TOKENS`] tokens) carries the gate weights from the routing clusters to
-            /// every block; with `dense` nonzero, the dense schedule: every expert's weights,
-            /// the first `tokens / 8` clusters routing (`routing` and `pair_gate` are then left
-            /// alone: the dense down kernel needs neither).
-            #[doc = $doc]
-            #[kernel(persistent, launch_bounds(max_threads = 256, min_blocks = 1))]
-            #[allow(clippy::too_many_arguments)]
-            pub fn $name(
-                x: &[bf16],
-                x_map: &[u64],
-                router: &[bf16],
-                w_gate: &[bf16],
-                gate_map: &[u64],
-                w_up: &[bf16],
-                up_map: &[u64],
-                h: Out<bf16>,
-                routing: Out<u32>,
-                pair_gate: Out<f32>,
-                top_ids: Out<u32>,
-                top_gates: Out<f32>,
-                top_k: u32,
-                renormalize: u32,
-                dense: u32,
-                gate_table: Published<f32>,
-                timeline: Out<u64>,
-            ) {
-                gate_up_tokens::<$split_k>(x, x_map, router, w_gate, gate_map, w_up, up_map, &h, &routing, &pair_gate, &top_ids, &top_gates, top_k as usize, renormalize != 0, dense != 0, &gate_table, &timeline)
-            }
-        )*
-    };
-}
-
-// Split K is a kernel of its own: ptxas allocates a kernel's registers over all its paths,
-// and the split path's sums, in the same kernel, spilled the other's epilogue (88 bytes).
-tokens_gate_up_kernels! {
-    moe_gate_up_tokens, false, "";
-    moe_gate_up_tokens_split_k, true, "Each unit's K-steps split over its cluster's blocks ([`host::Plan::split_k`]).";
+/// MoE launch 1/2 on the tokens schedule ([`fn@moe_gate_up_g8`]'s arguments, with the
+/// tensor maps of `x` (boxes of 64 rows × 32 columns) and of the tiled gate and up weights
+/// (a 16 × 32 tile a box; [`host::Buffers`] makes them)); `h` is `tokens × experts · ffn`.
+/// `gate_table` ([`MAX_TOKENS`] `× experts`, in tiles of [`ROUTER_TOKENS`] tokens) carries the
+/// gate weights from the routing clusters to every block; with `dense` nonzero, the dense
+/// schedule: every expert's weights, the first `tokens / 8` clusters routing (`routing` and
+/// `pair_gate` are then left alone: the dense down kernel needs neither).
+#[kernel(persistent, launch_bounds(max_threads = 256, min_blocks = 1))]
+#[allow(clippy::too_many_arguments)]
+pub fn moe_gate_up_tokens(
+    x: &[bf16],
+    x_map: &[u64],
+    router: &[bf16],
+    w_gate: &[bf16],
+    gate_map: &[u64],
+    w_up: &[bf16],
+    up_map: &[u64],
+    h: Out<bf16>,
+    routing: Out<u32>,
+    pair_gate: Out<f32>,
+    top_ids: Out<u32>,
+    top_gates: Out<f32>,
+    top_k: u32,
+    renormalize: u32,
+    dense: u32,
+    gate_table: Published<f32>,
+    timeline: Out<u64>,
+) {
+    gate_up_tokens(x, x_map, router, w_gate, gate_map, w_up, up_map, &h, &routing, &pair_gate, &top_ids, &top_gates, top_k as usize, renormalize != 0, dense != 0, &gate_table, &timeline)
 }
 
 /// MoE launch 2/2 on the tokens schedule ([`fn@moe_down_g8`]'s arguments, with the tensor maps
@@ -1675,7 +1597,6 @@ pub mod host {
         down_g8: moe_down_g8::Kernel,
         down_g16: moe_down_g16::Kernel,
         gate_up_tokens: moe_gate_up_tokens::Kernel,
-        gate_up_tokens_split_k: moe_gate_up_tokens_split_k::Kernel,
         down_tokens: moe_down_tokens::Kernel,
     }
 
@@ -1689,7 +1610,6 @@ pub mod host {
                 down_g8: moe_down_g8::load(gpu)?,
                 down_g16: moe_down_g16::load(gpu)?,
                 gate_up_tokens: moe_gate_up_tokens::load(gpu)?,
-                gate_up_tokens_split_k: moe_gate_up_tokens_split_k::load(gpu)?,
                 down_tokens: moe_down_tokens::load(gpu)?,
             })
         }
@@ -1920,11 +1840,6 @@ pub mod host {
     #[derive(Clone, Copy, Debug)]
     pub struct Plan {
         pub schedule: Schedule,
-        /// On the tokens schedule, whether a cluster takes each gate/up unit, its blocks
-        /// splitting K ([`fn@moe_gate_up_tokens`]): where the step has at most
-        /// [`SPLIT_K_TOKENS`] tokens and its selected experts fewer 128-row units than the GPU
-        /// has SMs, which would otherwise leave SMs idle while the others stream a unit each.
-        pub split_k: bool,
         pub gate_up: LaunchConfig,
         pub down: LaunchConfig,
     }
@@ -1986,9 +1901,8 @@ pub mod host {
     /// Shared memory of the gate/up kernel: the routing's arrays (the normalisers counted
     /// even where the gating renormalises), 16-byte aligned each, and
     /// with groups of 8 the staged window of the pairs' `x`, with groups of [`MAX_TOKENS`]
-    /// (the tokens schedule: all of an expert's pairs) its pipeline, and with `split_k` a
-    /// unit's partial sums.
-    fn gate_up_smem(layer: &Layer, tokens: usize, cluster: usize, group: usize, split_k: bool) -> usize {
+    /// (the tokens schedule: all of an expert's pairs) its pipeline.
+    fn gate_up_smem(layer: &Layer, tokens: usize, cluster: usize, group: usize) -> usize {
         let (pairs, e) = (tokens * layer.top_k, layer.experts);
         let partials = WARPS * ROWS * tokens.next_multiple_of(8) * 4;
         let window = match group {
@@ -1996,8 +1910,7 @@ pub mod host {
             MAX_TOKENS => pipeline_smem(GATE_UP_TOKENS_STAGES, GATE_UP_TOKENS_STAGE_BYTES),
             _ => 0,
         };
-        let split = if split_k { SPLIT_K_PARTIALS * 4 } else { 0 };
-        let sizes = [tokens * e / cluster * 4, partials, tokens * 4, (pairs + tokens) * cluster * 8, 8, pairs * 8, pairs * 4, pairs * 4, 2 * e * 4, window, split];
+        let sizes = [tokens * e / cluster * 4, partials, tokens * 4, (pairs + tokens) * cluster * 8, 8, pairs * 8, pairs * 4, pairs * 4, 2 * e * 4, window];
         sizes.iter().map(|b| b.next_multiple_of(16)).sum::<usize>() + dispatch_smem(layer, tokens)
     }
 
@@ -2043,12 +1956,6 @@ pub mod host {
         Ok(2)
     }
 
-    /// [`Plan::split_k`] for `layer` at `tokens` tokens on `schedule`, gate/up in clusters of
-    /// `cluster` (each block at least one K-step of a unit), on a GPU of `sms` SMs.
-    fn splits_k(layer: &Layer, tokens: usize, cluster: u32, schedule: Schedule, sms: usize) -> bool {
-        schedule == Schedule::Tokens && tokens <= SPLIT_K_TOKENS && gate_up_blocks(layer, tokens, schedule) < sms && layer.hidden / (STEP * GATE_UP_STAGE_STEPS) >= cluster as usize
-    }
-
     /// Blocks the gate/up kernel wants on `schedule` (before the GPU's limit): on the pairs
     /// schedule one per 8 units (16 rows of an item) of the largest routing with groups of 8,
     /// a unit a warp, or per 2 units with 16 and 32; on the tokens schedule one per unit (128
@@ -2069,15 +1976,13 @@ pub mod host {
     /// The gate/up kernel on `schedule` in clusters of `cluster`: its launch (grid of one
     /// cluster) and how many of its blocks the GPU holds at once.
     fn gate_up_launch(kernels: &Kernels, gpu: &Gpu, layer: &Layer, tokens: usize, cluster: u32, schedule: Schedule) -> Result<(LaunchConfig, u64)> {
-        let split_k = splits_k(layer, tokens, cluster, schedule, gpu.multiprocessors()?.unwrap_or(132));
         let (raw, group) = match schedule {
             Schedule::Pairs { gate_up_group: 8, .. } => (kernels.gate_up_g8.raw(), 8),
             Schedule::Pairs { gate_up_group: 16, .. } => (kernels.gate_up_g16.raw(), 16),
             Schedule::Pairs { .. } => (kernels.gate_up_g32.raw(), 32),
-            Schedule::Tokens if split_k => (kernels.gate_up_tokens_split_k.raw(), MAX_TOKENS),
             Schedule::Tokens | Schedule::Dense => (kernels.gate_up_tokens.raw(), MAX_TOKENS),
         };
-        let config = LaunchConfig { grid: cluster.into(), block: BLOCK.into(), cluster: Some(cluster.into()), dynamic_smem_bytes: gate_up_smem(layer, tokens, cluster as usize, group, split_k) as u32, ..LaunchConfig::default() };
+        let config = LaunchConfig { grid: cluster.into(), block: BLOCK.into(), cluster: Some(cluster.into()), dynamic_smem_bytes: gate_up_smem(layer, tokens, cluster as usize, group) as u32, ..LaunchConfig::default() };
         let resident = raw.max_resident_blocks(gpu.stream(), &raw.plan(&config)?)?;
         Ok((config, resident))
     }
@@ -2108,10 +2013,9 @@ pub mod host {
                 kernels.down_tokens.raw()
             }
         };
-        let split_k = splits_k(&layer, tokens, cluster, schedule, sms);
         let (mut gate_up, resident) = gate_up_launch(kernels, gpu, &layer, tokens, cluster, schedule)?;
-        // Split K: a cluster a unit. Dense: a cluster for each group of tokens to route.
-        let wanted = (gate_up_blocks(&layer, tokens, schedule) * if split_k { c } else { 1 }).max(if schedule == Schedule::Dense { tokens.div_ceil(ROUTER_TOKENS) * c } else { 0 });
+        // Dense: a cluster for each group of tokens to route.
+        let wanted = gate_up_blocks(&layer, tokens, schedule).max(if schedule == Schedule::Dense { tokens.div_ceil(ROUTER_TOKENS) * c } else { 0 });
         gate_up.grid = ((wanted as u64).min(resident).max(1).div_ceil(c as u64) as u32 * cluster).into();
         let routers = tokens.div_ceil(ROUTER_TOKENS) as u32;
         if schedule == Schedule::Dense && gate_up.grid.x / cluster < routers {
@@ -2144,7 +2048,7 @@ pub mod host {
                 break;
             }
         }
-        Ok(Plan { schedule, split_k, gate_up, down })
+        Ok(Plan { schedule, gate_up, down })
     }
 
     /// One step on `stream`: the two launches of `plan`.
@@ -2167,32 +2071,27 @@ pub mod host {
             Schedule::Pairs { .. } => launch!(kernels.gate_up_g32),
             Schedule::Tokens | Schedule::Dense => {
                 let m = &b.maps;
-                macro_rules! launch_tokens {
-                    ($kernel:expr) => {
-                        $kernel.launch(
-                            stream,
-                            &plan.gate_up,
-                            &b.x,
-                            m.x.words(),
-                            &b.router,
-                            &b.w_gate,
-                            m.w_gate.words(),
-                            &b.w_up,
-                            m.w_up.words(),
-                            &mut b.h_tokens,
-                            &mut b.routing,
-                            &mut b.pair_gate,
-                            &mut b.top_ids,
-                            &mut b.top_gates,
-                            k,
-                            renormalize,
-                            u32::from(plan.schedule == Schedule::Dense),
-                            &mut b.gate_table,
-                            &mut b.timelines[0],
-                        )
-                    };
-                }
-                if plan.split_k { launch_tokens!(kernels.gate_up_tokens_split_k) } else { launch_tokens!(kernels.gate_up_tokens) }
+                kernels.gate_up_tokens.launch(
+                    stream,
+                    &plan.gate_up,
+                    &b.x,
+                    m.x.words(),
+                    &b.router,
+                    &b.w_gate,
+                    m.w_gate.words(),
+                    &b.w_up,
+                    m.w_up.words(),
+                    &mut b.h_tokens,
+                    &mut b.routing,
+                    &mut b.pair_gate,
+                    &mut b.top_ids,
+                    &mut b.top_gates,
+                    k,
+                    renormalize,
+                    u32::from(plan.schedule == Schedule::Dense),
+                    &mut b.gate_table,
+                    &mut b.timelines[0],
+                )
             }
         }
     }

@@ -68,7 +68,6 @@ fn every_kernel_assembles_with_its_shared_memory_and_bounded_spills() {
         ("moe_down_g16", 0),
         ("moe_gate_up_g32", 0),
         ("moe_gate_up_tokens", 0),
-        ("moe_gate_up_tokens_split_k", 0),
         ("moe_down_tokens", 0),
         // Row softmax, RoPE, the norms (the block reductions' scratch; a warp a row: the
         // reductions' slots are never read, and ptxas drops them).
@@ -191,7 +190,7 @@ fn llama_projections_stream_weights_before_waiting() {
         assert!(text[..wait].contains("griddepcontrol.launch_dependents;"), "`{name}` lets its dependent launch before it waits");
         // The gate/up kernel's one atomic: its published gate table's count of retired blocks.
         let retirements = text.matches("atom.acq_rel.gpu.global.add.u32").count();
-        assert!(text.matches("atom.").count() == retirements && retirements <= usize::from(name.starts_with("moe_gate_up_tokens")), "`{name}` must not use atomics (but the gate table's retirement)");
+        assert!(text.matches("atom.").count() == retirements && retirements <= usize::from(name == "moe_gate_up_tokens"), "`{name}` must not use atomics (but the gate table's retirement)");
     }
     let text = entry("llama_attention");
     let wait = text.find("griddepcontrol.wait;").expect("the attention waits for the QKV kernel");
@@ -217,7 +216,7 @@ fn decode_attention_streams_16_byte_vectors() {
         // The sum over heads is the second launch's: no atomics, so the output is deterministic.
         // The gate/up kernel's one atomic: its published gate table's count of retired blocks.
         let retirements = text.matches("atom.acq_rel.gpu.global.add.u32").count();
-        assert!(text.matches("atom.").count() == retirements && retirements <= usize::from(name.starts_with("moe_gate_up_tokens")), "`{name}` must not use atomics (but the gate table's retirement)");
+        assert!(text.matches("atom.").count() == retirements && retirements <= usize::from(name == "moe_gate_up_tokens"), "`{name}` must not use atomics (but the gate table's retirement)");
     }
     // The output projection streams W_o the same way (through registers: with a ring of bulk
     // copies it took 14.2-14.7 µs alone on the H200, 12.5 µs so).
@@ -345,14 +344,14 @@ fn moe_streaming_loops_issue_their_loads_together_without_spilling() {
 #[test]
 fn moe_tokens_schedule_feeds_wgmma_from_tma_without_spilling() {
     let sass = clusterfuse_build::Sass::new(PTX.text).unwrap_or_else(|e| panic!("{e}"));
-    for (name, wgmmas) in [("moe_gate_up_tokens", 8), ("moe_gate_up_tokens_split_k", 8), ("moe_down_tokens", 8)] {
+    for (name, wgmmas) in [("moe_gate_up_tokens", 8), ("moe_down_tokens", 8)] {
         let text = entry(name);
         assert!(text.contains(".maxntid 256, 1, 1") && text.contains(".minnctapersm 1"), "`{name}`: launch bounds");
         assert!(text.contains("cp.async.bulk.tensor.3d") && text.contains("cp.async.bulk.tensor.2d"), "`{name}`: TMA loads");
         assert!(text.contains("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"), "`{name}`: no wgmma");
         // The gate/up kernel's one atomic: its published gate table's count of retired blocks.
         let retirements = text.matches("atom.acq_rel.gpu.global.add.u32").count();
-        assert!(text.matches("atom.").count() == retirements && retirements <= usize::from(name.starts_with("moe_gate_up_tokens")), "`{name}` must not use atomics (but the gate table's retirement)");
+        assert!(text.matches("atom.").count() == retirements && retirements <= usize::from(name == "moe_gate_up_tokens"), "`{name}` must not use atomics (but the gate table's retirement)");
         let loops = innermost_mma_loops(&sass.of(name).unwrap_or_else(|e| panic!("{e}")), "HGMMA");
         assert!(!loops.is_empty(), "`{name}`: no wgmma loop found");
         for body in loops {
@@ -360,10 +359,6 @@ fn moe_tokens_schedule_feeds_wgmma_from_tma_without_spilling() {
             assert!(!body.iter().any(|i| i.contains("LDL") || i.contains("STL")), "`{name}`: a main loop spills");
         }
     }
-    for name in ["moe_gate_up_tokens", "moe_gate_up_tokens_split_k"] {
-        assert!(entry(name).contains("moe12route_tokens"), "`{name}` does not route");
-    }
-    // Split K: the cluster's sum of a unit's partial tiles through DSMEM.
-    assert!(entry("moe_gate_up_tokens_split_k").contains("ld.shared::cluster") && !entry("moe_gate_up_tokens").contains("ld.shared::cluster.v4"), "split K sums through DSMEM, only in its own kernel");
+    assert!(entry("moe_gate_up_tokens").contains("moe12route_tokens"), "the tokens schedule's gate/up kernel does not route");
     assert!(entry("moe_down_tokens").contains("griddepcontrol.wait;"), "the tokens schedule's down kernel never waits for the gate/up kernel");
 }

@@ -124,8 +124,7 @@ fn main() -> Result<()> {
                     // The busiest expert's pairs: past a group, its weights are read again.
                     let busiest = (0..layer.experts as u32).map(|e| first.1.iter().filter(|&&id| id == e).count()).max().unwrap_or(0);
                     let mark = if schedule == planned { "planned " } else { "" };
-                    let split = if plan.split_k { ", split K" } else { "" };
-                    let layout = format!("{mark}{schedule:?}{split}: {} + {} blocks, clusters of {cluster} and {down_cluster}, busiest expert {busiest} pairs", plan.gate_up.grid.x, plan.down.grid.x);
+                    let layout = format!("{mark}{schedule:?}: {} + {} blocks, clusters of {cluster} and {down_cluster}, busiest expert {busiest} pairs", plan.gate_up.grid.x, plan.down.grid.x);
                     if let (Some(dir), true) = (&dump_dir, tokens == TOKENS[0] && schedule == planned) {
                         dump(dir, name, &moe, &first)?;
                     }
