@@ -1,9 +1,10 @@
 //! The MoE layer's host side without a GPU: the tiled weight layout the kernels read, the
-//! schedule a step takes, and the shapes the kernels refuse before launching.
+//! schedule and clusters a step takes (on the emulator's device: 132 SMs, no limit on
+//! resident blocks), and the shapes the kernels refuse before launching.
 
 use clusterfuse::bf16;
-use clusterfuse::host::Error;
-use clusterfuse_kernels::moe::host::{schedule, tile, Layer, Schedule};
+use clusterfuse::host::{Error, Gpu};
+use clusterfuse_kernels::moe::host::{plan, schedule, tile, Kernels, Layer, Schedule};
 
 #[test]
 fn tiling_keeps_16_rows_of_32_columns_together_in_k_order() {
@@ -38,6 +39,19 @@ fn steps_take_the_schedule_their_shape_streams_fastest() {
     ];
     for (layer, tokens, sms, expected) in cases {
         assert_eq!(schedule(&layer, tokens, sms), expected, "{layer:?} at {tokens} tokens on {sms} SMs");
+    }
+}
+
+#[test]
+fn steps_that_fill_every_sm_route_in_clusters_of_2_the_others_in_clusters_of_4() {
+    let gpu = Gpu::emulator();
+    let kernels = Kernels::load(&gpu).unwrap();
+    let (mixtral, deepseek) = (Layer::MIXTRAL_8X7B, Layer::DEEPSEEK_V2_LITE);
+    // (layer, tokens, gate/up cluster): DeepSeek's 8 experts of one token want 88 blocks.
+    for (layer, tokens, cluster) in [(mixtral, 1, 2), (mixtral, 8, 2), (mixtral, 64, 2), (deepseek, 1, 4), (deepseek, 8, 2), (deepseek, 64, 2)] {
+        let plan = plan(&kernels, &gpu, layer, tokens, true).unwrap_or_else(|e| panic!("{layer:?} at {tokens} tokens: {e}"));
+        assert_eq!(plan.gate_up.cluster.map(|c| c.x), Some(cluster), "{layer:?} at {tokens} tokens");
+        assert_eq!(plan.schedule, schedule(&layer, tokens, 132), "{layer:?} at {tokens} tokens");
     }
 }
 
