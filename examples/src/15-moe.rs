@@ -6,7 +6,7 @@
 
 use crate::check::{shape, with_rng, Report};
 use clusterfuse::host::{Gpu, Result};
-use clusterfuse_kernels::moe::host::{gate_up_cluster, plan_schedule, schedule, step, Buffers, Kernels, Layer, Moe, Reference, Schedule, Timeline, TOLERANCE};
+use clusterfuse_kernels::moe::host::{gate_up_cluster, multiprocessors, plan_schedule, schedule, step, Buffers, Kernels, Layer, Moe, Reference, Schedule, Timeline, TOLERANCE};
 use rand::Rng;
 
 /// Small layers on the emulator (Mixtral-like top 2 of 8 with renormalised gates, DeepSeek-like
@@ -39,7 +39,7 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
     let tokens_mixtral_like = Layer { hidden: 128, experts: 8, top_k: 2, ffn: 128, renormalize: true };
     let tokens_deepseek_like = Layer { hidden: 256, experts: 16, top_k: 4, ffn: 256, renormalize: false };
     let tokens_top_1 = Layer { hidden: 128, experts: 8, top_k: 1, ffn: 128, renormalize: false };
-    let sms = gpu.multiprocessors()?.unwrap_or(132);
+    let sms = multiprocessors(gpu)?;
     // (layer, tokens, gate/up cluster or `plan`'s, schedule)
     let planned = |layer: Layer, tokens: usize, cluster: u32| (layer, tokens, Some(cluster), schedule(&layer, tokens, sms));
     let on_pairs = |layer: Layer, tokens: usize, cluster: u32| (layer, tokens, Some(cluster), Schedule::pairs(&layer, tokens));

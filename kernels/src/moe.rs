@@ -1859,7 +1859,7 @@ pub mod host {
     /// DeepSeek at 64 (4096 logits).
     pub fn schedule(layer: &Layer, tokens: usize, sms: usize) -> Schedule {
         let (pairs, logits) = (tokens * layer.top_k, tokens * layer.experts);
-        let few_units = layer.experts.min(pairs) * layer.ffn / TILE_ROWS < sms;
+        let few_units = gate_up_blocks(layer, tokens, Schedule::Tokens) < sms;
         match tokens_schedule_fits(layer) {
             Ok(()) if pairs >= DENSE_PAIRS_PER_EXPERT * layer.experts => Schedule::Dense,
             Ok(()) if (pairs >= TOKENS_SCHEDULE_PAIRS && logits <= TOKENS_SCHEDULE_LOGITS) || few_units => Schedule::Tokens,
@@ -1931,11 +1931,16 @@ pub mod host {
         [layer.experts * 4, layer.experts * 4, pairs * 4, pairs * 4, (pairs + 1) * 4].iter().map(|b| b.next_multiple_of(16)).sum()
     }
 
+    /// The SMs [`plan`] plans for: the GPU's, or on the emulator the H200's 132.
+    pub fn multiprocessors(gpu: &Gpu) -> Result<usize> {
+        Ok(gpu.multiprocessors()?.unwrap_or(132))
+    }
+
     /// The launches of `layer` at `tokens` tokens on the [`schedule`] it takes, gate/up in
     /// clusters of [`gate_up_cluster`] blocks, the down kernel launched programmatically with
     /// `programmatic`.
     pub fn plan(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, programmatic: bool) -> Result<Plan> {
-        let schedule = schedule(&layer, tokens, gpu.multiprocessors()?.unwrap_or(132));
+        let schedule = schedule(&layer, tokens, multiprocessors(gpu)?);
         plan_schedule(kernels, gpu, layer, tokens, gate_up_cluster(kernels, gpu, layer, tokens, schedule)?, programmatic, schedule)
     }
 
@@ -1949,7 +1954,7 @@ pub mod host {
     /// 1-token step (88-100 blocks) by 7-13%; clusters of 8 ran that one 4-5% slower than 4.
     pub fn gate_up_cluster(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, schedule: Schedule) -> Result<u32> {
         let wanted = gate_up_blocks(&layer, tokens, schedule);
-        let spare_sms = wanted < gpu.multiprocessors()?.unwrap_or(132);
+        let spare_sms = wanted < multiprocessors(gpu)?;
         if spare_sms && layer.check(tokens, 4).is_ok() && gate_up_launch(kernels, gpu, &layer, tokens, 4, schedule)?.1 >= wanted as u64 {
             return Ok(4);
         }
@@ -2000,7 +2005,7 @@ pub mod host {
     pub fn plan_schedule(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, cluster: u32, programmatic: bool, schedule: Schedule) -> Result<Plan> {
         layer.check(tokens, cluster)?;
         let c = cluster as usize;
-        let sms = gpu.multiprocessors()?.unwrap_or(132);
+        let sms = multiprocessors(gpu)?;
         let down_raw = match schedule {
             Schedule::Pairs { gate_up_group, down_group } => {
                 if ![8, 16, 32].contains(&gate_up_group) || ![8, 16].contains(&down_group) {

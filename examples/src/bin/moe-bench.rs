@@ -29,7 +29,7 @@
 use clusterfuse::bf16;
 use clusterfuse::host::{Gpu, LaunchConfig};
 use clusterfuse_examples::check::{gpu_or_skip, median, median_us_per_call, print_rows, with_rng, Report};
-use clusterfuse_kernels::moe::host::{down, gate_up, gate_up_cluster, plan_schedule, schedule, step, Buffers, Kernels, Layer, Moe, Plan, Reference, Schedule, Timeline, TOLERANCE};
+use clusterfuse_kernels::moe::host::{down, gate_up, gate_up_cluster, multiprocessors, plan_schedule, schedule, step, Buffers, Kernels, Layer, Moe, Plan, Reference, Schedule, Timeline, TOLERANCE};
 use rand::Rng;
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -86,7 +86,7 @@ fn main() -> Result<()> {
     let wanted = |name: &str, tokens: usize| only.len() < 2 || (name.starts_with(only[0].as_str()) && only[1] == tokens.to_string());
     let Some(gpu) = gpu_or_skip("moe-bench") else { return Ok(()) };
     let kernels = Kernels::load(&gpu)?;
-    let sms = gpu.multiprocessors()?.unwrap_or(132);
+    let sms = multiprocessors(&gpu)?;
     let bandwidth = copy_bandwidth(&gpu)?;
     println!("copy bandwidth (cuMemcpyDtoD, 1 GiB): {:.2} TB/s", bandwidth / 1e12);
     let (mut rows, mut launches, mut timelines) = (Vec::new(), Vec::new(), Vec::new());
