@@ -92,8 +92,8 @@ impl Sass {
 /// (`ld.global.nc`, which it takes to be invariant for the whole kernel) before
 /// `griddepcontrol.wait` (`ACQBULK`), and under programmatic dependent launch that load reads
 /// what the previous kernel may still be writing. Loads a kernel issues before its wait on
-/// purpose (weights) are its PTX's; the PTX count is textual, an upper bound for the loads
-/// the wait can precede.
+/// purpose (weights, a published buffer's epoch) are its PTX's; the PTX count is textual, an
+/// upper bound for the loads the wait can precede.
 pub fn check_programmatic_waits(ptx: &str) -> Result<usize, Error> {
     let sass = Sass::new(ptx)?;
     let waiting: Vec<(&str, &str)> = ptx
@@ -104,7 +104,10 @@ pub fn check_programmatic_waits(ptx: &str) -> Result<usize, Error> {
         .filter(|(_, text)| text.contains("griddepcontrol.wait;"))
         .collect();
     for &(name, text) in &waiting {
-        let in_ptx = text[..text.find("griddepcontrol.wait;").unwrap_or(0)].matches("ld.global").count();
+        // Every `ld` of global memory: `ld.global.*`, and `ld.relaxed.gpu.global.*` and the
+        // like (a published buffer's epoch, read as a persistent kernel starts).
+        let is_global_load = |l: &&str| l.trim_start().starts_with("ld.") && l.contains(".global");
+        let in_ptx = text[..text.find("griddepcontrol.wait;").unwrap_or(0)].lines().filter(is_global_load).count();
         let code = sass.of(name)?;
         let wait = code.find("ACQBULK").ok_or_else(|| Error::Ptx(format!("`{name}`: no ACQBULK in the SASS")))?;
         let is_load = |l: &&str| l.split_whitespace().any(|t| t == "LDG" || t.starts_with("LDG."));

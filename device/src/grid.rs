@@ -8,7 +8,7 @@
 //!
 //! Inside one launch, blocks depend on each other through [`Published`] buffers (persistent
 //! kernels only), and share out work by static schedules ([`round_robin`],
-//! [`cluster_round_robin`]).
+//! [`cluster_round_robin`], and [`StreamK`] for items of many steps).
 
 mod published;
 
@@ -80,4 +80,147 @@ pub fn cluster_round_robin(count: u32, first: u32) -> StepBy<Range<u32>> {
 fn shared_out(me: u32, workers: u32, count: u32, first: u32) -> StepBy<Range<u32>> {
     let rank = (me + workers - first % workers) % workers;
     (rank.min(count)..count).step_by(workers as usize)
+}
+
+/// *Stream-K*: `items` items (output tiles) of `steps` steps each (their K-steps) shared by
+/// `workers` blocks as equal contiguous ranges of the flat `item · steps + step` order, so
+/// that every block streams the same number of steps whatever the item count (a round robin
+/// of whole items leaves blocks idle in its last wave). A block's range falls into
+/// [`Segment`]s, one an item it touches: whole items, and at its ends parts of an item that
+/// other blocks finish. An item's *head* segment (its step 0) sums the others' partial
+/// results: they are the first segments of the blocks after its own
+/// ([`StreamK::helpers`]), done at those blocks' starts, while the head comes last in its
+/// block's range — so the head rarely waits, and summing the parts in block order makes the
+/// result independent of timing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamK {
+    items: usize,
+    steps: usize,
+    workers: usize,
+}
+
+/// One item's steps `steps` that one block of a [`StreamK`] schedule takes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Segment {
+    pub item: usize,
+    pub steps: Range<usize>,
+}
+
+impl Segment {
+    /// Whether the segment holds its item's step 0: its block completes the item.
+    #[inline(always)]
+    pub fn is_head(&self) -> bool {
+        self.steps.start == 0
+    }
+}
+
+/// A block's [`Segment`]s of a [`StreamK`] schedule: a cursor in the flat step order (32-bit:
+/// a lone producer thread keeps it beside its pipeline's state).
+#[derive(Clone, Debug)]
+pub struct Segments {
+    at: u32,
+    end: u32,
+    steps: u32,
+}
+
+impl Iterator for Segments {
+    type Item = Segment;
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<Segment> {
+        if self.at >= self.end {
+            return None;
+        }
+        let (item, first) = (self.at / self.steps, self.at % self.steps);
+        let last = self.steps.min(first + self.end - self.at);
+        self.at += last - first;
+        Some(Segment { item: item as usize, steps: first as usize..last as usize })
+    }
+}
+
+impl StreamK {
+    /// `items` items of `steps` steps shared by `workers` workers (none when `workers` is 0).
+    #[inline(always)]
+    pub const fn new(items: usize, steps: usize, workers: usize) -> Self {
+        Self { items, steps, workers }
+    }
+
+    /// Whether every worker has a step: no more workers than steps. [`StreamK::helpers`]
+    /// counts on it.
+    #[inline(always)]
+    pub const fn busies_every_worker(self) -> bool {
+        self.workers <= self.items * self.steps
+    }
+
+    /// Worker `w`'s steps, in the flat order.
+    #[inline(always)]
+    pub fn range(self, w: usize) -> Range<usize> {
+        let total = self.items * self.steps;
+        let at = |w: usize| if self.workers == 0 { total } else { w.min(self.workers) * total / self.workers };
+        at(w)..at(w + 1)
+    }
+
+    /// Worker `w`'s segments, in order (none for an empty range).
+    #[inline(always)]
+    pub fn segments(self, w: usize) -> Segments {
+        let range = self.range(w);
+        Segments { at: range.start as u32, end: range.end as u32, steps: self.steps as u32 }
+    }
+
+    /// The workers after `w` whose ranges start inside `segment`'s item: those whose first
+    /// segments a head segment of `w` adds, in this order (none when `w` ends the item).
+    /// Where some worker has no step ([`StreamK::busies_every_worker`]), it may count workers
+    /// that have none.
+    #[inline(always)]
+    pub fn helpers(self, w: usize, segment: &Segment) -> Range<usize> {
+        let end = (segment.item + 1) * self.steps;
+        let mut last = w + 1;
+        while last < self.workers && self.range(last).start < end {
+            last += 1;
+        }
+        w + 1..last
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Segment, StreamK};
+    use std::{vec, vec::Vec};
+
+
+    /// Every (item, step) once, each item's segments a head and the helpers' first segments.
+    fn check(items: usize, steps: usize, workers: usize) {
+        let schedule = StreamK::new(items, steps, workers);
+        assert_eq!(schedule.busies_every_worker(), workers <= items * steps);
+        if !schedule.busies_every_worker() {
+            return;
+        }
+        let mut seen = vec![0u32; items * steps];
+        for w in 0..workers {
+            let range = schedule.range(w);
+            assert!(range.len() <= (items * steps).div_ceil(workers), "{w}: {range:?}");
+            for (n, segment) in schedule.segments(w).enumerate() {
+                assert!(!segment.steps.is_empty() && segment.steps.end <= steps);
+                assert!(n == 0 || segment.is_head(), "only a range's first segment starts inside an item");
+                segment.steps.clone().for_each(|s| seen[segment.item * steps + s] += 1);
+                if segment.is_head() {
+                    let parts: Vec<Segment> = schedule.helpers(w, &segment).map(|h| schedule.segments(h).next().unwrap()).collect();
+                    let mut next = segment.steps.end;
+                    for part in parts {
+                        assert_eq!((part.item, part.steps.start), (segment.item, next));
+                        next = part.steps.end;
+                    }
+                    assert_eq!(next, steps, "the head and its helpers cover item {}", segment.item);
+                }
+            }
+        }
+        assert!(seen.iter().all(|&n| n == 1));
+    }
+
+    #[test]
+    fn stream_k_covers_every_step_once_and_heads_find_their_parts() {
+        for (items, steps, workers) in [(88, 64, 132), (88, 64, 120), (429, 64, 132), (16, 176, 132), (3, 5, 7), (1, 1, 4), (7, 3, 1), (1000, 2, 132), (1, 4, 132), (2, 3, 132)] {
+            check(items, steps, workers);
+        }
+    }
 }
