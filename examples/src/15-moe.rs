@@ -16,10 +16,8 @@ use rand::Rng;
 /// one token with hidden 512, top 2 of 4 at 4 tokens with hidden 1152 (the staged gate/up
 /// window of `x` and a part of one), top 1 of 4 with FFN 6400 (one item's long runs of down
 /// K-steps), top 8 of 160 at 3 tokens over clusters of 2 (80 experts a block: the top-k's
-/// rounds, not its ranks); on the tokens schedule (the down kernel stream-K), top 2
-/// of 8 at 24 tokens and top 1 of 8 at 1 token with hidden 1024 (the down kernel's 8 output
-/// tiles of 2 K-steps over 3 blocks: parts of tiles across tile ends);
-/// on the dense schedule, top 4 of 16 at 40 tokens
+/// rounds, not its ranks); on the tokens schedule, top 2 of 8 at 24 tokens and top 1 of 8 at
+/// 1 token over down clusters of 8 (blocks with no K-steps); on the dense schedule, top 4 of 16 at 40 tokens
 /// (`plan`'s choice there: 10 pairs an expert) and top 1 of 8 at 2 tokens (experts no token
 /// chose); clusters of 2, 4 and 8; one router row doubled
 /// so that two experts tie); Mixtral-8x7B and DeepSeek-V2-Lite shapes at 8 and 64 tokens on a
@@ -40,8 +38,7 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
     // The tokens schedule's shapes: whole 128-row tiles.
     let tokens_mixtral_like = Layer { hidden: 128, experts: 8, top_k: 2, ffn: 128, renormalize: true };
     let tokens_deepseek_like = Layer { hidden: 256, experts: 16, top_k: 4, ffn: 256, renormalize: false };
-    // Hidden 1024: 8 output tiles, split over 3 down blocks stream-K.
-    let tokens_top_1 = Layer { hidden: 1024, experts: 8, top_k: 1, ffn: 128, renormalize: false };
+    let tokens_top_1 = Layer { hidden: 128, experts: 8, top_k: 1, ffn: 128, renormalize: false };
     let sms = multiprocessors(gpu)?;
     // (layer, tokens, gate/up cluster or `plan`'s, schedule)
     let planned = |layer: Layer, tokens: usize, cluster: u32| (layer, tokens, Some(cluster), schedule(&layer, tokens, sms));

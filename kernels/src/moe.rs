@@ -67,13 +67,10 @@
 //! columns) into a shared-memory pipeline, a consumer warpgroup multiplies them; the gate/up
 //! kernel (one block an SM, after the same routing) writes each token's `g[t, e] · silu(gate)
 //! ⊙ up` for every selected expert — zero where it did not choose `e` — so that the down
-//! kernel is one GEMM over the selected experts' concatenated columns, whose blocks (a whole
-//! number a 128-row output tile, up to one an SM) share the tiles' K-steps *stream-K*
-//! ([`StreamK`]): equal contiguous ranges of the flat (tile, K-step) order; a block hands the
-//! part of a tile it starts inside to the block that holds the tile's first K-step through a
-//! [`Published`] buffer of partial accumulators, and that block adds the parts in block order
-//! (no atomics: bitwise deterministic). The gate weights reach the gate/up epilogues through
-//! a [`Published`] table (both kernels are persistent). The *dense* schedule, for so many tokens that every expert is chosen anyway,
+//! kernel is one GEMM over the selected experts' concatenated columns, a cluster per 128
+//! output rows splitting them and `cluster::reduce_scatter` summing in rank order. The
+//! gate weights reach the epilogues through a [`Published`] table (the kernel is
+//! persistent). The *dense* schedule, for so many tokens that every expert is chosen anyway,
 //! is the same with every expert's rows in both kernels: no block then needs the routing
 //! before its first unit's epilogue, so a few clusters route 8 tokens each while the others
 //! already stream, and the down kernel needs none — the routing's tens of microseconds at
@@ -96,7 +93,6 @@
 
 use clusterfuse::arch;
 use clusterfuse::cluster::Cluster;
-use clusterfuse::grid::StreamK;
 use clusterfuse::mbarrier::Mailbox;
 use clusterfuse::mma::{mma_m16n8k16, FragA, FragB, FragC};
 use clusterfuse::ops::{rank_key, rank_unkey};
@@ -1204,65 +1200,6 @@ fn gate_up_tokens(
     }
 }
 
-/// Warps of a tokens-schedule consumer warpgroup: each hands over its part of a down block's
-/// partial accumulators on its own (a tile of the partials buffer each).
-pub const CONSUMER_WARPS: usize = 4;
-
-/// Values of a partials tile of a tokens-schedule kernel with `N` accumulators: a warp's
-/// lanes' values, `(accumulator · 32 + value) · 32 + lane`.
-pub const fn partial_tile<const N: usize>() -> usize {
-    N * 32 * 32
-}
-
-/// The partials tile of consumer warp `warp` of block `worker` in a grid of `blocks`: a warp's
-/// tiles in block order, so that a head's helpers' flags are one run (polled four at a time).
-#[inline(always)]
-fn partial_tile_index(warp: usize, worker: usize, blocks: usize) -> usize {
-    warp * blocks + worker
-}
-
-/// Hands over this consumer thread's accumulators, a part of an item (a [`StreamK`] segment
-/// other than the head) that block `worker` of `blocks` computed, in its warp's tile of
-/// `partials` ([`partial_tile`], [`partial_tile_index`]): only the values of the first
-/// `tokens` token columns (8 a column group), the rest never read.
-#[inline(always)]
-fn publish_partial<const N: usize>(partials: &Published<f32>, acc: &[AccM64N64; N], tokens: usize, worker: usize, blocks: usize) {
-    let (warp, lane) = (warp::index_in_block() as usize % CONSUMER_WARPS, warp::lane() as usize);
-    let tile = partial_tile_index(warp, worker, blocks);
-    let at = |a: usize, i: usize| tile * partial_tile::<N>() + (a * 32 + i) * 32 + lane;
-    unroll!(i in [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31] {
-        if 8 * (i / 4) < tokens {
-            for (a, acc) in acc.iter().enumerate() {
-                partials.set(at(a, i), acc.values[i]);
-            }
-        }
-    });
-    partials.publish_warp(tile);
-}
-
-/// Adds to this consumer thread's accumulators (a head segment's) the parts that blocks
-/// `helpers` of `blocks` handed over ([`publish_partial`]), in block order: one wait for them
-/// all, then loads that do not wait on each other.
-#[inline(always)]
-fn add_partials<const N: usize>(partials: &Published<f32>, acc: &mut [AccM64N64; N], tokens: usize, helpers: core::ops::Range<usize>, blocks: usize) {
-    if helpers.is_empty() {
-        return;
-    }
-    let (warp, lane) = (warp::index_in_block() as usize % CONSUMER_WARPS, warp::lane() as usize);
-    let tiles = partial_tile_index(warp, helpers.start, blocks)..partial_tile_index(warp, helpers.end, blocks);
-    let parts = partials.wait_alone(tiles.start * partial_tile::<N>()..tiles.end * partial_tile::<N>());
-    for tile in tiles {
-        let at = |a: usize, i: usize| tile * partial_tile::<N>() + (a * 32 + i) * 32 + lane;
-        unroll!(i in [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31] {
-            if 8 * (i / 4) < tokens {
-                for (a, acc) in acc.iter_mut().enumerate() {
-                    acc.values[i] += parts.get(at(a, i));
-                }
-            }
-        });
-    }
-}
-
 /// Where the gate table holds token `t`'s gate weight for `expert`: tiles of
 /// [`ROUTER_TOKENS`] tokens (a dense routing cluster's), each expert-major, so that an
 /// epilogue's columns of one expert are a constant apart.
@@ -1286,28 +1223,21 @@ fn chosen_gate(ids: SharedSlice<u32>, gates: SharedSlice<f32>, k: usize, t: usiz
 
 /// The down kernel on the tokens schedule: `y = Σ_e W_down[e] · h[:, e]` over the selected
 /// experts (`h` already holds each token's gate weight, zero for an expert it did not
-/// choose), one GEMM over their concatenated columns. The grid (a block an SM) shares the
-/// 128-row output tiles' K-steps stream-K ([`StreamK`]): warpgroup 0's first thread loads
-/// each 2 K-steps' weight tiles (a box) and the tokens' 64 columns of `h` through TMA into a
+/// choose), one GEMM over their concatenated columns. A cluster per 128 output rows splits
+/// those columns' K-steps into contiguous ranges, one a block: warpgroup 0's first thread
+/// loads each 2 K-steps' weight tiles (a box) and the tokens' 64 columns of `h` through TMA into a
 /// [`DOWN_TOKENS_STAGES`]-stage [`Pipeline`], warpgroup 1 multiplies them (two `m64n64k16`
-/// accumulators: even and odd rows), hands a part of a tile over through `partials`, or adds
-/// the parts that follow its tile's first K-step, in block order, and writes `y` (no atomics:
-/// bitwise deterministic).
+/// accumulators: even and odd rows), and `cluster::reduce_scatter` sums the blocks' tiles in rank order into
+/// `y` (no atomics: bitwise deterministic).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn down_tokens(h: &Out<bf16>, h_map: &[u64], routing: &Out<u32>, pair_gate: &Out<f32>, w_down: &[bf16], down_map: &[u64], out: &Out<bf16>, k: usize, dense: bool, partials: &Published<f32>, timeline: &Out<u64>) {
+fn down_tokens(h: &Out<bf16>, h_map: &[u64], routing: &Out<u32>, pair_gate: &Out<f32>, w_down: &[bf16], down_map: &[u64], out: &Out<bf16>, k: usize, dense: bool, timeline: &Out<u64>) {
     stamp(timeline, 0);
     let tokens = pair_gate.len() / k;
     let hidden = out.len() / tokens;
     let experts = routing.len() - tokens * k;
     let ffn = h.len() / (tokens * experts);
-    if tokens > MAX_TOKENS
-        || !ffn.is_multiple_of(STEP * DOWN_STAGE_STEPS)
-        || !hidden.is_multiple_of(TILE_ROWS)
-        || w_down.len() != experts * hidden * ffn
-        || partials.tile_len() != partial_tile::<2>()
-        || partials.tiles() < CONSUMER_WARPS * grid::dim().x as usize
-    {
+    if tokens > MAX_TOKENS || !ffn.is_multiple_of(STEP) || !hidden.is_multiple_of(TILE_ROWS) || w_down.len() != experts * hidden * ffn {
         arch::trap();
     }
     let (h_map, down_map) = (TensorMap::new(h_map), TensorMap::new(down_map));
@@ -1315,6 +1245,8 @@ fn down_tokens(h: &Out<bf16>, h_map: &[u64], routing: &Out<u32>, pair_gate: &Out
     smem.align_to(1024);
     let stages = smem.take::<u32>(DOWN_TOKENS_STAGES * DOWN_TOKENS_STAGE_BYTES as usize / 4).addr();
     let pipeline = Pipeline::<DOWN_TOKENS_STAGES>::new(smem.take::<u64>(2 * DOWN_TOKENS_STAGES), 1);
+    // The block's tile of `y` before the cluster's sum: 128 rows × 64 tokens.
+    let tile = smem.take::<f32>(TILE_ROWS * MAX_TOKENS);
     let dispatch = Dispatch::take(&mut smem, experts, tokens * k);
     // Waits for the gate/up kernel; its block barriers order the pipeline's initialisation.
     // Dense: every expert, no routing to receive.
@@ -1328,86 +1260,68 @@ fn down_tokens(h: &Out<bf16>, h_map: &[u64], routing: &Out<u32>, pair_gate: &Out
     };
     stamp(timeline, 2);
 
-    // Each 128 output rows an item, whose steps are the selected experts' 2 K-steps (a
-    // stage) in turn, shared stream-K by the grid.
     const STEPS: usize = DOWN_STAGE_STEPS;
     let steps = ffn / (STEP * STEPS);
+    let (rank, size) = (cluster::block_rank() as usize, cluster::size() as usize);
     let units = dispatch.map_or(experts, |dispatch| dispatch.items()) * steps;
-    let (me, blocks) = (block::index_x() as usize, grid::dim().x as usize);
-    let shares = StreamK::new(hidden / TILE_ROWS, units, blocks);
-    // A block with no step would never hand its part over (the host launches at most a
-    // block a pipeline's depth of the fewest steps a routing leaves).
-    if !shares.busies_every_worker() {
-        arch::trap();
-    }
+    let (lo, hi) = (rank * units / size, (rank + 1) * units / size);
+    // A block with no K-steps (more blocks than steps) multiplies one step of zeros (`h`'s
+    // columns past its last, which TMA fills with zeros) rather than skip the main loop: a
+    // path around it would set the accumulators outside `wgmma`, which serialises them all.
+    let count = (hi - lo).max(1);
+    let row_tiles = cluster::index_in_grid().x as usize * TILE_ROW_TILES;
     let wg = Warpgroup::current();
     if wg.index() == 0 {
         if wg.thread_rank() == 0 {
             let mut state = PipelineState::START;
-            for segment in shares.segments(me) {
-                let row_tiles = segment.item * TILE_ROW_TILES;
-                // The unit's item and K-step, advanced without a division a stage (a lone
-                // thread issues every stage: its instructions pace the stream).
-                let (mut item, mut step) = (segment.steps.start / steps, segment.steps.start % steps);
-                for _ in segment.steps {
-                    let expert = match dispatch {
-                        Some(dispatch) => dispatch.item(item, MAX_TOKENS).expert,
-                        None => item,
-                    };
-                    let full = pipeline.producer_acquire(state, DOWN_TOKENS_STAGE_BYTES);
-                    let stage = stages + state.stage() as u32 * DOWN_TOKENS_STAGE_BYTES;
-                    // SAFETY: the stage's 24 KB (1024-aligned) are free and the full barrier
-                    // expects both boxes' bytes; the row tiles are the expert's (checked
-                    // lengths) and `step < steps`.
-                    unsafe {
-                        load_weights(down_map, stage, expert * hidden / ROWS + row_tiles, step, STEPS, full);
-                        h_map.load_2d(stage + weight_box_bytes(STEPS), (expert * ffn + step * STEPS * STEP) as i32, 0, full);
-                    }
-                    (item, step) = if step + 1 == steps { (item + 1, 0) } else { (item, step + 1) };
-                    state = state.next();
+            // The unit's item and K-step, advanced without a division a stage (a lone thread
+            // issues every stage: its instructions pace the stream).
+            let (mut item, mut step) = (lo / steps, lo % steps);
+            for unit in lo..lo + count {
+                let expert = match dispatch {
+                    _ if unit >= hi => experts,
+                    Some(dispatch) => dispatch.item(item, MAX_TOKENS).expert,
+                    None => item,
+                };
+                let s = if unit < hi { step } else { 0 };
+                (item, step) = if step + 1 == steps { (item + 1, 0) } else { (item, step + 1) };
+                let full = pipeline.producer_acquire(state, DOWN_TOKENS_STAGE_BYTES);
+                let stage = stages + state.stage() as u32 * DOWN_TOKENS_STAGE_BYTES;
+                // SAFETY: the stage's 24 KB (1024-aligned) are free and the full barrier
+                // expects both boxes' bytes; the row tiles are the expert's (checked lengths)
+                // and `s < steps`.
+                unsafe {
+                    load_weights(down_map, stage, expert.min(experts - 1) * hidden / ROWS + row_tiles, s, STEPS, full);
+                    h_map.load_2d(stage + weight_box_bytes(STEPS), (expert * ffn + s * STEPS * STEP) as i32, 0, full);
                 }
+                state = state.next();
             }
         }
     } else {
+        let mut acc = [AccM64N64::ZERO, AccM64N64::ZERO];
+        consume::<DOWN_TOKENS_STAGES, { 2 * STEPS as u32 }>(&wg, &pipeline, PipelineState::START, count, |s, kk, accumulate| {
+            let stage = stages + s * DOWN_TOKENS_STAGE_BYTES;
+            let b = tokens_operand(stage + weight_box_bytes(STEPS), kk, STEPS);
+            for (parity, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: as in `gate_up_tokens`.
+                unsafe { wg.mma_m64n64k16(weight_operand(stage, parity as u32, kk, STEPS), b, acc, accumulate) };
+            }
+        });
         let t = wg.thread_rank();
-        let mut state = PipelineState::START;
-        for segment in shares.segments(me) {
-            let mut acc = [AccM64N64::ZERO, AccM64N64::ZERO];
-            let (last, next) = consume::<DOWN_TOKENS_STAGES, { 2 * STEPS as u32 }>(&wg, &pipeline, state, segment.steps.len(), |s, kk, accumulate| {
-                let stage = stages + s * DOWN_TOKENS_STAGE_BYTES;
-                let b = tokens_operand(stage + weight_box_bytes(STEPS), kk, STEPS);
-                for (parity, acc) in acc.iter_mut().enumerate() {
-                    // SAFETY: as in `gate_up_tokens`.
-                    unsafe { wg.mma_m64n64k16(weight_operand(stage, parity as u32, kk, STEPS), b, acc, accumulate) };
-                }
+        unroll!(parity in [0 1] {
+            unroll!(i in [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31] {
+                let (m, c) = AccM64N256::position(t, i);
+                tile.store(weight_row(m, parity) * MAX_TOKENS + c, acc[parity].values[i]);
             });
-            if t == 0 {
-                pipeline.consumer_release(last);
-            }
-            state = next;
-            // As in `gate_up_tokens`: parts handed over, heads completed in block order.
-            if !segment.is_head() {
-                publish_partial(partials, &acc, tokens, me, blocks);
-                continue;
-            }
-            if segment.steps.end < units {
-                add_partials(partials, &mut acc, tokens, shares.helpers(me, &segment), blocks);
-            }
-            let rows = segment.item * TILE_ROWS;
-            unroll!(parity in [0 1] {
-                unroll!(i in [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31] {
-                    let (m, c) = AccM64N256::position(t, i);
-                    if c < tokens {
-                        out.set(c * hidden + rows + weight_row(m, parity), bf16::from_f32(acc[parity].values[i]));
-                    }
-                });
-            });
-        }
-        // The block's end: its consumer's (the producer has issued its last load).
-        if t == 0 {
-            crate::stamp(timeline, TIMELINE_POINTS, 3);
-        }
+        });
     }
+    cluster::reduce_scatter(tile, Sum, |i, value| {
+        let (r, t) = (i / MAX_TOKENS, i % MAX_TOKENS);
+        if t < tokens {
+            out.set(t * hidden + row_tiles * ROWS + r, bf16::from_f32(value));
+        }
+    });
+    stamp(timeline, 3);
 }
 
 macro_rules! moe_kernels {
@@ -1470,12 +1384,10 @@ pub fn moe_gate_up_tokens(
 /// MoE launch 2/2 on the tokens schedule ([`fn@moe_down_g8`]'s arguments, with the tensor maps
 /// of `h` (boxes of 64 rows × 32 columns) and of the tiled down weights); with `dense`
 /// nonzero, over every expert (the dense schedule: `routing` and `pair_gate` unread).
-/// `partials` ([`partial_tile`]`::<2>()` a tile, [`CONSUMER_WARPS`] tiles a block) carries
-/// the parts of output tiles between blocks.
-#[kernel(persistent, launch_bounds(max_threads = 256, min_blocks = 1))]
+#[kernel(launch_bounds(max_threads = 256, min_blocks = 1))]
 #[allow(clippy::too_many_arguments)]
-pub fn moe_down_tokens(h: Out<bf16>, h_map: &[u64], routing: Out<u32>, pair_gate: Out<f32>, w_down: &[bf16], down_map: &[u64], out: Out<bf16>, top_k: u32, dense: u32, partials: Published<f32>, timeline: Out<u64>) {
-    down_tokens(&h, h_map, &routing, &pair_gate, w_down, down_map, &out, top_k as usize, dense != 0, &partials, &timeline)
+pub fn moe_down_tokens(h: Out<bf16>, h_map: &[u64], routing: Out<u32>, pair_gate: Out<f32>, w_down: &[bf16], down_map: &[u64], out: Out<bf16>, top_k: u32, dense: u32, timeline: Out<u64>) {
+    down_tokens(&h, h_map, &routing, &pair_gate, w_down, down_map, &out, top_k as usize, dense != 0, &timeline)
 }
 
 // The down kernel has no 32-pair form: with 4 n-tiles too few of its steps' loads fit in
@@ -1729,10 +1641,6 @@ pub mod host {
         /// [`MAX_TOKENS`] `× experts`: every token's gate weight for each expert, published
         /// by the tokens schedules' routing clusters.
         gate_table: Published<f32>,
-        /// The tokens schedule's down kernel's partial accumulators, a tile per consumer warp
-        /// of each block the GPU holds ([`partial_tile`]): what a block hands over of an
-        /// output tile another block completes (stream-K).
-        partials: Published<f32>,
         maps: Maps,
         /// The two kernels' timelines ([`TIMELINE_POINTS`] a block; one value: off).
         timelines: [Buffer<u64>; 2],
@@ -1800,12 +1708,6 @@ pub mod host {
         ))
     }
 
-    /// The down kernel's partials buffer ([`Buffers`]): 2 accumulators a thread.
-    fn partials(gpu: &Gpu) -> Result<Published<f32>> {
-        let tile = partial_tile::<2>();
-        Published::new(gpu, gpu.upload(&vec![f32::NAN; multiprocessors(gpu)? * CONSUMER_WARPS * tile])?, tile as u32)
-    }
-
     impl Buffers {
         /// Uploads `moe`, with every output and hand-over buffer poisoned.
         pub fn upload(gpu: &Gpu, moe: &Moe) -> Result<Self> {
@@ -1832,7 +1734,6 @@ pub mod host {
                 top_gates,
                 out,
                 gate_table,
-                partials: partials(gpu)?,
                 maps,
                 timelines: [gpu.upload(&[0u64])?, gpu.upload(&[0u64])?],
             })
@@ -2019,9 +1920,10 @@ pub mod host {
         1024 + stages * stage_bytes as usize + 16 * stages
     }
 
-    /// Shared memory of the tokens schedule's down kernel: its pipeline and the routing.
+    /// Shared memory of the tokens schedule's down kernel: its pipeline, the block's tile of
+    /// `y`, the routing.
     fn down_tokens_smem(layer: &Layer, tokens: usize) -> usize {
-        pipeline_smem(DOWN_TOKENS_STAGES, DOWN_TOKENS_STAGE_BYTES) + dispatch_smem(layer, tokens)
+        pipeline_smem(DOWN_TOKENS_STAGES, DOWN_TOKENS_STAGE_BYTES) + TILE_ROWS * MAX_TOKENS * 4 + dispatch_smem(layer, tokens)
     }
 
     fn dispatch_smem(layer: &Layer, tokens: usize) -> usize {
@@ -2090,28 +1992,15 @@ pub mod host {
         Ok((config, resident))
     }
 
-    /// Blocks of the tokens schedule's down kernel on `sms` SMs (at most a block each) for
-    /// `tiles` output tiles of at least `steps` stages (those of the fewest experts a routing
-    /// selects): a whole number of blocks a tile where there are more blocks than tiles, so
-    /// that the blocks at the same place in their tiles read the same columns of `h` at about
-    /// the same time, from L2 (with 132 blocks out of step, `h` was evicted between its 16
-    /// reads at 64 DeepSeek tokens: 150.8 µs against 100.6), and at most one a pipeline's depth
-    /// of stages, so that each fills its pipeline (and the emulator, whose threads are fibers,
-    /// runs small layers on few blocks).
-    fn down_tokens_blocks(sms: usize, tiles: usize, steps: usize) -> usize {
-        let blocks = sms.min(tiles * steps / DOWN_TOKENS_STAGES).max(1);
-        if blocks >= tiles { blocks / tiles * tiles } else { blocks }
-    }
-
     /// The launches of `layer` at `tokens` tokens on `schedule`, gate/up in clusters of
     /// `cluster`: as many gate/up blocks as the GPU holds at once, at most as many as the step
     /// wants (on the pairs schedule one per 8 units of the largest routing with groups of 8,
-    /// a unit a warp, or per 2 units with 16 and 32; on the tokens schedule all, sharing the
-    /// units' stages stream-K; on the dense one one per unit of every expert, and at least a
-    /// cluster for each 8 tokens to route). The down kernel: on the pairs schedule a cluster
-    /// per 16 output rows, of as many blocks (1, 2 or 4, splitting K) as keep the grid within
-    /// two blocks per SM; on the others one block an SM, sharing the output tiles' K-steps
-    /// stream-K.
+    /// a unit a warp, or per 2 units with 16 and 32; on the tokens schedule one per 128-row
+    /// unit; on the dense one one per unit of every expert, and at least a cluster for each
+    /// 8 tokens to route). The down kernel: on the pairs schedule a cluster per 16 output
+    /// rows, of as many blocks (1, 2 or 4, splitting K) as keep the grid within two blocks per
+    /// SM; on the others a cluster per 128 output rows, of as many blocks (1-8, splitting K)
+    /// as the GPU holds all at once.
     #[allow(clippy::too_many_arguments)]
     pub fn plan_schedule(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, cluster: u32, programmatic: bool, schedule: Schedule) -> Result<Plan> {
         layer.check(tokens, cluster)?;
@@ -2139,33 +2028,31 @@ pub mod host {
             return Err(Error::UnsupportedShape { kernel: "the MoE layer's dense schedule", reason });
         }
 
-        let config = |grid: usize, cluster: usize, smem: usize| LaunchConfig {
-            grid: (grid as u32).into(),
+        // The down kernel's clusters split K, so that its blocks fill the GPU: the pairs
+        // schedule's loop over their row tiles (a cluster that fits is enough), the tokens
+        // schedule's take one each (the whole grid must fit at once).
+        let (tile_rows, splits, per_sm, smem) = match schedule {
+            Schedule::Pairs { .. } => (ROWS, &[4, 2][..], 2, dispatch_smem(&layer, tokens) + (WARPS * ROWS * tokens * 4).next_multiple_of(16) + ROWS * tokens * 4),
+            Schedule::Tokens | Schedule::Dense => (TILE_ROWS, &[8, 7, 6, 5, 4, 3, 2][..], 1, down_tokens_smem(&layer, tokens)),
+        };
+        let row_tiles = layer.hidden / tile_rows;
+        let config = |split: usize| LaunchConfig {
+            grid: ((row_tiles * split) as u32).into(),
             block: BLOCK.into(),
-            cluster: (cluster > 1).then(|| (cluster as u32).into()),
+            cluster: Some((split as u32).into()),
             dynamic_smem_bytes: smem as u32,
             programmatic,
             ..LaunchConfig::default()
         };
-        let down = match schedule {
-            // A cluster per 16 output rows, splitting K so that its blocks fill the GPU: the
-            // largest cluster that fits (a residency query that fails counts as no).
-            Schedule::Pairs { .. } => {
-                let smem = dispatch_smem(&layer, tokens) + (WARPS * ROWS * tokens * 4).next_multiple_of(16) + ROWS * tokens * 4;
-                let row_tiles = layer.hidden / ROWS;
-                let fits = |split: usize| down_raw.max_resident_blocks(gpu.stream(), &down_raw.plan(&config(row_tiles * split, split, smem))?).map(|blocks| blocks >= split as u64);
-                let split = [4, 2].into_iter().filter(|&split| row_tiles * split <= 2 * sms).find(|&split| fits(split).unwrap_or(false)).unwrap_or(1);
-                config(row_tiles * split, split, smem)
+        // The largest such cluster the GPU can hold (a residency query that fails counts as no).
+        let mut down = config(1);
+        let needed = |split: usize| if matches!(schedule, Schedule::Pairs { .. }) { split } else { row_tiles * split } as u64;
+        for &split in splits.iter().filter(|&&p| row_tiles * p <= per_sm * sms) {
+            if down_raw.max_resident_blocks(gpu.stream(), &down_raw.plan(&config(split))?).is_ok_and(|blocks| blocks >= needed(split)) {
+                down = config(split);
+                break;
             }
-            // Up to a block an SM, sharing the output's 128-row tiles' K-steps stream-K.
-            Schedule::Tokens | Schedule::Dense => {
-                let smem = down_tokens_smem(&layer, tokens);
-                let resident = down_raw.max_resident_blocks(gpu.stream(), &down_raw.plan(&config(1, 1, smem))?)?;
-                let experts = if schedule == Schedule::Dense { layer.experts } else { layer.top_k };
-                let steps = experts * layer.ffn / (STEP * DOWN_STAGE_STEPS);
-                config(down_tokens_blocks(sms.min(resident.try_into().unwrap_or(usize::MAX)), layer.hidden / TILE_ROWS, steps), 1, smem)
-            }
-        };
+        }
         Ok(Plan { schedule, gate_up, down })
     }
 
@@ -2229,7 +2116,7 @@ pub mod host {
             Schedule::Tokens | Schedule::Dense => {
                 let m = &b.maps;
                 let dense = u32::from(plan.schedule == Schedule::Dense);
-                kernels.down_tokens.launch(stream, &plan.down, &mut b.h_tokens, m.h_tokens.words(), &mut b.routing, &mut b.pair_gate, &b.w_down, m.w_down.words(), &mut b.out, k, dense, &mut b.partials, &mut b.timelines[1])
+                kernels.down_tokens.launch(stream, &plan.down, &mut b.h_tokens, m.h_tokens.words(), &mut b.routing, &mut b.pair_gate, &b.w_down, m.w_down.words(), &mut b.out, k, dense, &mut b.timelines[1])
             }
         }
     }

@@ -188,7 +188,9 @@ fn llama_projections_stream_weights_before_waiting() {
         let norm = usize::from(name != "llama_residual");
         assert_eq!(text[..wait].matches("ld.global.nc.v4.b32").count(), 16 + norm, "`{name}`: weight loads before the wait");
         assert!(text[..wait].contains("griddepcontrol.launch_dependents;"), "`{name}` lets its dependent launch before it waits");
-        assert!(!text.contains("atom."), "`{name}` must not use atomics");
+        // The gate/up kernel's one atomic: its published gate table's count of retired blocks.
+        let retirements = text.matches("atom.acq_rel.gpu.global.add.u32").count();
+        assert!(text.matches("atom.").count() == retirements && retirements <= usize::from(name == "moe_gate_up_tokens"), "`{name}` must not use atomics (but the gate table's retirement)");
     }
     let text = entry("llama_attention");
     let wait = text.find("griddepcontrol.wait;").expect("the attention waits for the QKV kernel");
@@ -212,7 +214,9 @@ fn decode_attention_streams_16_byte_vectors() {
         assert!(text.contains("ld.global.v4.b32"), "`{name}`: the cache is not loaded 16 bytes at a time");
         assert!(text.contains("ld.shared::cluster.v4.b32"), "`{name}`: the cluster reduction does not move 16-byte vectors");
         // The sum over heads is the second launch's: no atomics, so the output is deterministic.
-        assert!(!text.contains("atom."), "`{name}` must not use atomics");
+        // The gate/up kernel's one atomic: its published gate table's count of retired blocks.
+        let retirements = text.matches("atom.acq_rel.gpu.global.add.u32").count();
+        assert!(text.matches("atom.").count() == retirements && retirements <= usize::from(name == "moe_gate_up_tokens"), "`{name}` must not use atomics (but the gate table's retirement)");
     }
     // The output projection streams W_o the same way (through registers: with a ring of bulk
     // copies it took 14.2-14.7 µs alone on the H200, 12.5 µs so).
@@ -333,7 +337,7 @@ fn moe_streaming_loops_issue_their_loads_together_without_spilling() {
 
 /// The MoE tokens schedule: weights and the tokens' operand through TMA (3-D boxes of 8 row
 /// tiles, 2-D boxes of every token) into `wgmma`s at one block an SM, nothing atomic (but the
-/// retirements of their published buffers: gate/up's gate table, down's partials), the
+/// retirement of the gate/up kernel's published gate table), the
 /// down kernel waiting for the gate/up one; in SASS, main loops of 8 `wgmma`s a stage
 /// (`HGMMA`: four accumulators × two 16-column slices, or two × four) that never touch local
 /// memory.
@@ -345,9 +349,9 @@ fn moe_tokens_schedule_feeds_wgmma_from_tma_without_spilling() {
         assert!(text.contains(".maxntid 256, 1, 1") && text.contains(".minnctapersm 1"), "`{name}`: launch bounds");
         assert!(text.contains("cp.async.bulk.tensor.3d") && text.contains("cp.async.bulk.tensor.2d"), "`{name}`: TMA loads");
         assert!(text.contains("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"), "`{name}`: no wgmma");
-        // The atomics: each published buffer's count of retired blocks.
-        assert_eq!(text.matches("atom.acq_rel.gpu.global.add.u32").count(), 1, "`{name}`: its published buffer's retirement");
-        assert_eq!(text.matches("atom.").count(), 1, "`{name}` must not use atomics (but its published buffer's retirement)");
+        // The gate/up kernel's one atomic: its published gate table's count of retired blocks.
+        let retirements = text.matches("atom.acq_rel.gpu.global.add.u32").count();
+        assert!(text.matches("atom.").count() == retirements && retirements <= usize::from(name == "moe_gate_up_tokens"), "`{name}` must not use atomics (but the gate table's retirement)");
         let loops = innermost_mma_loops(&sass.of(name).unwrap_or_else(|e| panic!("{e}")), "HGMMA");
         assert!(!loops.is_empty(), "`{name}`: no wgmma loop found");
         for body in loops {

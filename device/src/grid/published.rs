@@ -9,8 +9,7 @@
 //! what the publishers released. The wait hands out the only way to read a range: [`Ready`], a
 //! view of exactly the elements waited for. A thread that waits apart from its block (one of
 //! a warpgroup that consumes a pipeline, say) polls alone, no barrier
-//! ([`Published::wait_alone`]), and a warp publishes apart from its block with a warp barrier
-//! ([`Published::publish_warp`]); one thread reads one element with [`Published::get`], which
+//! ([`Published::wait_alone`]); one thread reads one element with [`Published::get`], which
 //! waits for its tile alone. There is no read without a wait.
 //!
 //! Each tile is published once per launch: a value that changes over a launch (the residual
@@ -131,18 +130,6 @@ impl<'a, T: Copy> Published<'a, T> {
     pub fn publish(&self, tiles: Range<usize>) {
         block::sync();
         for tile in block::stride_loop(tiles) {
-            // SAFETY: a live, aligned `u32` of the flags (bounds checked by `flag`).
-            unsafe { arch::st_release_gpu_global_u32(self.flag(tile), self.generation) };
-        }
-    }
-
-    /// Publishes `tile`, which this warp has written: a warp barrier (every lane calls it),
-    /// then a release by lane 0 — for warps that publish apart from their block (those of a
-    /// warpgroup consuming a pipeline, say). Traps when the tile is out of range.
-    #[inline(always)]
-    pub fn publish_warp(&self, tile: usize) {
-        crate::warp::sync();
-        if crate::warp::lane() == 0 {
             // SAFETY: a live, aligned `u32` of the flags (bounds checked by `flag`).
             unsafe { arch::st_release_gpu_global_u32(self.flag(tile), self.generation) };
         }
