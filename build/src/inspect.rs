@@ -104,9 +104,10 @@ pub fn check_programmatic_waits(ptx: &str) -> Result<usize, Error> {
         .filter(|(_, text)| text.contains("griddepcontrol.wait;"))
         .collect();
     for &(name, text) in &waiting {
-        // Every `ld` of global memory: `ld.global.*`, and `ld.relaxed.gpu.global.*` and the
-        // like (a published buffer's epoch, read as a persistent kernel starts).
-        let is_global_load = |l: &&str| l.trim_start().starts_with("ld.") && l.contains(".global");
+        // Every `ld` of global memory, predicated or not: `ld.global.*`, and
+        // `ld.relaxed.gpu.global.*` and the like (a published buffer's epoch, read as a
+        // persistent kernel starts).
+        let is_global_load = |l: &&str| l.split_whitespace().any(|t| t.starts_with("ld.") && t.contains(".global"));
         let in_ptx = text[..text.find("griddepcontrol.wait;").unwrap_or(0)].lines().filter(is_global_load).count();
         let code = sass.of(name)?;
         let wait = code.find("ACQBULK").ok_or_else(|| Error::Ptx(format!("`{name}`: no ACQBULK in the SASS")))?;
