@@ -1994,10 +1994,8 @@ pub mod host {
 
     /// The launches of `layer` at `tokens` tokens on `schedule`, gate/up in clusters of
     /// `cluster`: as many gate/up blocks as the GPU holds at once, at most as many as the step
-    /// wants (on the pairs schedule one per 8 units of the largest routing with groups of 8,
-    /// a unit a warp, or per 2 units with 16 and 32; on the tokens schedule one per 128-row
-    /// unit; on the dense one one per unit of every expert, and at least a cluster for each
-    /// 8 tokens to route). The down kernel: on the pairs schedule a cluster per 16 output
+    /// wants (`gate_up_blocks`; dense, at least a cluster for each 8 tokens to route). The
+    /// down kernel: on the pairs schedule a cluster per 16 output
     /// rows, of as many blocks (1, 2 or 4, splitting K) as keep the grid within two blocks per
     /// SM; on the others a cluster per 128 output rows, of as many blocks (1-8, splitting K)
     /// as the GPU holds all at once.
