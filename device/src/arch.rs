@@ -718,6 +718,45 @@ pub unsafe fn cp_async_bulk_prefetch_l2_global(src: *const u8, bytes: u32) {
 
 // --- Global memory (§9.7.9.8, §9.7.13.5) -----------------------------------------------------
 
+/// `createpolicy.fractional.L2::evict_first.b64` with fraction 1: an L2 eviction policy for
+/// the `.L2::cache_hint` forms of loads, under which every line they bring in is the first
+/// L2 evicts — for data read once (a stream of weights), so that it does not push out what
+/// is read again (activations, small tables, the kernels' own code). A hint: it changes what
+/// no load returns.
+#[inline(always)]
+pub fn createpolicy_l2_evict_first() -> u64 {
+    gpu_or_emulator! {
+        gpu: {
+            let policy: u64;
+            // SAFETY: computes a register value only.
+            unsafe { ptx!("createpolicy.fractional.L2::evict_first.b64 {p}, 1.0;", p = out(reg64) policy, options(pure, nomem, nostack)) };
+            policy
+        },
+        emulator: 0,
+    }
+}
+
+/// `ld.global.nc.L2::cache_hint.v4.b32`: as [`ld_global_nc_v4_b32`], the line it brings into
+/// L2 kept by the eviction `policy` ([`createpolicy_l2_evict_first`]).
+///
+/// # Safety
+/// As [`ld_global_nc_v4_b32`]; `policy` comes from a `createpolicy` of this thread.
+#[inline(always)]
+pub unsafe fn ld_global_nc_l2_hint_v4_b32(ptr: *const [u32; 4], policy: u64) -> [u32; 4] {
+    gpu_or_emulator! {
+        gpu: {
+            let (a, b, c, d): (u32, u32, u32, u32);
+            ptx!("ld.global.nc.L2::cache_hint.v4.b32 {{{a}, {b}, {c}, {d}}}, [{p}], {h};", a = out(reg32) a, b = out(reg32) b,
+                 c = out(reg32) c, d = out(reg32) d, p = in(reg64) ptr, h = in(reg64) policy, options(readonly, nostack, pure));
+            [a, b, c, d]
+        },
+        emulator: {
+            let _ = policy;
+            emu::global_access(ptr, 16, || ptr.read())
+        },
+    }
+}
+
 /// 16-byte global loads, one function per PTX load instruction.
 macro_rules! global_v4_load {
     ($($(#[$doc:meta])* $name:ident => $op:literal;)*) => {$(
@@ -1289,6 +1328,25 @@ pub unsafe fn cp_async_bulk_tensor_3d_shared_global(dst: u32, map: *const [u64; 
         gpu: ptx!("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [{m}, {{{x}, {y}, {z}}}], [{b}];",
                   d = in(reg32) dst, m = in(reg64) map, x = in(reg32) c0, y = in(reg32) c1, z = in(reg32) c2, b = in(reg32) barrier, options(nostack)),
         emulator: emu::tensor::tma_load(dst, map, [c0, c1, c2], barrier),
+    }
+}
+
+/// `cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint`: as [`cp_async_bulk_tensor_3d_shared_global`],
+/// the lines it brings into L2 kept by the eviction `policy` ([`createpolicy_l2_evict_first`]).
+///
+/// # Safety
+/// As [`cp_async_bulk_tensor_3d_shared_global`]; `policy` comes from a `createpolicy` of this
+/// thread.
+#[inline(always)]
+pub unsafe fn cp_async_bulk_tensor_3d_shared_global_l2_hint(dst: u32, map: *const [u64; 16], c0: i32, c1: i32, c2: i32, barrier: u32, policy: u64) {
+    gpu_or_emulator! {
+        gpu: ptx!("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [{d}], [{m}, {{{x}, {y}, {z}}}], [{b}], {p};",
+                  d = in(reg32) dst, m = in(reg64) map, x = in(reg32) c0, y = in(reg32) c1, z = in(reg32) c2, b = in(reg32) barrier,
+                  p = in(reg64) policy, options(nostack)),
+        emulator: {
+            let _ = policy;
+            emu::tensor::tma_load(dst, map, [c0, c1, c2], barrier)
+        },
     }
 }
 

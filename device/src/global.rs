@@ -312,6 +312,37 @@ pub unsafe fn load16_invariant_unchecked<T: Copy, const N: usize>(input: &[T], i
     core::mem::transmute_copy(&arch::ld_global_nc_v4_b32(input.as_ptr().add(N * i) as *const [u32; 4]))
 }
 
+/// An L2 eviction policy, for the loads that take one ([`load16_invariant_hinted_unchecked`],
+/// `TensorMap::load_3d_hinted`). A hint: it changes what no load returns.
+#[derive(Clone, Copy)]
+pub struct L2Policy(u64);
+
+impl L2Policy {
+    /// Every line the loads bring into L2 is the first to go: for data read once per launch
+    /// (a stream of weights larger than L2), so that it does not evict what is read again —
+    /// activations, small tables, the kernels' own code.
+    #[inline(always)]
+    pub fn evict_first() -> Self {
+        Self(arch::createpolicy_l2_evict_first())
+    }
+
+    /// The policy's opaque bits, for the `arch` loads.
+    #[inline(always)]
+    pub fn bits(self) -> u64 {
+        self.0
+    }
+}
+
+/// [`load16_invariant_unchecked`] under the L2 eviction `policy`.
+///
+/// # Safety
+/// As [`load16_invariant_unchecked`].
+#[inline(always)]
+pub unsafe fn load16_invariant_hinted_unchecked<T: Copy, const N: usize>(input: &[T], i: usize, policy: L2Policy) -> [T; N] {
+    const { assert!(N * size_of::<T>() == 16, "a 16-byte access needs N * size_of::<T>() == 16") };
+    core::mem::transmute_copy(&arch::ld_global_nc_l2_hint_v4_b32(input.as_ptr().add(N * i) as *const [u32; 4], policy.bits()))
+}
+
 /// Asks L2 to fetch `data` from memory ahead of its use, in one instruction
 /// (`cp.async.bulk.prefetch.L2`): a hint that changes what no load returns. Covers `data`
 /// from its first to its last 16-byte boundary; a call on fewer bytes does nothing.

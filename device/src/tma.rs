@@ -8,6 +8,7 @@
 //! `CUtensorMap` by value: it rejects parameters aligned to more than 16 bytes.)
 
 use crate::arch;
+use crate::global::L2Policy;
 use crate::out_of_bounds;
 use crate::shared::SharedSlice;
 
@@ -51,6 +52,16 @@ impl TensorMap {
     #[inline(always)]
     pub unsafe fn load_3d(self, dst: u32, c0: i32, c1: i32, c2: i32, full: u32) {
         arch::cp_async_bulk_tensor_3d_shared_global(dst, self.ptr, c0, c1, c2, full)
+    }
+
+    /// [`TensorMap::load_3d`] under the L2 eviction `policy` (e.g. weights streamed once,
+    /// [`L2Policy::evict_first`]).
+    ///
+    /// # Safety
+    /// As [`TensorMap::load_2d`].
+    #[inline(always)]
+    pub unsafe fn load_3d_hinted(self, dst: u32, c0: i32, c1: i32, c2: i32, full: u32, policy: L2Policy) {
+        arch::cp_async_bulk_tensor_3d_shared_global_l2_hint(dst, self.ptr, c0, c1, c2, full, policy.bits())
     }
 }
 

@@ -89,7 +89,8 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
         step(&kernels, gpu.stream(), &mut b, &plan)?;
         let second = b.results(gpu)?;
         // Every block stamps its points in order.
-        let stamped = b.timeline(gpu, &plan)?.is_some_and(|Timeline { gate_up, cluster_logits, down }| gate_up.is_sorted() && down.is_sorted() && gate_up[3] > 0.0 && down[2] > 0.0 && (gate_up[1]..=gate_up[3]).contains(&cluster_logits));
+        let timeline = b.timeline(gpu, &plan)?;
+        let stamped = timeline.is_some_and(|Timeline { gate_up, cluster_logits, down }| gate_up.is_sorted() && down.is_sorted() && gate_up[3] > 0.0 && down[2] > 0.0 && (gate_up[1]..=gate_up[3]).contains(&cluster_logits));
         let same = first.0.iter().chain(&first.2).zip(second.0.iter().chain(&second.2)).all(|(a, b)| a.to_bits() == b.to_bits()) && first.1 == second.1;
         let differs = reference.routing_mismatches(&second.1, layer.experts);
         // A routing that differs, a second run that does, or a timeline out of order counts
@@ -98,7 +99,7 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
         outs.extend(second.0.iter().chain(&second.2).map(|&v| if agrees { v } else { f32::NAN }));
         refs.extend(reference.out.iter().chain(&reference.gates));
         let mismatch = if differs.is_empty() { String::new() } else { format!(", routing differs at (token, slot, ours, reference) {:?}", &differs[..differs.len().min(4)]) };
-        runs.push(format!("{tokens} tok × top {} of {} (hidden {h}, ffn {}), {} experts used, cluster {cluster}, {:?}{mismatch}{}", layer.top_k, layer.experts, layer.ffn, reference.selected(layer.experts), plan.schedule, if stamped { "" } else { ", timeline out of order" }));
+        runs.push(format!("{tokens} tok × top {} of {} (hidden {h}, ffn {}), {} experts used, cluster {cluster}, {:?}{mismatch}{}", layer.top_k, layer.experts, layer.ffn, reference.selected(layer.experts), plan.schedule, if stamped { String::new() } else { format!(", timeline out of order: {timeline:?}") }));
     }
     Ok(Report::new(runs.join("; "), &outs, &refs, TOLERANCE))
 }

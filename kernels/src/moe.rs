@@ -58,7 +58,10 @@
 //! are read again only when an expert serves more pairs than its group holds: 8, 16 or 32
 //! pairs per group for the `_g8`, `_g16`, `_g32` kernels — the down kernel's at most 16 —
 //! chosen by [`host::plan`] at about twice the pairs an expert serves on average), and
-//! unselected experts are never touched.
+//! unselected experts are never touched. Every weight load is evict-first in L2
+//! ([`clusterfuse::global::L2Policy`]): a step's weights are read once and outsize the L2, and
+//! under the default policy they evicted what the next step reads again — the router, `x`,
+//! `h`, the kernels' code (1-7% of a step, results/moe-h200.md, session 36).
 //!
 //! The *tokens* schedule, for many tokens ([`fn@moe_gate_up_tokens`], [`fn@moe_down_tokens`]),
 //! multiplies every token with each selected expert's rows on `wgmma` (64 tokens, zeros past
@@ -93,6 +96,7 @@
 
 use clusterfuse::arch;
 use clusterfuse::cluster::Cluster;
+use clusterfuse::global::L2Policy;
 use clusterfuse::mbarrier::Mailbox;
 use clusterfuse::mma::{mma_m16n8k16, FragA, FragB, FragC};
 use clusterfuse::ops::{rank_key, rank_unkey};
@@ -599,7 +603,7 @@ unsafe fn row_words(x: &[bf16], row: usize, len: usize, s: usize) -> [u32; 4] {
 /// 16 × 32 tiles of 1 KB, row-major inside, in K order along a row tile, `steps` a row
 /// tile): rows `lane / 4` and `lane / 4 + 8`, columns `8 (lane % 4) ..` of the tile — bytes
 /// `16 lane ..` and `512 + 16 lane ..`, so that a warp reads each tile as two contiguous
-/// 512-byte runs and a row tile as one contiguous stream.
+/// 512-byte runs and a row tile as one contiguous stream; evict-first in L2 (read once a step).
 ///
 /// # Safety
 /// 1. `(tile · steps + s + 1) · 512 <= w.len()`.
@@ -608,7 +612,8 @@ unsafe fn row_words(x: &[bf16], row: usize, len: usize, s: usize) -> [u32; 4] {
 #[inline(always)]
 unsafe fn tile_words(w: &[bf16], tile: usize, steps: usize, s: usize) -> [[u32; 4]; 2] {
     let at = (tile * steps + s) * 64 + warp::lane() as usize;
-    [global::load16_invariant_unchecked::<u32, 4>(words(w), at), global::load16_invariant_unchecked::<u32, 4>(words(w), at + 32)]
+    let policy = L2Policy::evict_first();
+    [global::load16_invariant_hinted_unchecked::<u32, 4>(words(w), at, policy), global::load16_invariant_hinted_unchecked::<u32, 4>(words(w), at + 32, policy)]
 }
 
 /// `w` as words of two halves (an odd length's last half left out).
@@ -972,13 +977,14 @@ const DOWN_TOKENS_STAGE_BYTES: u32 = weight_box_bytes(DOWN_STAGE_STEPS) + tokens
 /// such rows — row `j` holding the tile's rows `2j` (K 0-31 of the view) and `2j + 1` (K
 /// 32-63) — under the 128-byte swizzle, in boxes of `steps` tiles of 8 row tiles: its tiles
 /// 1 KB apart in K-step order inside each row tile, the row tiles `steps` KB apart) into
-/// `dst`, on the barrier `full`.
+/// `dst`, on the barrier `full` — evict-first in L2: a step reads each weight once, and its
+/// lines would otherwise push out the activations and the kernels' code.
 ///
 /// # Safety
 /// As [`clusterfuse::tma::TensorMap::load_3d`], for [`weight_box_bytes`]`(steps)` at `dst`.
 #[inline(always)]
 unsafe fn load_weights(map: TensorMap, dst: u32, first: usize, stage: usize, steps: usize, full: u32) {
-    map.load_3d(dst, 0, (stage * steps * ROWS / 2) as i32, first as i32, full);
+    map.load_3d_hinted(dst, 0, (stage * steps * ROWS / 2) as i32, first as i32, full, L2Policy::evict_first());
 }
 
 /// The weight row (of 128) that row `m` of a [`weight_operand`] of `parity` holds: row `2

@@ -2,7 +2,8 @@
 //! with the shared memory it should use and its spills bounded; the decode block's and the
 //! Llama projections' weights streamed 16 bytes at a time through registers and issued before
 //! they wait for the previous kernel; the attention merges through DSMEM without atomics; the
-//! MoE kernels' streaming loops, in SASS, issue a chunk's loads together and do not spill.
+//! MoE kernels stream their weights evict-first in L2, and their streaming loops, in SASS,
+//! issue a chunk's loads together and do not spill.
 
 use clusterfuse_kernels::__CLUSTERFUSE_PTX as PTX;
 
@@ -264,9 +265,10 @@ fn moe_streams_experts_through_tensor_cores_without_atomics() {
     }
     for name in MOE_KERNELS.iter().filter(|k| k.contains("gate_up")) {
         let text = entry(name);
-        // Weights through the read-only path, 16 bytes a lane: 2-4 K-steps × 2 matrices × 2
-        // rows.
-        assert!(text.matches("ld.global.nc.v4.b32").count() >= 8, "`{name}`: weight loads");
+        // Weights through the read-only path, 16 bytes a lane (2-4 K-steps × 2 matrices × 2
+        // rows), evict-first in L2.
+        assert!(text.matches("ld.global.nc.L2::cache_hint.v4.b32").count() >= 8, "`{name}`: weight loads");
+        assert!(text.contains("createpolicy.fractional.L2::evict_first.b64"), "`{name}`: no evict-first policy");
         assert!(text.contains("moe5route"), "`{name}` does not route");
         // Groups of 8 (the staged schedule) copy `x` into shared memory.
         assert_eq!(text.contains("cp.async.cg.shared.global"), name.ends_with("_g8"), "`{name}`: x staged");
@@ -348,6 +350,10 @@ fn moe_tokens_schedule_feeds_wgmma_from_tma_without_spilling() {
         let text = entry(name);
         assert!(text.contains(".maxntid 256, 1, 1") && text.contains(".minnctapersm 1"), "`{name}`: launch bounds");
         assert!(text.contains("cp.async.bulk.tensor.3d") && text.contains("cp.async.bulk.tensor.2d"), "`{name}`: TMA loads");
+        // The weights' boxes (3-D) evict-first in L2, the tokens' (2-D) not.
+        let tma = |dims: &str, hinted: bool| text.lines().filter(|l| l.contains(&format!("cp.async.bulk.tensor.{dims}")) && l.contains(".L2::cache_hint") == hinted).count();
+        assert!(tma("3d", true) > 0 && tma("3d", false) == 0 && tma("2d", true) == 0, "`{name}`: the weights' TMA loads must be evict-first, the tokens' not");
+        assert!(text.contains("createpolicy.fractional.L2::evict_first.b64"), "`{name}`: no evict-first policy");
         assert!(text.contains("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"), "`{name}`: no wgmma");
         // The gate/up kernel's one atomic: its published gate table's count of retired blocks.
         let retirements = text.matches("atom.acq_rel.gpu.global.add.u32").count();
