@@ -1792,6 +1792,10 @@ pub mod host {
         pub cluster_logits: f64,
         /// Down blocks: their start (mean), routing received (mean), end (last).
         pub down: [f64; 3],
+        /// Every block of both kernels stamped its points in order: its raw stamps, not the
+        /// means above (the mean of a cluster's last logits and of all blocks' logits are
+        /// sums in different orders, which round apart when the stamps are equal).
+        pub in_order: bool,
     }
 
     impl Timeline {
@@ -1809,11 +1813,42 @@ pub mod host {
             let point = |stamps: &[u64], point: usize| average(stamped(stamps, point, origin));
             let last = |stamps: &[u64]| stamped(stamps, 3, origin).fold(0.0, f64::max);
             let cluster_logits = average(gate_up.chunks(TIMELINE_POINTS * cluster).filter_map(|c| stamped(c, 1, origin).reduce(f64::max)));
+            let in_order = |stamps: &[u64]| stamps.chunks(TIMELINE_POINTS).all(|b| b.iter().filter(|&&t| t != 0).is_sorted());
             Timeline {
                 gate_up: [point(gate_up, 0), point(gate_up, 1), point(gate_up, 2), last(gate_up)],
                 cluster_logits,
                 down: [point(down, 0), point(down, 2), last(down)],
+                in_order: in_order(gate_up) && in_order(down),
             }
+        }
+    }
+
+    #[cfg(test)]
+    mod timeline_tests {
+        use super::Timeline;
+
+        /// Blocks of 4 stamps (start, logits, routing, end; 0: not stamped) for the gate/up
+        /// kernel, every block stamping `at` plus its point's offset.
+        fn gate_up(blocks: usize, at: u64) -> Vec<u64> {
+            (0..blocks).flat_map(|_| [at, at + 1400, at + 11300, at + 37900]).collect()
+        }
+
+        #[test]
+        fn equal_stamps_are_in_order_though_their_means_round_apart() {
+            let (gate_up, down) = (gate_up(8, 1_000), vec![2_000, 0, 3_000, 4_000]);
+            let timeline = Timeline::new(&gate_up, &down, 2);
+            assert!(timeline.in_order);
+            // The check this replaced: the mean of the clusters' last logits against the mean
+            // of all blocks' (sums of 4 and of 8 equal values) rounds apart.
+            assert!(timeline.cluster_logits < timeline.gate_up[1], "{timeline:?}");
+        }
+
+        #[test]
+        fn a_block_stamped_out_of_order_is_caught() {
+            let mut gate_up = gate_up(4, 1_000);
+            gate_up.swap(5, 6);
+            assert!(!Timeline::new(&gate_up, &[2_000, 0, 3_000, 4_000], 2).in_order);
+            assert!(!Timeline::new(&self::gate_up(4, 1_000), &[2_000, 0, 4_000, 3_000], 2).in_order);
         }
     }
 

@@ -155,7 +155,7 @@ fn main() -> Result<()> {
                     // The graph is not replayed after this: `record_timeline` replaces buffers.
                     b.record_timeline(&gpu, &plan)?;
                     step(&kernels, gpu.stream(), &mut b, &plan)?;
-                    if let Some(Timeline { gate_up: g, cluster_logits, down: d }) = b.timeline(&gpu, &plan)? {
+                    if let Some(Timeline { gate_up: g, cluster_logits, down: d, .. }) = b.timeline(&gpu, &plan)? {
                         timelines.push(format!("{prefix} {mark}{schedule:?} | {:.1} | {:.1} | {cluster_logits:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |", g[0], g[1], g[2], g[3], d[0], d[1], d[2]));
                     }
                     Ok(())
