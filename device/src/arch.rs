@@ -1331,8 +1331,9 @@ pub unsafe fn cp_async_bulk_tensor_3d_shared_global(dst: u32, map: *const [u64; 
     }
 }
 
-/// `cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint`: as [`cp_async_bulk_tensor_3d_shared_global`],
-/// the lines it brings into L2 kept by the eviction `policy` ([`createpolicy_l2_evict_first`]).
+/// `cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint`:
+/// as [`cp_async_bulk_tensor_3d_shared_global`], the lines it brings into L2 kept by the
+/// eviction `policy` ([`createpolicy_l2_evict_first`]).
 ///
 /// # Safety
 /// As [`cp_async_bulk_tensor_3d_shared_global`]; `policy` comes from a `createpolicy` of this

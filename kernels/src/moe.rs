@@ -1793,8 +1793,8 @@ pub mod host {
         /// Down blocks: their start (mean), routing received (mean), end (last).
         pub down: [f64; 3],
         /// Every block of both kernels stamped its points in order: its raw stamps, not the
-        /// means above (the mean of a cluster's last logits and of all blocks' logits are
-        /// sums in different orders, which round apart when the stamps are equal).
+        /// means above (the mean of the clusters' last logits and that of all blocks' logits
+        /// are sums of different lengths, which can round apart when the stamps are equal).
         pub in_order: bool,
     }
 
