@@ -217,13 +217,14 @@ fn warp_top_k(len: usize, k: usize, key_at: impl Fn(usize) -> u64, mut emit: imp
 /// return, and the mailbox may serve the next call.
 ///
 /// One cluster barrier, whose arrival orders no memory: it tells each block that its peers
-/// exist, have made their mailboxes and are done reading them. With `normalizers`, a thread
-/// a row posts the block's `(max, Σ exp(v − max))` of the row into every block's mailbox
-/// (`st.async`); each warp takes rows round robin, finds the row's local top `k`
+/// exist, have made their mailboxes and are done reading them. With `normalizers`, the
+/// block's `(max, Σ exp(v − max))` of each row goes into every block's mailbox (`st.async`):
+/// a warp a row, its lanes splitting the row, where the rows are no more than the warps; else
+/// a thread a row, all rows at once (a warp a row, rows in turn, made 64 DeepSeek tokens'
+/// routing 8 µs slower). Each warp takes rows round robin, finds the row's local top `k`
 /// ([`warp_top_k`]: each key ranked against the row's others) and posts it. Once its own
 /// mailbox has every peer's words, a thread a row sums the normalisers in rank order and each
-/// warp merges a row's `size · k` candidates the same way. (A warp a row for the normalisers
-/// made 64 DeepSeek tokens' routing 8 µs slower.) (A releasing barrier after ordinary DSMEM stores costs a `MEMBAR.ALL.GPU` on sm_90: this
+/// warp merges a row's `size · k` candidates the same way. (A releasing barrier after ordinary DSMEM stores costs a `MEMBAR.ALL.GPU` on sm_90: this
 /// replaced three of them, and the softmax's own `cluster::reduce` two more.)
 #[cluster_primitive(barriers = 1)]
 pub fn top_k(_scope: &Cluster, values: SharedSlice<f32>, rows: usize, k: usize, mailbox: &mut Mailbox, top: SharedSlice<u64>, normalizers: Option<SharedSlice<f32>>) {
@@ -250,13 +251,28 @@ pub fn top_k(_scope: &Cluster, values: SharedSlice<f32>, rows: usize, k: usize, 
     // Row `row`'s candidates from block `r` at `(row · size + r) · k`, its normalisers after
     // all candidates, at `rows · size · k + row · size + r`.
     let sums_at = rows * size * k;
-    // The softmax's partial sums a thread a row, all rows at once.
+    // The softmax's partial sums: with no more rows than warps, warp `w` row `w`, its lanes
+    // splitting it (at 1 DeepSeek token a thread's serial pass over its block's 16 logits
+    // took 2.0 µs; the warp's brought the routing from 11.3 to 11.0 µs); with more, a thread
+    // a row, all rows at once.
     if normalizers.is_some() {
-        for row in block::stride_loop(0..rows) {
-            let own = |i: usize| values.load(row * n + i);
-            let max = (0..n).map(own).fold(f32::NEG_INFINITY, f32::max);
-            let sum = (0..n).map(|i| math::exp(own(i) - max)).sum::<f32>();
-            post(sums_at + row * size + rank, ((sum.to_bits() as u64) << 32) | max.to_bits() as u64);
+        let partial = |max: f32, sum: f32| ((sum.to_bits() as u64) << 32) | max.to_bits() as u64;
+        if rows <= warps {
+            if warp < rows {
+                let (own, lane) = (|i: usize| values.load(warp * n + i), warp::lane() as usize);
+                let max = warp::reduce_max((lane..n).step_by(32).map(own).fold(f32::NEG_INFINITY, f32::max));
+                let sum = warp::reduce_sum((lane..n).step_by(32).map(|i| math::exp(own(i) - max)).sum::<f32>());
+                if lane == 0 {
+                    post(sums_at + warp * size + rank, partial(max, sum));
+                }
+            }
+        } else {
+            for row in block::stride_loop(0..rows) {
+                let own = |i: usize| values.load(row * n + i);
+                let max = (0..n).map(own).fold(f32::NEG_INFINITY, f32::max);
+                let sum = (0..n).map(|i| math::exp(own(i) - max)).sum::<f32>();
+                post(sums_at + row * size + rank, partial(max, sum));
+            }
         }
     }
     for row in (warp..rows).step_by(warps) {
@@ -1251,8 +1267,9 @@ fn down_tokens(h: &Out<bf16>, h_map: &[u64], routing: &Out<u32>, pair_gate: &Out
     smem.align_to(1024);
     let stages = smem.take::<u32>(DOWN_TOKENS_STAGES * DOWN_TOKENS_STAGE_BYTES as usize / 4).addr();
     let pipeline = Pipeline::<DOWN_TOKENS_STAGES>::new(smem.take::<u64>(2 * DOWN_TOKENS_STAGES), 1);
-    // The block's tile of `y` before the cluster's sum: 128 rows × 64 tokens.
-    let tile = smem.take::<f32>(TILE_ROWS * MAX_TOKENS);
+    // The block's tile of `y` before the cluster's sum: 128 rows × the tokens (not the 64
+    // columns the `wgmma` computes: the sum's DSMEM reads scale with the tile).
+    let tile = smem.take::<f32>(TILE_ROWS * tokens);
     let dispatch = Dispatch::take(&mut smem, experts, tokens * k);
     // Waits for the gate/up kernel; its block barriers order the pipeline's initialisation.
     // Dense: every expert, no routing to receive.
@@ -1317,15 +1334,15 @@ fn down_tokens(h: &Out<bf16>, h_map: &[u64], routing: &Out<u32>, pair_gate: &Out
         unroll!(parity in [0 1] {
             unroll!(i in [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31] {
                 let (m, c) = AccM64N256::position(t, i);
-                tile.store(weight_row(m, parity) * MAX_TOKENS + c, acc[parity].values[i]);
+                if c < tokens {
+                    tile.store(weight_row(m, parity) * tokens + c, acc[parity].values[i]);
+                }
             });
         });
     }
     cluster::reduce_scatter(tile, Sum, |i, value| {
-        let (r, t) = (i / MAX_TOKENS, i % MAX_TOKENS);
-        if t < tokens {
-            out.set(t * hidden + row_tiles * ROWS + r, bf16::from_f32(value));
-        }
+        let (r, t) = (i / tokens, i % tokens);
+        out.set(t * hidden + row_tiles * ROWS + r, bf16::from_f32(value));
     });
     stamp(timeline, 3);
 }
@@ -1964,7 +1981,7 @@ pub mod host {
     /// Shared memory of the tokens schedule's down kernel: its pipeline, the block's tile of
     /// `y`, the routing.
     fn down_tokens_smem(layer: &Layer, tokens: usize) -> usize {
-        pipeline_smem(DOWN_TOKENS_STAGES, DOWN_TOKENS_STAGE_BYTES) + TILE_ROWS * MAX_TOKENS * 4 + dispatch_smem(layer, tokens)
+        pipeline_smem(DOWN_TOKENS_STAGES, DOWN_TOKENS_STAGE_BYTES) + (TILE_ROWS * tokens * 4).next_multiple_of(16) + dispatch_smem(layer, tokens)
     }
 
     fn dispatch_smem(layer: &Layer, tokens: usize) -> usize {
