@@ -224,8 +224,9 @@ fn warp_top_k(len: usize, k: usize, key_at: impl Fn(usize) -> u64, mut emit: imp
 /// routing 8 µs slower). Each warp takes rows round robin, finds the row's local top `k`
 /// ([`warp_top_k`]: each key ranked against the row's others) and posts it. Once its own
 /// mailbox has every peer's words, a thread a row sums the normalisers in rank order and each
-/// warp merges a row's `size · k` candidates the same way. (A releasing barrier after ordinary DSMEM stores costs a `MEMBAR.ALL.GPU` on sm_90: this
-/// replaced three of them, and the softmax's own `cluster::reduce` two more.)
+/// warp merges a row's `size · k` candidates the same way. (A releasing barrier after
+/// ordinary DSMEM stores costs a `MEMBAR.ALL.GPU` on sm_90: this replaced three of them, and
+/// the softmax's own `cluster::reduce` two more.)
 #[cluster_primitive(barriers = 1)]
 pub fn top_k(_scope: &Cluster, values: SharedSlice<f32>, rows: usize, k: usize, mailbox: &mut Mailbox, top: SharedSlice<u64>, normalizers: Option<SharedSlice<f32>>) {
     let (rank, size) = (cluster::block_rank() as usize, cluster::size() as usize);
