@@ -282,8 +282,7 @@ pub fn load16<T: Copy, const N: usize>(input: &[T], i: usize) -> [T; N] {
 /// 2. `input` starts at a 16-byte-aligned address.
 #[inline(always)]
 pub unsafe fn load16_unchecked<T: Copy, const N: usize>(input: &[T], i: usize) -> [T; N] {
-    const { assert!(N * size_of::<T>() == 16, "a 16-byte access needs N * size_of::<T>() == 16") };
-    core::mem::transmute_copy(&arch::ld_global_v4_b32(input.as_ptr().add(N * i) as *const [u32; 4]))
+    from_words(arch::ld_global_v4_b32(input.as_ptr().add(N * i) as *const [u32; 4]))
 }
 
 /// [`load16`] through the read-only path (`ld.global.nc.v4`), for data no grid writes while
@@ -308,8 +307,7 @@ pub unsafe fn load16_invariant<T: Copy, const N: usize>(input: &[T], i: usize) -
 /// 2. `N (i + 1) <= input.len()`, and `input` starts at a 16-byte-aligned address.
 #[inline(always)]
 pub unsafe fn load16_invariant_unchecked<T: Copy, const N: usize>(input: &[T], i: usize) -> [T; N] {
-    const { assert!(N * size_of::<T>() == 16, "a 16-byte access needs N * size_of::<T>() == 16") };
-    core::mem::transmute_copy(&arch::ld_global_nc_v4_b32(input.as_ptr().add(N * i) as *const [u32; 4]))
+    from_words(arch::ld_global_nc_v4_b32(input.as_ptr().add(N * i) as *const [u32; 4]))
 }
 
 /// An L2 eviction policy, for the loads that take one ([`load16_invariant_hinted_unchecked`],
@@ -339,8 +337,18 @@ impl L2Policy {
 /// As [`load16_invariant_unchecked`].
 #[inline(always)]
 pub unsafe fn load16_invariant_hinted_unchecked<T: Copy, const N: usize>(input: &[T], i: usize, policy: L2Policy) -> [T; N] {
+    from_words(arch::ld_global_nc_l2_hint_v4_b32(input.as_ptr().add(N * i) as *const [u32; 4], policy.bits()))
+}
+
+/// The `N` elements of `T` in 16 loaded bytes; `[T; N]` must be 16 bytes (a compile error
+/// otherwise).
+///
+/// # Safety
+/// 1. Every bit pattern is a valid `T` (the kernels' element types: floats, integers).
+#[inline(always)]
+unsafe fn from_words<T: Copy, const N: usize>(words: [u32; 4]) -> [T; N] {
     const { assert!(N * size_of::<T>() == 16, "a 16-byte access needs N * size_of::<T>() == 16") };
-    core::mem::transmute_copy(&arch::ld_global_nc_l2_hint_v4_b32(input.as_ptr().add(N * i) as *const [u32; 4], policy.bits()))
+    core::mem::transmute_copy(&words)
 }
 
 /// Asks L2 to fetch `data` from memory ahead of its use, in one instruction
