@@ -494,7 +494,7 @@ fn route_body(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usi
     let partials = smem.take::<f32>(WARPS * ROWS * tokens.next_multiple_of(8));
     let normalizers = (!renormalize).then(|| smem.take::<f32>(tokens));
     // Made before the logits, so that `top_k`'s one barrier also covers its mbarrier's init.
-    let mut mailbox = Mailbox::new(smem.take::<u64>(tokens * size * (k + 1)), smem.take::<u64>(1));
+    let mut mailbox = Mailbox::new(smem.take::<u64>(mailbox_words(tokens, experts, size, k)), smem.take::<u64>(1));
     let top = smem.take::<u64>(tokens * k);
     let (ids, gates) = (smem.take::<u32>(tokens * k), smem.take::<f32>(tokens * k));
     let masks = smem.take::<u32>(2 * experts);
@@ -528,6 +528,10 @@ fn route_body(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usi
         block::sync();
     }
     stamp(timeline, 1);
+    if tokens == 1 && experts <= RANKED_ROW {
+        route_one_token(logits, k, renormalize, &mut mailbox, top, ids, gates, dispatch);
+        return (dispatch, ids, gates);
+    }
     top_k(&Cluster::new(), logits, tokens, k, &mut mailbox, top, normalizers);
 
     // A thread a (token, place) pair: its expert, its gate weight — exp(l − max) over the top
@@ -559,6 +563,76 @@ fn route_body(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usi
     }
     block::sync();
     (dispatch, ids, gates)
+}
+
+/// Words of [`route_body`]'s mailbox: [`top_k`]'s candidates and normalisers, or for one token
+/// every expert's logit ([`route_one_token`]).
+const fn mailbox_words(tokens: usize, experts: usize, cluster: usize, k: usize) -> usize {
+    let candidates = tokens * cluster * (k + 1);
+    if candidates > experts { candidates } else { experts }
+}
+
+/// [`route_body`] after the logits for a single token (at most [`RANKED_ROW`] experts, this
+/// block's in `logits`): each block posts its experts' logits as [`rank_key`]s into every
+/// block's mailbox (`st.async`, after one cluster barrier), and warp 0 of each block ranks
+/// them all at once ([`warp_top_k`]) and derives the gate weights, the pairs (one an expert)
+/// and the items with shuffles — in place of [`top_k`]'s two rankings, its normalisers'
+/// exchange and the block passes after it (gates, item list, pairs' places), a chain of
+/// dependent steps that took 6.6 µs at one DeepSeek token. Ends with a block barrier.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn route_one_token(logits: SharedSlice<f32>, k: usize, renormalize: bool, mailbox: &mut Mailbox, top: SharedSlice<u64>, ids: SharedSlice<u32>, gates: SharedSlice<f32>, dispatch: Dispatch) {
+    let (rank, size, local) = (cluster::block_rank() as usize, cluster::size() as usize, logits.len());
+    let experts = local * size;
+    let words = mailbox.words();
+    if thread::rank_in_block() == 0 {
+        mailbox.expect(experts);
+    }
+    // `logits` written (the block's threads), and the peers ready to receive.
+    block::sync();
+    cluster::arrive_relaxed();
+    cluster::wait();
+    for i in block::stride_loop(0..local) {
+        let e = rank * local + i;
+        let key = rank_key(logits.load(i), e as u32);
+        for peer in 0..size as u32 {
+            mailbox.post(peer, e, key);
+        }
+    }
+    mailbox.wait();
+    if warp::index_in_block() == 0 {
+        let lane = warp::lane() as usize;
+        warp_top_k(experts, k, |e| words.load(e), |j, best| top.store(j, best));
+        warp::sync();
+        let max = rank_unkey(top.load(0)).0;
+        let term = |logit: f32| math::exp(logit - max);
+        let chosen = (lane < k).then(|| rank_unkey(top.load(lane)));
+        // The softmax's denominator: over the chosen experts, or over all of them.
+        let part = if renormalize {
+            chosen.map_or(0.0, |(logit, _)| term(logit))
+        } else {
+            let term_of = |e: usize| if e < experts { term(rank_unkey(words.load(e)).0) } else { 0.0 };
+            term_of(lane) + term_of(lane + 32)
+        };
+        let total = warp::reduce_sum(part);
+        // A chosen expert's pair: the chosen of lower index come before it.
+        let expert = chosen.map_or(u32::MAX, |(_, e)| e);
+        let place = (0..k).filter(|&j| warp::broadcast(expert, j as u32) < expert).count();
+        if let Some((logit, e)) = chosen {
+            let gate = term(logit) / total;
+            ids.store(lane, e);
+            gates.store(lane, gate);
+            dispatch.count.store(e as usize, 1);
+            dispatch.offset.store(e as usize, place as u32);
+            dispatch.pair_token.store(place, 0);
+            dispatch.pair_gate.store(place, gate);
+            dispatch.items.store(1 + place, e << 16);
+        }
+        if lane == 0 {
+            dispatch.items.store(0, k as u32);
+        }
+    }
+    block::sync();
 }
 
 /// A warp's share of one 16-row tile of router logits: router rows `rows` (this lane's two,
@@ -1972,7 +2046,7 @@ pub mod host {
             MAX_TOKENS => pipeline_smem(GATE_UP_TOKENS_STAGES, GATE_UP_TOKENS_STAGE_BYTES),
             _ => 0,
         };
-        let sizes = [tokens * e / cluster * 4, partials, tokens * 4, (pairs + tokens) * cluster * 8, 8, pairs * 8, pairs * 4, pairs * 4, 2 * e * 4, window];
+        let sizes = [tokens * e / cluster * 4, partials, tokens * 4, mailbox_words(tokens, e, cluster, layer.top_k) * 8, 8, pairs * 8, pairs * 4, pairs * 4, 2 * e * 4, window];
         sizes.iter().map(|b| b.next_multiple_of(16)).sum::<usize>() + dispatch_smem(layer, tokens)
     }
 

@@ -141,9 +141,9 @@ fn every_kernel_assembles_with_its_shared_memory_and_bounded_spills() {
             assert!(r.spill_store_bytes <= 768 && r.spill_load_bytes <= 1152 && r.stack_frame_bytes <= 1152, "`{name}` spills: {r:?}");
         } else if name.starts_with("moe_") {
             // At 128 registers (two blocks per SM): values outside the streaming loops, and the
-            // routing's call frame (a bound, so that it cannot grow unseen;
-            // `moe_streaming_loops_...` checks the loops).
-            assert!(r.spill_store_bytes <= 400 && r.spill_load_bytes <= 640 && r.stack_frame_bytes <= 400, "`{name}` spills: {r:?}");
+            // routing's call frame, 48 bytes larger with its one-token path (a bound, so that
+            // it cannot grow unseen; `moe_streaming_loops_...` checks the loops).
+            assert!(r.spill_store_bytes <= 400 && r.spill_load_bytes <= 640 && r.stack_frame_bytes <= 448, "`{name}` spills: {r:?}");
         } else if name == "llama_qkv" || name == "llama_residual" {
             // The item loop at 128 registers: a few loop-invariant values stored once before
             // it and reloaded once an item (`cuobjdump -sass`), none in the dot products.
@@ -274,13 +274,14 @@ fn moe_streams_experts_through_tensor_cores_without_atomics() {
         assert_eq!(text.contains("cp.async.cg.shared.global"), name.ends_with("_g8"), "`{name}`: x staged");
     }
     // The routing (one function both kernels call): the cluster top-k posts candidates and
-    // the softmax's partial sums into peers' mailboxes (`st.async` on their mbarriers), after
-    // one cluster barrier whose arrival is relaxed — no `MEMBAR.ALL.GPU`.
+    // the softmax's partial sums into peers' mailboxes (`st.async` on their mbarriers), and a
+    // single token's routing its logits, each after one cluster barrier whose arrival is
+    // relaxed — no `MEMBAR.ALL.GPU`.
     let route = function("moe5route");
     assert!(route.contains("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64"), "the top-k does not post through DSMEM");
     assert!(route.contains("mbarrier.try_wait.parity.acquire.cluster"), "the top-k does not wait for its mailbox");
     let barriers = route.matches("barrier.cluster.arrive").count();
-    assert_eq!((barriers, route.matches("barrier.cluster.arrive.relaxed").count()), (1, 1), "routing: one relaxed cluster barrier");
+    assert_eq!((barriers, route.matches("barrier.cluster.arrive.relaxed").count()), (2, 2), "routing: one relaxed cluster barrier on each path");
     // The down kernel waits for the gate/up kernel before it reads the routing and `h`.
     for name in MOE_KERNELS.iter().filter(|k| k.contains("down")) {
         assert!(entry(name).contains("griddepcontrol.wait;"), "`{name}` never waits for the gate/up kernel");
