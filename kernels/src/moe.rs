@@ -471,20 +471,21 @@ fn exclusive_sum(value: u32) -> u32 {
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 fn route(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k: usize, renormalize: bool, group: usize, timeline: &Out<u64>) -> (Dispatch, SharedSlice<u32>, SharedSlice<f32>) {
-    route_body(smem, x, router, tokens, k, renormalize, group, timeline)
+    route_body::<4>(smem, x, router, tokens, k, renormalize, group, timeline)
 }
 
-/// [`route`] for the tokens schedule's gate/up kernel.
+/// [`route`] for the tokens schedule's kernels: at up to 8 tokens, each warp's logits in one
+/// memory round trip (8 K-steps' loads at once, which its 255 registers hold).
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 fn route_tokens(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k: usize, renormalize: bool, timeline: &Out<u64>) -> (Dispatch, SharedSlice<u32>, SharedSlice<f32>) {
-    route_body(smem, x, router, tokens, k, renormalize, MAX_TOKENS, timeline)
+    route_body::<8>(smem, x, router, tokens, k, renormalize, MAX_TOKENS, timeline)
 }
 
-/// [`route`]'s body.
+/// [`route`]'s body, the router logits of up to 8 tokens `U1` K-steps at a time.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn route_body(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k: usize, renormalize: bool, group: usize, timeline: &Out<u64>) -> (Dispatch, SharedSlice<u32>, SharedSlice<f32>) {
+fn route_body<const U1: usize>(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k: usize, renormalize: bool, group: usize, timeline: &Out<u64>) -> (Dispatch, SharedSlice<u32>, SharedSlice<f32>) {
     let hidden = x.len() / tokens;
     let experts = router.len() / hidden;
     let (rank, size) = (cluster::block_rank() as usize, cluster::size() as usize);
@@ -515,7 +516,7 @@ fn route_body(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usi
         let row = |r: usize| (m + r < local).then_some(rank * local + m + r);
         let rows = [row(lane / 4), row(lane / 4 + 8)];
         match n_tiles {
-            1 => router_tile::<1, 4>(x, router, tokens, rows, 0, partials),
+            1 => router_tile::<1, U1>(x, router, tokens, rows, 0, partials),
             2 => router_tile::<2, 4>(x, router, tokens, rows, 0, partials),
             _ => (0..n_tiles).step_by(4).for_each(|first| router_tile::<4, 2>(x, router, tokens, rows, first, partials)),
         }
@@ -650,7 +651,7 @@ fn router_tile<const NT: usize, const U: usize>(x: &[bf16], router: &[bf16], tok
     for chunk in (warp..steps).step_by(WARPS * U) {
         let mut a = [[[0u32; 4]; 2]; U];
         let mut b = [[[0u32; 4]; NT]; U];
-        unroll!(u in [0 1 2 3] {
+        unroll!(u in [0 1 2 3 4 5 6 7] {
             let s = chunk + u * WARPS;
             if u < U && s < steps {
                 // SAFETY: rows of the router and of `x` (or none), `s < steps`; both are
@@ -663,7 +664,7 @@ fn router_tile<const NT: usize, const U: usize>(x: &[bf16], router: &[bf16], tok
                 }
             }
         });
-        unroll!(u in [0 1 2 3] {
+        unroll!(u in [0 1 2 3 4 5 6 7] {
             if u < U && chunk + u * WARPS < steps {
                 for (n, acc) in acc.iter_mut().enumerate() {
                     if first + n < n_tiles {
