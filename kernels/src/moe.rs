@@ -482,10 +482,10 @@ fn route_tokens(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: u
     route_body::<8>(smem, x, router, tokens, k, renormalize, MAX_TOKENS, timeline)
 }
 
-/// [`route`]'s body, the router logits of up to 8 tokens `U1` K-steps at a time.
+/// [`route`]'s body, the router logits of up to 8 tokens `STEPS_AT_ONCE` K-steps at a time.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn route_body<const U1: usize>(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k: usize, renormalize: bool, group: usize, timeline: &Out<u64>) -> (Dispatch, SharedSlice<u32>, SharedSlice<f32>) {
+fn route_body<const STEPS_AT_ONCE: usize>(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k: usize, renormalize: bool, group: usize, timeline: &Out<u64>) -> (Dispatch, SharedSlice<u32>, SharedSlice<f32>) {
     let hidden = x.len() / tokens;
     let experts = router.len() / hidden;
     let (rank, size) = (cluster::block_rank() as usize, cluster::size() as usize);
@@ -516,7 +516,7 @@ fn route_body<const U1: usize>(smem: &mut DynamicShared, x: &[bf16], router: &[b
         let row = |r: usize| (m + r < local).then_some(rank * local + m + r);
         let rows = [row(lane / 4), row(lane / 4 + 8)];
         match n_tiles {
-            1 => router_tile::<1, U1>(x, router, tokens, rows, 0, partials),
+            1 => router_tile::<1, STEPS_AT_ONCE>(x, router, tokens, rows, 0, partials),
             2 => router_tile::<2, 4>(x, router, tokens, rows, 0, partials),
             _ => (0..n_tiles).step_by(4).for_each(|first| router_tile::<4, 2>(x, router, tokens, rows, first, partials)),
         }
