@@ -17,11 +17,12 @@ copy bandwidth measured here (a 1 GiB device-to-device copy, bytes read + writte
     python3 scripts/moe-torch.py              # the timing table
     python3 scripts/moe-torch.py --check DIR  # compare with `moe-bench --dump DIR`
 
-`--check` loads each layer's weights, its 64 tokens and the kernels' routing and output: it
-compares the kernels' experts with torch.topk on the same logits (float32; a difference is
-allowed only between exactly equal logits), and the kernels' and PyTorch eager's outputs with
-a float64 run of the layer; it exits 1 if the routing differs or the kernels are further than
-1e-2 from float64.
+`--check` loads each layer's weights, its 64 tokens and each schedule's routing and output
+(`out.<schedule>.bf16`, `ids.<schedule>.u32`): it compares the kernels' experts with
+torch.topk on the same logits (float32; a difference is allowed only between exactly equal
+logits), and the kernels' and PyTorch eager's outputs with a float64 run of the layer; it
+exits 1 if a schedule's routing differs, its output is further than 1e-2 from float64, or a
+layer has no schedule's output.
 """
 import json
 import sys
@@ -160,14 +161,9 @@ def check(root):
         x = load(d / "x.bf16", torch.bfloat16, (t, h))
         w = dict(router=load(d / "router.bf16", torch.bfloat16, (e, h)), w_gate=load(d / "w_gate.bf16", torch.bfloat16, (e, f, h)),
                  w_up=load(d / "w_up.bf16", torch.bfloat16, (e, f, h)), w_down=load(d / "w_down.bf16", torch.bfloat16, (e, h, f)))
-        ours = load(d / "out.bf16", torch.bfloat16, (t, h))
-        our_ids = load(d / "ids.u32", torch.int32, (t, k)).long()
         # torch.topk on the same logits, in float32 (the kernels' precision).
         logits = x.float() @ w["router"].float().T
         top = torch.topk(logits, k, dim=-1)
-        differ = our_ids != top.indices
-        ties = torch.gather(logits, 1, our_ids) == top.values
-        routing_ok = bool((~differ | ties).all())
         # float64: the same routing (in float64), then the chosen experts' FFNs.
         x64 = x.double()
         gates, ids = route(x64, w["router"].double(), k, renorm)
@@ -177,12 +173,24 @@ def check(root):
             y = expert(x64[token], w["w_gate"][ex].double(), w["w_up"][ex].double(), w["w_down"][ex].double())
             out64.index_add_(0, token, y * gates[token, slot, None])
         eager = moe_loop(x, w, k, renorm)
-        ours_err, eager_err = rel(ours, out64), rel(eager, out64)
-        ok = routing_ok and ours_err <= TOLERANCE
-        failed |= not ok
-        print(f"{name}, {t} tokens: routing vs torch.topk (float32 logits): {int(differ.sum())} of {differ.numel()} choices differ "
-              f"({int((differ & ~ties).sum())} not exact ties); rel error vs float64: clusterfuse {ours_err:.2e}, "
-              f"PyTorch eager bf16 {eager_err:.2e}, clusterfuse vs eager {rel(ours, eager):.2e} -> {'ok' if ok else 'FAIL'}")
+        eager_err = rel(eager, out64)
+        outputs = sorted(d.glob("out.*.bf16"))
+        if not outputs:
+            failed = True
+            print(f"{name}: no schedule's output in {d} -> FAIL")
+        for path in outputs:
+            schedule = path.name.split(".")[1]
+            ours = load(path, torch.bfloat16, (t, h))
+            our_ids = load(d / f"ids.{schedule}.u32", torch.int32, (t, k)).long()
+            differ = our_ids != top.indices
+            ties = torch.gather(logits, 1, our_ids) == top.values
+            routing_ok = bool((~differ | ties).all())
+            ours_err = rel(ours, out64)
+            ok = routing_ok and ours_err <= TOLERANCE
+            failed |= not ok
+            print(f"{name}, {t} tokens, {schedule} schedule: routing vs torch.topk (float32 logits): {int(differ.sum())} of {differ.numel()} "
+                  f"choices differ ({int((differ & ~ties).sum())} not exact ties); rel error vs float64: clusterfuse {ours_err:.2e}, "
+                  f"PyTorch eager bf16 {eager_err:.2e}, clusterfuse vs eager {rel(ours, eager):.2e} -> {'ok' if ok else 'FAIL'}")
     sys.exit(1 if failed else 0)
 
 

@@ -17,8 +17,8 @@
 //! over the device-to-device copy bandwidth measured here first (`cuMemcpyDtoD` of 1 GiB,
 //! bytes read + written per second, median of 20).
 //!
-//! `--dump DIR` writes each layer's weights and 64-token input, and the kernels' routing and
-//! output, as raw little-endian files for `scripts/moe-torch.py --check DIR`. `--only NAME
+//! `--dump DIR` writes each layer's weights and 64-token input, and every schedule's routing
+//! and output at 64 tokens, as raw little-endian files for `scripts/moe-torch.py --check DIR`. `--only NAME
 //! TOKENS` runs one row (e.g. `--only DeepSeek 1`, for a profiler). `--ffn N` gives the
 //! experts' FFN width `N` instead: at 128 (one 128-row unit an expert) a gate/up launch is
 //! mostly its routing. `--cluster N`: gate/up clusters of `N` blocks (2-16) instead of
@@ -59,23 +59,35 @@ fn write_raw(dir: &Path, name: &str, bytes: impl Iterator<Item = [u8; 2]>) -> Re
     Ok(())
 }
 
-/// A layer's inputs (64 tokens) and the kernels' routing and output, for moe-torch.py.
-fn dump(dir: &Path, name: &str, moe: &Moe, (out, ids, gates): &(Vec<f32>, Vec<u32>, Vec<f32>)) -> Result<()> {
+/// A layer's inputs (64 tokens), with `inputs`, and a schedule's routing and output under its
+/// `label`, for moe-torch.py.
+fn dump(dir: &Path, name: &str, moe: &Moe, inputs: bool, label: &str, (out, ids, gates): &(Vec<f32>, Vec<u32>, Vec<f32>)) -> Result<()> {
     let dir = dir.join(name);
     std::fs::create_dir_all(&dir)?;
-    let l = moe.layer;
-    let meta = format!(
-        "{{\"tokens\": {}, \"hidden\": {}, \"experts\": {}, \"top_k\": {}, \"ffn\": {}, \"renormalize\": {}}}\n",
-        moe.tokens, l.hidden, l.experts, l.top_k, l.ffn, l.renormalize
-    );
-    std::fs::write(dir.join("meta.json"), meta)?;
-    for (file, values) in [("x", &moe.x), ("router", &moe.router), ("w_gate", &moe.w_gate), ("w_up", &moe.w_up), ("w_down", &moe.w_down)] {
-        write_raw(&dir, &format!("{file}.bf16"), values.iter().map(|v| v.to_bits().to_le_bytes()))?;
+    if inputs {
+        let l = moe.layer;
+        let meta = format!(
+            "{{\"tokens\": {}, \"hidden\": {}, \"experts\": {}, \"top_k\": {}, \"ffn\": {}, \"renormalize\": {}}}\n",
+            moe.tokens, l.hidden, l.experts, l.top_k, l.ffn, l.renormalize
+        );
+        std::fs::write(dir.join("meta.json"), meta)?;
+        for (file, values) in [("x", &moe.x), ("router", &moe.router), ("w_gate", &moe.w_gate), ("w_up", &moe.w_up), ("w_down", &moe.w_down)] {
+            write_raw(&dir, &format!("{file}.bf16"), values.iter().map(|v| v.to_bits().to_le_bytes()))?;
+        }
     }
-    write_raw(&dir, "out.bf16", out.iter().map(|&v| bf16::from_f32(v).to_bits().to_le_bytes()))?;
-    std::fs::write(dir.join("ids.u32"), ids.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())?;
-    std::fs::write(dir.join("gates.f32"), gates.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())?;
+    write_raw(&dir, &format!("out.{label}.bf16"), out.iter().map(|&v| bf16::from_f32(v).to_bits().to_le_bytes()))?;
+    std::fs::write(dir.join(format!("ids.{label}.u32")), ids.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())?;
+    std::fs::write(dir.join(format!("gates.{label}.f32")), gates.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())?;
     Ok(())
+}
+
+/// A schedule's name in a dump's file names.
+fn file_label(schedule: Schedule) -> &'static str {
+    match schedule {
+        Schedule::Pairs { .. } => "pairs",
+        Schedule::Tokens => "tokens",
+        Schedule::Dense => "dense",
+    }
 }
 
 fn main() -> Result<()> {
@@ -125,8 +137,9 @@ fn main() -> Result<()> {
                     let busiest = (0..layer.experts as u32).map(|e| first.1.iter().filter(|&&id| id == e).count()).max().unwrap_or(0);
                     let mark = if schedule == planned { "planned " } else { "" };
                     let layout = format!("{mark}{schedule:?}: {} + {} blocks, clusters of {cluster} and {down_cluster}, busiest expert {busiest} pairs", plan.gate_up.grid.x, plan.down.grid.x);
-                    if let (Some(dir), true) = (&dump_dir, tokens == TOKENS[0] && schedule == planned) {
-                        dump(dir, name, &moe, &first)?;
+                    // The planned schedule runs first: it writes the inputs too.
+                    if let (Some(dir), true) = (&dump_dir, tokens == TOKENS[0]) {
+                        dump(dir, name, &moe, schedule == planned, file_label(schedule), &first)?;
                     }
                     b.poison(&gpu)?;
                     // Captured after `poison`, which reallocates the outputs: `b` is not changed again.
