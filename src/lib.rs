@@ -4,8 +4,8 @@
 //!
 //! A *kernel crate* holds `#[kernel]` functions. Its `build.rs` calls
 //! `clusterfuse_build::build_kernels()`, which compiles the crate for `nvptx64-nvidia-cuda`
-//! (sm_90a) and checks the PTX with `ptxas`; `clusterfuse::embed_ptx!()` embeds that PTX in the
-//! host build, where each kernel becomes a module with a typed launcher:
+//! (sm_90a) and assembles the PTX with `ptxas`; `clusterfuse::embed_ptx!()` embeds that PTX and
+//! its cubin in the host build, where each kernel becomes a module with a typed launcher:
 //!
 //! ```ignore
 //! use clusterfuse::prelude::*;
@@ -49,15 +49,16 @@ pub mod prelude {
     pub use clusterfuse_host::{Gpu, LaunchConfig};
 }
 
-/// Embeds this kernel crate's PTX (built by `clusterfuse_build::build_kernels()` in its
-/// `build.rs`) so that the crate's typed launchers can load it. Invoke once, at the crate root.
+/// Embeds this kernel crate's PTX and cubin (built by `clusterfuse_build::build_kernels()` in
+/// its `build.rs`) so that the crate's typed launchers can load it. Invoke once, at the crate root.
 #[macro_export]
 macro_rules! embed_ptx {
     () => {
         #[cfg(not(target_arch = "nvptx64"))]
         #[doc(hidden)]
         pub static __CLUSTERFUSE_PTX: $crate::host::Ptx =
-            $crate::host::Ptx::new(env!("CARGO_PKG_NAME"), include_str!(concat!(env!("OUT_DIR"), "/clusterfuse.ptx")));
+            $crate::host::Ptx::new(env!("CARGO_PKG_NAME"), include_str!(concat!(env!("OUT_DIR"), "/clusterfuse.ptx")))
+                .with_cubin(include_bytes!(concat!(env!("OUT_DIR"), "/clusterfuse.cubin")));
     };
 }
 

@@ -9,8 +9,10 @@
 //! It compiles the crate itself for `nvptx64-nvidia-cuda` ([`ARCH`], PTX ISA 8.1) with the device
 //! toolchain that `scripts/setup.sh` installs, inserts each kernel's launch directives
 //! (`.maxntid`, `.minnctapersm`, `.reqnctapercluster`) into its PTX entry, assembles the
-//! result with `ptxas -arch=sm_90a` when available, and writes `$OUT_DIR/clusterfuse.ptx` for
-//! `clusterfuse::embed_ptx!()`. The build re-runs when any file of the device build changes.
+//! result with `ptxas -arch=sm_90a` when available, and writes `$OUT_DIR/clusterfuse.ptx` and
+//! its machine code `$OUT_DIR/clusterfuse.cubin` (empty without ptxas) for
+//! `clusterfuse::embed_ptx!()`: a GPU then loads the cubin, with no JIT compilation of the PTX
+//! at the first launch. The build re-runs when any file of the device build changes.
 
 mod directives;
 mod inspect;
@@ -108,9 +110,10 @@ pub fn build_kernels() -> Result<(), Error> {
     let out_ptx = out_dir.join("clusterfuse.ptx");
     fs::write(&out_ptx, &ptx).map_err(io("cannot write", &out_ptx))?;
 
+    let cubin = out_dir.join("clusterfuse.cubin");
     match &toolchain.ptxas {
         Some(ptxas) => {
-            let report = assemble(ptxas, &out_ptx)?;
+            let report = assemble_into(ptxas, &out_ptx, &cubin)?;
             fs::write(out_dir.join("clusterfuse.ptxas.txt"), &report).map_err(io("cannot write", &out_dir))?;
             for (kernel, resources) in parse_report(&report) {
                 if resources.spill_store_bytes + resources.spill_load_bytes > 0 {
@@ -118,7 +121,10 @@ pub fn build_kernels() -> Result<(), Error> {
                 }
             }
         }
-        None => println!("cargo:warning=ptxas not found: the PTX was not assembled for {ARCH} (run scripts/setup.sh)"),
+        None => {
+            println!("cargo:warning=ptxas not found: the PTX was not assembled for {ARCH}, and a GPU will JIT-compile it at its first launch (run scripts/setup.sh)");
+            fs::write(&cubin, []).map_err(io("cannot write", &cubin))?;
+        }
     }
     Ok(())
 }

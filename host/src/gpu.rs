@@ -12,19 +12,29 @@ use cudarc::nvrtc::Ptx as CudarcPtx;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// A kernel crate's PTX, embedded in the binary at build time (`clusterfuse::embed_ptx!()`).
+/// A kernel crate's PTX and the cubin `ptxas` made of it, embedded in the binary at build
+/// time (`clusterfuse::embed_ptx!()`).
 #[derive(Debug)]
 pub struct Ptx {
     /// The kernel crate's name: the module's identity in each GPU's cache.
     pub module: &'static str,
     /// The PTX text.
     pub text: &'static str,
+    /// Its machine code for sm_90a (empty where the build had no `ptxas`): what a GPU loads,
+    /// so that no launch waits for the driver to JIT-compile the PTX (tens of seconds for a
+    /// crate of large kernels), with the PTX as the fallback where the driver rejects it.
+    pub cubin: &'static [u8],
 }
 
 impl Ptx {
-    /// Names a module's PTX text.
+    /// Names a module's PTX text (no cubin).
     pub const fn new(module: &'static str, text: &'static str) -> Self {
-        Self { module, text }
+        Self { module, text, cubin: &[] }
+    }
+
+    /// The same module with its cubin.
+    pub const fn with_cubin(self, cubin: &'static [u8]) -> Self {
+        Self { cubin, ..self }
     }
 }
 
@@ -224,7 +234,12 @@ impl Cuda {
         if let Some(module) = modules.get(ptx.module) {
             return Ok(module.clone());
         }
-        let module = self.context.load_module(CudarcPtx::from_src(ptx.text)).driver("cuModuleLoadData", None)?;
+        // A driver older than the ptxas that made the cubin refuses it: then the PTX, JIT-compiled.
+        let cubin = (!ptx.cubin.is_empty()).then(|| self.context.load_module(CudarcPtx::from_binary(ptx.cubin.to_vec())).ok()).flatten();
+        let module = match cubin {
+            Some(module) => module,
+            None => self.context.load_module(CudarcPtx::from_src(ptx.text)).driver("cuModuleLoadData", None)?,
+        };
         modules.insert(ptx.module, module.clone());
         Ok(module)
     }

@@ -26,6 +26,18 @@ fn function(part: &str) -> &'static str {
 }
 
 #[test]
+fn the_cubin_of_every_kernel_is_embedded_beside_the_ptx() {
+    // What a GPU loads (no JIT compilation at the first launch): ptxas's ELF of this PTX.
+    assert!(PTX.cubin.starts_with(b"\x7fELF"), "the embedded cubin is not an ELF image ({} bytes): was the crate built without ptxas?", PTX.cubin.len());
+    let entries: Vec<&str> = PTX.text.lines().filter_map(|l| l.trim_start().strip_prefix(".visible .entry ")).map(|l| &l[..l.find('(').unwrap_or(l.len())]).collect();
+    assert!(entries.len() > 40, "only {} entries found in the PTX", entries.len());
+    for name in entries {
+        let symbol = [name.as_bytes(), b"\0"].concat();
+        assert!(PTX.cubin.windows(symbol.len()).any(|w| w == symbol), "the cubin has no kernel `{name}`");
+    }
+}
+
+#[test]
 fn every_kernel_assembles_with_its_shared_memory_and_bounded_spills() {
     let (kernels, _) = clusterfuse_build::resources(PTX.text).unwrap_or_else(|e| panic!("{e}"));
     let expected_smem: &[(&str, u32)] = &[
