@@ -92,6 +92,11 @@ pub fn insert_directives(ptx: &str) -> Result<String, String> {
     Ok(out)
 }
 
+/// The names of `ptx`'s entry functions (its kernels), in order.
+pub fn entry_names(ptx: &str) -> impl Iterator<Item = &str> {
+    ptx.lines().filter_map(entry_name)
+}
+
 fn entry_name(line: &str) -> Option<&str> {
     let rest = line.trim_start().strip_prefix(".visible .entry ").or_else(|| line.trim_start().strip_prefix(".entry "))?;
     Some(rest.split(['(', ' ']).next().unwrap_or(rest))

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::{env, fmt, fs};
 
-pub use directives::{insert_directives, KernelDirectives};
+pub use directives::{entry_names, insert_directives, KernelDirectives};
 pub use inspect::{check_programmatic_waits, entry, resources, Sass};
 pub use report::{parse_report, KernelResources};
 pub use toolchain::{home, Toolchain};

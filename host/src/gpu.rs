@@ -235,7 +235,7 @@ impl Cuda {
             return Ok(module.clone());
         }
         // A driver older than the ptxas that made the cubin refuses it: then the PTX, JIT-compiled.
-        let cubin = (!ptx.cubin.is_empty()).then(|| self.context.load_module(CudarcPtx::from_binary(ptx.cubin.to_vec())).ok()).flatten();
+        let cubin = if ptx.cubin.is_empty() { None } else { self.context.load_module(CudarcPtx::from_binary(ptx.cubin.to_vec())).ok() };
         let module = match cubin {
             Some(module) => module,
             None => self.context.load_module(CudarcPtx::from_src(ptx.text)).driver("cuModuleLoadData", None)?,

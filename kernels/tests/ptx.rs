@@ -29,7 +29,7 @@ fn function(part: &str) -> &'static str {
 fn the_cubin_of_every_kernel_is_embedded_beside_the_ptx() {
     // What a GPU loads (no JIT compilation at the first launch): ptxas's ELF of this PTX.
     assert!(PTX.cubin.starts_with(b"\x7fELF"), "the embedded cubin is not an ELF image ({} bytes): was the crate built without ptxas?", PTX.cubin.len());
-    let entries: Vec<&str> = PTX.text.lines().filter_map(|l| l.trim_start().strip_prefix(".visible .entry ")).map(|l| &l[..l.find('(').unwrap_or(l.len())]).collect();
+    let entries: Vec<&str> = clusterfuse_build::entry_names(PTX.text).collect();
     assert!(entries.len() > 40, "only {} entries found in the PTX", entries.len());
     for name in entries {
         let symbol = [name.as_bytes(), b"\0"].concat();
