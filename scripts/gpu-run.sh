@@ -19,8 +19,11 @@ step() {
     "$@" 2>&1 | tee "$out/$name.txt"
     local rc=${PIPESTATUS[0]}
     [ "$rc" -eq 0 ] || { echo "== $name FAILED (exit $rc)"; status=1; }
+    ! grep -q "SKIPPED\|^no GPU" "$out/$name.txt" || { echo "== $name FAILED (skipped: no usable GPU or PyTorch)"; status=1; }
 }
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
+# Here a skip is a failure: without a GPU every step would skip and exit 0.
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt" \
+    || { echo "gpu-run: no usable GPU (nvidia-smi failed); this script runs on a machine with an sm_90 GPU" >&2; exit 1; }
 what=${1:-all}
 if [ "$what" = all ] || [ "$what" = check ]; then
     step examples .gpu/clusterfuse-examples --agree
@@ -46,6 +49,7 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
     step gemv-sweep bash -c "nvcc -O3 -std=c++17 -arch=sm_90 scripts/gemv-sweep.cu -o /tmp/gemv-sweep && /tmp/gemv-sweep"
     # decode-bench writes its L = 1024 inputs (~150 MB) outside $out for the PyTorch check.
     dump=${DECODE_DUMP:-/tmp/clusterfuse-decode-check}
+    rm -rf "$dump"  # a dump left by an earlier run must not pass the check
     step decode-bench .gpu/decode-bench --dump "$dump"
     step decode-torch python3 scripts/decode-torch.py
     step decode-torch-check python3 scripts/decode-torch.py --check "$dump"
@@ -53,6 +57,7 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
     step llama-torch python3 scripts/llama-torch.py
     # moe-bench writes both layers' weights and 64-token inputs (~4 GB) outside $out.
     moe_dump=${MOE_DUMP:-/tmp/clusterfuse-moe-check}
+    rm -rf "$moe_dump"
     step moe-bench .gpu/moe-bench --dump "$moe_dump"
     step moe-torch-check python3 scripts/moe-torch.py --check "$moe_dump"
     step moe-torch python3 scripts/moe-torch.py

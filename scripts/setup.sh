@@ -45,6 +45,26 @@ rustc_ok() { [ -x /usr/bin/rustc ] && /usr/bin/rustc --version 2>/dev/null | gre
 llvm_ok() { [ -x "$LLVM_BIN/llc" ] && [ -x "$LLVM_BIN/llvm-link" ] && [ -x "$LLVM_BIN/opt" ]; }
 apt_ok() { rustc_ok && [ -x /usr/bin/cargo ] && llvm_ok && [ -d "$RUST_SRC/core" ]; }
 
+# --- 0. The host toolchain pinned in rust-toolchain.toml (rustup's) ---------------------------
+# rustup cannot download it here (no access to its server); where its stable toolchain is
+# that very version, the pin is made a link to it.
+PIN=$(sed -n 's/^channel = "\(.*\)"$/\1/p' "$(dirname "$0")/../rust-toolchain.toml")
+if command -v rustup >/dev/null 2>&1; then
+    TOOLCHAINS="${RUSTUP_HOME:-$HOME/.rustup}/toolchains"
+    HOST=$(RUSTUP_TOOLCHAIN=stable rustc -vV 2>/dev/null | sed -n 's/^host: //p')
+    if [ -n "$HOST" ] && [ -e "$TOOLCHAINS/$PIN-$HOST" ]; then
+        say "ok: rust $PIN ($HOST)"
+    elif [ -n "$HOST" ] && RUSTUP_TOOLCHAIN=stable rustc --version | grep -q "^rustc $PIN "; then
+        ln -sfn "stable-$HOST" "$TOOLCHAINS/$PIN-$HOST"
+        say "rust $PIN: rustup's stable toolchain is that version; linked it as $PIN"
+    else
+        rustup toolchain install "$PIN" --profile minimal \
+            || die "rust $PIN (rust-toolchain.toml) is not installed and rustup could not install it; install it with: rustup toolchain install $PIN"
+    fi
+else
+    die "rustup not found: the host crates build with rust $PIN (rust-toolchain.toml); install rustup (https://rustup.rs) and run $0 again"
+fi
+
 # --- 1. Debian packages: rustc-web 1.96, its std source, LLVM 22 -------------------------------
 if apt_ok; then
     say "ok: rustc $(/usr/bin/rustc --version | awk '{print $2}'), llvm-22, rust std source"

@@ -4,7 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-locked=()
-[ -f Cargo.lock ] && locked=(--locked)
-cargo test --workspace "${locked[@]}" "$@" 2>&1
+cargo test --workspace --locked "$@" 2>&1
 scripts/template-test.sh 2>&1

@@ -96,10 +96,7 @@ impl Sass {
 /// upper bound for the loads the wait can precede.
 pub fn check_programmatic_waits(ptx: &str) -> Result<usize, Error> {
     let sass = Sass::new(ptx)?;
-    let waiting: Vec<(&str, &str)> = ptx
-        .split(".entry ")
-        .skip(1)
-        .filter_map(|e| e.split_once('(').map(|(name, _)| name))
+    let waiting: Vec<(&str, &str)> = crate::entry_names(ptx)
         .filter_map(|name| entry(ptx, name).map(|text| (name, text)))
         .filter(|(_, text)| text.contains("griddepcontrol.wait;"))
         .collect();

@@ -169,6 +169,12 @@ fn assemble_into(ptxas: &Path, ptx: &Path, cubin: &Path) -> Result<String, Error
 fn watch_sources(dep_info: &Path, manifest_dir: &Path) -> Result<(), Error> {
     println!("cargo:rerun-if-changed={}", manifest_dir.join("Cargo.toml").display());
     println!("cargo:rerun-if-env-changed=CLUSTERFUSE_HOME");
+    // The toolchain too: a build made before `ptxas` was installed embedded an empty cubin,
+    // and is redone once it is (cargo reruns the script while a watched path is missing).
+    let tools = home().join("bin");
+    for tool in [tools.join("ptxas"), tools.join("llvm-bitcode-linker"), PathBuf::from("/usr/bin/rustc")] {
+        println!("cargo:rerun-if-changed={}", tool.display());
+    }
     let text = fs::read_to_string(dep_info).map_err(io("cannot read dep-info", dep_info))?;
     let Some((_, deps)) = text.lines().next().and_then(|l| l.split_once(": ")) else {
         return Ok(());

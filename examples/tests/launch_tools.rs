@@ -40,6 +40,19 @@ fn graphs_and_the_recorder_on_the_gpu() {
     cluster_launches_are_captured(&gpu);
     a_synchronize_inside_a_capture_is_refused(&gpu);
     the_recorder_logs_every_launch_in_order(&gpu);
+    a_buffer_is_refused_on_a_stream_nothing_orders_it_with(&gpu);
+}
+
+/// `Gpu::new` turns cudarc's event tracking off, so a launch on another stream of its
+/// context could read a buffer before its upload lands: refused, with nothing launched.
+fn a_buffer_is_refused_on_a_stream_nothing_orders_it_with(gpu: &Gpu) {
+    let kernel = saxpy::load(gpu).unwrap();
+    let (x, y) = (random(N), random(N));
+    let (dx, mut dy) = (gpu.upload(&x).unwrap(), gpu.upload(&y).unwrap());
+    let other = Gpu::on_stream(gpu.context().unwrap().new_stream().unwrap()).unwrap();
+    let refused = kernel.launch(other.stream(), &config(N), 2.0, &dx, &mut dy);
+    assert!(matches!(refused, Err(Error::UnorderedStream)), "{refused:?}");
+    assert_eq!(gpu.download(&dy).unwrap(), y, "nothing was launched");
 }
 
 fn a_replayed_graph_matches_direct_launches_and_updates_in_place(gpu: &Gpu) {

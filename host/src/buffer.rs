@@ -83,11 +83,14 @@ impl<T> Buffer<T> {
     ///
     /// # Errors
     /// [`Error::WrongBackend`] when the buffer and the stream belong to different devices (two
-    /// GPUs, or a GPU and the emulator).
+    /// GPUs, or a GPU and the emulator); [`Error::UnorderedStream`] when nothing would order
+    /// the launch with the buffer's upload and free (another stream of a context without
+    /// cudarc's event tracking).
     pub fn launch_ptr<'a>(&'a self, stream: &'a Stream) -> Result<LaunchPtr<'a>> {
         match (&self.storage, stream.cuda()) {
-            (Storage::Cuda(slice), Some(stream)) if Arc::ptr_eq(slice.context(), stream.context()) => {
-                let (ptr, sync) = slice.device_ptr(stream);
+            (Storage::Cuda(slice), Some(cuda)) if Arc::ptr_eq(slice.context(), cuda.context()) => {
+                check_ordered(slice, stream)?;
+                let (ptr, sync) = slice.device_ptr(cuda);
                 Ok((ptr, Some(sync)))
             }
             (Storage::Emulated(values), None) => Ok((values.as_ptr() as u64, None)),
@@ -102,14 +105,28 @@ impl<T> Buffer<T> {
     /// As for [`Buffer::launch_ptr`].
     pub fn launch_ptr_mut<'a>(&'a mut self, stream: &'a Stream) -> Result<LaunchPtr<'a>> {
         match (&mut self.storage, stream.cuda()) {
-            (Storage::Cuda(slice), Some(stream)) if Arc::ptr_eq(slice.context(), stream.context()) => {
-                let (ptr, sync) = slice.device_ptr_mut(stream);
+            (Storage::Cuda(slice), Some(cuda)) if Arc::ptr_eq(slice.context(), cuda.context()) => {
+                check_ordered(slice, stream)?;
+                let (ptr, sync) = slice.device_ptr_mut(cuda);
                 Ok((ptr, Some(sync)))
             }
             (Storage::Emulated(values), None) => Ok((values.as_mut_ptr() as u64, None)),
             (Storage::Borrowed { address, context, .. }, stream) => borrowed(*address, context, stream),
             _ => Err(Error::WrongBackend),
         }
+    }
+}
+
+/// [`Error::UnorderedStream`] unless a launch on `stream` is ordered after `slice`'s upload
+/// and before its free: by cudarc's guard where its context tracks events, else only on the
+/// stream the slice was made on, or in a graph capture (replayed on the buffers' stream:
+/// [`Graph::replay`](crate::Graph::replay)'s contract).
+fn check_ordered<T>(slice: &CudaSlice<T>, stream: &Stream) -> Result<()> {
+    let same_stream = stream.cuda().is_some_and(|cuda| cuda.cu_stream() == slice.stream().cu_stream());
+    if slice.context().is_event_tracking() || stream.capture || same_stream {
+        Ok(())
+    } else {
+        Err(Error::UnorderedStream)
     }
 }
 

@@ -3,7 +3,7 @@
 
 use crate::kernel::KernelFacts;
 use clusterfuse_device::limits::{
-    DEFAULT_DYNAMIC_SHARED_MEMORY, MAX_BLOCK_DIM, MAX_CLUSTER_SIZE, MAX_GRID_DIM, MAX_PORTABLE_CLUSTER_SIZE,
+    MAX_BLOCKS_PER_SM, MAX_BLOCK_DIM, MAX_CLUSTER_SIZE, MAX_GRID_DIM, MAX_PORTABLE_CLUSTER_SIZE,
     MAX_SHARED_MEMORY_PER_SM, MAX_THREADS_PER_BLOCK, RESERVED_SHARED_MEMORY_PER_BLOCK,
 };
 use clusterfuse_device::Dim3;
@@ -71,11 +71,6 @@ impl LaunchPlan {
     pub fn non_portable_cluster(&self) -> bool {
         self.cluster.is_some_and(|c| c.volume() > MAX_PORTABLE_CLUSTER_SIZE as u64)
     }
-
-    /// True when dynamic shared memory exceeds the 48 KB a kernel gets without opting in.
-    pub fn needs_smem_opt_in(&self) -> bool {
-        self.dynamic_smem_bytes > DEFAULT_DYNAMIC_SHARED_MEMORY
-    }
 }
 
 /// Why a launch configuration was refused.
@@ -99,8 +94,8 @@ pub enum LaunchError {
     ClusterMismatch { declared: Dim3, requested: Dim3 },
     #[error("{static_bytes} B static + {dynamic_bytes} B dynamic shared memory exceeds the {limit} B a block may use")]
     SharedMemoryTooLarge { static_bytes: u32, dynamic_bytes: u32, limit: u32 },
-    #[error("`max_blocks_per_sm: Some(0)` leaves no block a place; ask for at least 1, or `None`")]
-    NoBlocksPerSm,
+    #[error("`max_blocks_per_sm: Some({blocks})`: an SM holds 1 to {MAX_BLOCKS_PER_SM} blocks; ask for that many, or `None`")]
+    BlocksPerSmOutOfRange { blocks: u32 },
 }
 
 /// Checks `config` for a kernel with `facts` that uses `static_smem` bytes of static shared
@@ -146,7 +141,7 @@ pub fn plan(facts: &KernelFacts, static_smem: u32, smem_limit: u32, config: &Lau
         }
     }
     let dynamic_smem_bytes = match max_blocks_per_sm {
-        Some(0) => return Err(LaunchError::NoBlocksPerSm),
+        Some(blocks) if !(1..=MAX_BLOCKS_PER_SM).contains(&blocks) => return Err(LaunchError::BlocksPerSmOutOfRange { blocks }),
         Some(blocks) => dynamic_smem_bytes.max(smem_for_at_most(blocks).saturating_sub(static_smem)),
         None => dynamic_smem_bytes,
     };
@@ -183,7 +178,7 @@ mod tests {
     fn accepts_a_plain_launch() {
         let plan = check(&PLAIN, config(1000, 256)).unwrap();
         assert_eq!(plan.cluster, None);
-        assert!(!plan.needs_smem_opt_in());
+        assert_eq!(plan.dynamic_smem_bytes, 0);
     }
 
     #[test]
@@ -247,7 +242,9 @@ mod tests {
         assert!(3 * (three + RESERVED_SHARED_MEMORY_PER_BLOCK) <= MAX_SHARED_MEMORY_PER_SM);
         // A block that already takes more keeps what it asked for.
         assert_eq!(capped(1, 0, 150_000), Ok(150_000));
-        assert_eq!(capped(0, 0, 0), Err(LaunchError::NoBlocksPerSm));
+        assert_eq!(capped(0, 0, 0), Err(LaunchError::BlocksPerSmOutOfRange { blocks: 0 }));
+        assert_eq!(capped(u32::MAX, 0, 0), Err(LaunchError::BlocksPerSmOutOfRange { blocks: u32::MAX }));
+        assert!(capped(MAX_BLOCKS_PER_SM, 0, 0).is_ok());
         // The cap counts on the SM's whole shared memory: the carveout asks for it.
         let carveout = |max_blocks_per_sm| check(&PLAIN, LaunchConfig { max_blocks_per_sm, ..config(96, 128) }).map(|p| p.max_shared_carveout);
         assert_eq!((carveout(Some(2)), carveout(None)), (Ok(true), Ok(false)));
@@ -256,7 +253,7 @@ mod tests {
     #[test]
     fn checks_shared_memory_against_the_limit() {
         let c = LaunchConfig { dynamic_smem_bytes: 100 * 1024, ..config(1, 128) };
-        assert!(plan(&PLAIN, 0, MAX_SHARED_MEMORY_PER_BLOCK, &c).unwrap().needs_smem_opt_in());
+        assert_eq!(plan(&PLAIN, 0, MAX_SHARED_MEMORY_PER_BLOCK, &c).map(|p| p.dynamic_smem_bytes), Ok(100 * 1024));
         let c = LaunchConfig { dynamic_smem_bytes: MAX_SHARED_MEMORY_PER_BLOCK, ..config(1, 128) };
         assert_eq!(
             plan(&PLAIN, 1024, MAX_SHARED_MEMORY_PER_BLOCK, &c),

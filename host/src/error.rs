@@ -23,6 +23,11 @@ pub enum Error {
     /// and the CPU emulator.
     #[error("mixed devices: a buffer, stream or kernel of one device (a GPU or the CPU emulator) was used with another's")]
     WrongBackend,
+    /// A launch on a stream other than the one a buffer was made on, in a context whose
+    /// cudarc event tracking is off ([`Gpu::new`](crate::Gpu::new) turns it off): nothing would
+    /// order the launch after the buffer's upload, nor the buffer's free after the launch.
+    #[error("a buffer made on one stream was passed to a launch on another, in a context with cudarc's event tracking off (as `Gpu::new` leaves it), where nothing orders them; launch on the buffer's own stream (its `Gpu`'s), or use a context with event tracking on")]
+    UnorderedStream,
     /// A graph capture or update failed; nothing was replaced.
     #[error(transparent)]
     Capture(#[from] CaptureError),

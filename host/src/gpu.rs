@@ -45,6 +45,8 @@ pub struct Stream {
     /// The device's launch recorder; None for a graph's capture stream, whose launches
     /// are not run and so not recorded.
     pub(crate) recorder: Option<Arc<Recorder>>,
+    /// A graph's capture stream: its launches are recorded, to be replayed on another stream.
+    pub(crate) capture: bool,
 }
 
 impl Stream {
@@ -70,7 +72,7 @@ struct Cuda {
 
 impl Gpu {
     /// Opens GPU `ordinal`. Fails with [`Error::NoGpu`], saying why, where there is no CUDA
-    /// driver, no such device, or a device older than Hopper (sm_90).
+    /// driver, no such device, or a device that is not Hopper (sm_90).
     pub fn new(ordinal: usize) -> Result<Self> {
         // SAFETY: only probes whether the driver library can be loaded (linked, it is there).
         #[cfg(not(feature = "dynamic-linking"))]
@@ -90,18 +92,19 @@ impl Gpu {
     /// The GPU of `stream`, launching on `stream`: a device whose context and stream another
     /// cudarc user owns (candle's CUDA backend, say), so that kernels launch on that user's
     /// memory in its stream order ([`Buffer::from_raw`]). The context's settings, event
-    /// tracking included, are left as they are. Fails with [`Error::NoGpu`] on a device older
-    /// than Hopper (sm_90).
+    /// tracking included, are left as they are. Fails with [`Error::NoGpu`] on a device that
+    /// is not Hopper (sm_90: the kernels are built for `sm_90a`, which no other architecture
+    /// runs).
     pub fn on_stream(stream: Arc<CudaStream>) -> Result<Self> {
         let context = stream.context().clone();
         let (major, minor) = context.compute_capability().driver("cuDeviceGetAttribute", None)?;
-        if major < 9 {
+        if (major, minor) != (9, 0) {
             let name = context.name().unwrap_or_default();
-            return Err(Error::NoGpu(format!("GPU {} ({name}) is sm_{major}{minor}; clusterfuse needs Hopper (sm_90)", context.ordinal())));
+            return Err(Error::NoGpu(format!("GPU {} ({name}) is sm_{major}{minor}; clusterfuse's kernels are built for Hopper (sm_90a) and run on no other architecture", context.ordinal())));
         }
         let smem_limit = context.attribute(DevAttr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).driver("cuDeviceGetAttribute", None)? as u32;
         let recorder = Arc::new(Recorder::default());
-        let stream = Stream { cuda: Some(stream), recorder: Some(recorder.clone()) };
+        let stream = Stream { cuda: Some(stream), recorder: Some(recorder.clone()), capture: false };
         let cuda = Cuda { context, modules: Mutex::new(HashMap::new()) };
         Ok(Self { stream, cuda: Some(cuda), smem_limit, recorder })
     }
@@ -110,7 +113,7 @@ impl Gpu {
     /// races and deadlocks reported as [`Error::Emulator`]. Needs no GPU.
     pub fn emulator() -> Self {
         let recorder = Arc::new(Recorder::default());
-        let stream = Stream { cuda: None, recorder: Some(recorder.clone()) };
+        let stream = Stream { cuda: None, recorder: Some(recorder.clone()), capture: false };
         Self { stream, cuda: None, smem_limit: MAX_SHARED_MEMORY_PER_BLOCK, recorder }
     }
 

@@ -85,14 +85,22 @@ impl Graph {
     /// Enqueues one replay of every captured launch on `stream` (`cuGraphLaunch`).
     ///
     /// # Safety
-    /// 1. Every buffer passed to the launches of the last capture or [`Graph::update`] is
-    ///    still alive, with the length it had then: the graph holds their addresses, not
-    ///    borrows.
+    /// 1. Every buffer passed to the launches of the last capture or [`Graph::update`] stays
+    ///    alive, with the length it had then, until the replay has completed on `stream`: the
+    ///    graph holds their addresses, not borrows.
+    /// 2. `stream` orders the replay after those buffers' uploads and before their frees: it
+    ///    is the stream they were made on (their [`Gpu`]'s), or one synchronised with it.
+    /// 3. The captured kernels' modules are still loaded: their [`Kernel`](crate::Kernel)s,
+    ///    or the [`Gpu`] that loaded them, are alive.
     ///
     /// # Errors
-    /// [`Error::WrongBackend`] for an emulator stream; driver errors.
+    /// [`Error::WrongBackend`] for an emulator stream or one of another GPU; driver errors.
     pub unsafe fn replay(&self, stream: &Stream) -> Result<()> {
         let stream = stream.cuda().ok_or(Error::WrongBackend)?;
+        if !Arc::ptr_eq(&self.context, stream.context()) {
+            return Err(Error::WrongBackend);
+        }
+        stream.context().bind_to_thread().driver("cuCtxSetCurrent", None)?;
         sys::cuGraphLaunch(self.exec, stream.cu_stream()).result().driver("cuGraphLaunch", None)
     }
 
@@ -154,7 +162,7 @@ impl<'c> Captured<'c> {
     fn new(context: &'c Arc<CudaContext>, launches: impl FnOnce(&Stream) -> Result<()>) -> Result<Self> {
         let cuda = context.new_stream().driver("cuStreamCreate", None)?;
         cuda.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).driver("cuStreamBeginCapture", None)?;
-        let stream = Stream { cuda: Some(cuda.clone()), recorder: None };
+        let stream = Stream { cuda: Some(cuda.clone()), recorder: None, capture: true };
         let launched = {
             let _capturing = Capturing::enter();
             launches(&stream)

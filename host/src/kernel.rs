@@ -7,7 +7,6 @@ use clusterfuse_device::{emu, DeviceCopy, Dim3};
 use cudarc::driver::sys::{self, CUfunction_attribute as Attr};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// What a `#[kernel]` attribute declared. The generated launcher and the PTX directives
@@ -39,15 +38,24 @@ pub struct Kernel {
 struct CudaKernel {
     function: CudaFunction,
     static_smem: u32,
-    /// The dynamic shared memory the function is currently allowed (48 KB until raised).
-    dynamic_smem_allowed: AtomicU32,
-    non_portable_allowed: AtomicBool,
-    max_shared_carveout: AtomicBool,
+    /// The function's attributes as last set: read, compared and set under one lock, so
+    /// that launches from several threads leave the driver's values and these alike.
+    attributes: Mutex<FunctionAttributes>,
     /// The plans whose grids were checked to be resident at once (persistent kernels).
     co_resident: Mutex<Vec<LaunchPlan>>,
     /// The GPU the function was loaded on: launches must use its streams.
     context: Arc<CudaContext>,
     _module: Arc<CudaModule>,
+}
+
+/// The function attributes a launch plan may need changed ([`CudaKernel::prepare`]).
+struct FunctionAttributes {
+    /// The dynamic shared memory the function is allowed (48 KB less its static memory until
+    /// raised; never lowered).
+    dynamic_smem: u32,
+    non_portable_cluster: bool,
+    /// Whether the shared memory carveout is at its maximum (else the driver's default).
+    max_shared_carveout: bool,
 }
 
 /// A kernel parameter slot: a pointer to the value, as `cuLaunchKernel` takes it.
@@ -64,9 +72,7 @@ impl Kernel {
         let cuda = CudaKernel {
             function,
             static_smem,
-            dynamic_smem_allowed: AtomicU32::new(dynamic_allowed),
-            non_portable_allowed: AtomicBool::new(false),
-            max_shared_carveout: AtomicBool::new(false),
+            attributes: Mutex::new(FunctionAttributes { dynamic_smem: dynamic_allowed, non_portable_cluster: false, max_shared_carveout: false }),
             co_resident: Mutex::new(Vec::new()),
             context,
             _module: module,
@@ -251,27 +257,31 @@ impl CudaKernel {
         result.result().driver("cuLaunchKernel", Some(kernel))
     }
 
-    /// Raises the function's limits the plan needs, once: the dynamic shared memory opt-in,
-    /// the non-portable cluster size and the shared memory carveout.
+    /// Makes the GPU's context current on this thread, and sets the function attributes
+    /// the plan needs where they differ: the dynamic shared memory opt-in and the
+    /// non-portable cluster size (raised once, never lowered), and the shared memory
+    /// carveout (at its maximum for a plan capped in blocks per SM, else the driver's
+    /// default).
     fn prepare(&self, facts: &KernelFacts, plan: &LaunchPlan) -> Result<()> {
+        self.context.bind_to_thread().driver("cuCtxSetCurrent", Some(facts.name))?;
         let function = self.function.cu_function();
         let set = |attribute: Attr, value: i32, call: &'static str| {
             // SAFETY: sets an attribute of a live function handle.
             unsafe { sys::cuFuncSetAttribute(function, attribute, value) }.result().driver(call, Some(facts.name))
         };
-        if plan.dynamic_smem_bytes > self.dynamic_smem_allowed.load(Ordering::Relaxed) {
-            let bytes = plan.dynamic_smem_bytes;
-            set(Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32, "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")?;
-            self.dynamic_smem_allowed.fetch_max(bytes, Ordering::Relaxed);
+        let mut current = self.attributes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if plan.dynamic_smem_bytes > current.dynamic_smem {
+            set(Attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, plan.dynamic_smem_bytes as i32, "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")?;
+            current.dynamic_smem = plan.dynamic_smem_bytes;
         }
-        if plan.non_portable_cluster() && !self.non_portable_allowed.load(Ordering::Relaxed) {
+        if plan.non_portable_cluster() && !current.non_portable_cluster {
             set(Attr::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1, "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)")?;
-            self.non_portable_allowed.store(true, Ordering::Relaxed);
+            current.non_portable_cluster = true;
         }
-        if plan.max_shared_carveout && !self.max_shared_carveout.load(Ordering::Relaxed) {
-            let max_shared = sys::CUshared_carveout::CU_SHAREDMEM_CARVEOUT_MAX_SHARED as i32;
-            set(Attr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, max_shared, "cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT)")?;
-            self.max_shared_carveout.store(true, Ordering::Relaxed);
+        if plan.max_shared_carveout != current.max_shared_carveout {
+            let carveout = if plan.max_shared_carveout { sys::CUshared_carveout::CU_SHAREDMEM_CARVEOUT_MAX_SHARED } else { sys::CUshared_carveout::CU_SHAREDMEM_CARVEOUT_DEFAULT };
+            set(Attr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, carveout as i32, "cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT)")?;
+            current.max_shared_carveout = plan.max_shared_carveout;
         }
         Ok(())
     }

@@ -109,8 +109,17 @@ impl Gpu {
     ) -> Result<TensorMap<'a>> {
         let size = size_of::<T>();
         let reject = |why: String| Err(Error::InvalidTensorMap(format!("{planes} × {rows} × {cols} tensor, {box_planes} × {box_rows} × {box_cols} boxes: {why}")));
-        if planes == 0 || rows == 0 || cols == 0 || !(cols * size).is_multiple_of(16) {
-            return reject(format!("rows must be a non-zero multiple of 16 bytes ({} bytes)", cols * size));
+        // Sizes in elements and bytes, unless they overflow (then no buffer holds the tensor).
+        let row_bytes = cols.checked_mul(size);
+        let (Some(row_bytes), Some(plane_bytes), Some(elements)) = (row_bytes, row_bytes.and_then(|b| b.checked_mul(rows)), planes.checked_mul(rows).and_then(|n| n.checked_mul(cols))) else {
+            return reject("its size overflows".into());
+        };
+        if planes == 0 || rows == 0 || cols == 0 || !row_bytes.is_multiple_of(16) {
+            return reject(format!("rows must be a non-zero multiple of 16 bytes ({row_bytes} bytes)"));
+        }
+        // The driver's limits: extents up to 2^32, strides below 2^40 bytes (the emulator keeps to them too).
+        if [planes, rows, cols].iter().any(|&d| d as u64 > 1 << 32) || plane_bytes as u64 >= 1 << 40 {
+            return reject("the driver takes extents up to 2^32 elements and planes under 2^40 bytes".into());
         }
         if ![box_planes, box_rows, box_cols].iter().all(|b| (1..=256).contains(b)) || !(box_cols as usize * size).is_multiple_of(16) {
             return reject("a box is 1-256 elements in each dimension, its rows multiples of 16 bytes".into());
@@ -124,11 +133,11 @@ impl Gpu {
         if box_cols as usize * size > span {
             return reject(format!("the {span}-byte swizzle takes box rows of at most {span} bytes ({})", box_cols as usize * size));
         }
-        if planes * rows * cols > tensor.len() {
+        if elements > tensor.len() {
             return reject(format!("the buffer holds {} elements", tensor.len()));
         }
         let (address, _sync) = tensor.launch_ptr(self.stream())?;
-        let (row_bytes, plane_bytes) = ((cols * size) as u64, (rows * cols * size) as u64);
+        let (row_bytes, plane_bytes) = (row_bytes as u64, plane_bytes as u64);
         let words = if self.is_emulator() {
             let dims = [cols as u64, rows as u64, planes as u64];
             encode_tensor_map(address, size as u32, dims, [row_bytes, plane_bytes], [box_cols, box_rows, box_planes], mode)
@@ -159,5 +168,27 @@ impl Gpu {
             map.opaque
         };
         Ok(TensorMap { words: self.upload(&words)?, _tensor: PhantomData })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_whose_sizes_overflow_or_pass_the_drivers_limits_are_refused() {
+        let gpu = Gpu::emulator();
+        let tensor = gpu.upload(&[0.0f32; 64]).unwrap();
+        let refused = |shape, why: &str| match gpu.tensor_map_3d(&tensor, shape, (1, 8, 8), Swizzle::None) {
+            Err(Error::InvalidTensorMap(reason)) => assert!(reason.contains(why), "{shape:?}: {reason}"),
+            other => panic!("{shape:?} accepted: {:?}", other.err()),
+        };
+        // 2^32 · 2^32 · 8 elements wrap to 0: no longer below the buffer's 64.
+        refused((1 << 32, 1 << 32, 8), "overflows");
+        refused((1, 1, usize::MAX / 2), "overflows");
+        refused((1, (1 << 32) + 1, 8), "2^32");
+        refused((1, 1 << 32, 1 << 8), "2^40");
+        refused((1, 8, 16), "holds 64 elements");
+        assert!(gpu.tensor_map_3d(&tensor, (1, 8, 8), (1, 8, 8), Swizzle::None).is_ok());
     }
 }

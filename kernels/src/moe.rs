@@ -1841,10 +1841,13 @@ pub mod host {
             })
         }
 
-        /// Poisons the outputs and the hand-over again (new buffers, and their maps).
+        /// Poisons the outputs and the hand-over again (new buffers, and their maps). On an
+        /// error nothing is replaced: the maps never outlive the buffers they describe.
         pub fn poison(&mut self, gpu: &Gpu) -> Result<()> {
-            (self.h, self.h_tokens, self.routing, self.pair_gate, self.top_ids, self.top_gates, self.out, self.gate_table) = poisoned(gpu, self.layer, self.tokens)?;
-            self.maps = Maps::new(gpu, self.layer, self.tokens, [&self.x, &self.w_gate, &self.w_up, &self.w_down, &self.h_tokens])?;
+            let buffers = poisoned(gpu, self.layer, self.tokens)?;
+            let maps = Maps::new(gpu, self.layer, self.tokens, [&self.x, &self.w_gate, &self.w_up, &self.w_down, &buffers.1])?;
+            (self.h, self.h_tokens, self.routing, self.pair_gate, self.top_ids, self.top_gates, self.out, self.gate_table) = buffers;
+            self.maps = maps;
             Ok(())
         }
 

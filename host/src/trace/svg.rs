@@ -7,8 +7,16 @@ use std::fmt::Write;
 #[derive(Clone, Debug, PartialEq)]
 pub struct Series {
     pub name: String,
-    /// (x, y) points, x > 0, drawn in this order.
+    /// (x, y) points, drawn in this order; those with no place on the axes (x ≤ 0 on the
+    /// log axis, or not finite) are left out.
     pub points: Vec<(f64, f64)>,
+}
+
+impl Series {
+    /// The points that have a place on the axes.
+    fn drawn(&self) -> impl Iterator<Item = &(f64, f64)> {
+        self.points.iter().filter(|(x, y)| *x > 0.0 && x.is_finite() && y.is_finite())
+    }
 }
 
 /// A line plot.
@@ -33,7 +41,7 @@ const MIDDLE: &str = "text-anchor=\"middle\"";
 impl Plot {
     /// The plot as a standalone SVG document.
     pub fn to_svg(&self) -> String {
-        let points = || self.series.iter().flat_map(|s| &s.points);
+        let points = || self.series.iter().flat_map(Series::drawn);
         let log_xs = || points().map(|&(x, _)| x.log2());
         let x_lo = log_xs().fold(f64::INFINITY, f64::min).floor();
         let x_hi = log_xs().fold(f64::NEG_INFINITY, f64::max).ceil();
@@ -68,7 +76,7 @@ impl Plot {
             svg += &text((LEFT - 8.0, y + 4.0), "text-anchor=\"end\"", &tick(value));
         }
         for (i, (series, color)) in self.series.iter().zip(COLORS.iter().cycle()).enumerate() {
-            let coords: Vec<String> = series.points.iter().map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y))).collect();
+            let coords: Vec<String> = series.drawn().map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y))).collect();
             let points = coords.join(" ");
             let _ = writeln!(svg, "<polyline points=\"{points}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"2\"/>");
             let y = TOP + 15.0 + 18.0 * i as f64;
@@ -152,5 +160,15 @@ mod tests {
         assert!(svg.contains("points=\"80.0,40.0\""), "{svg}");
         let empty = Plot { series: vec![Series { name: "a".into(), points: vec![] }], ..plot() }.to_svg();
         assert!(empty.contains(">1</text>") && empty.contains(">2</text>") && empty.contains("points=\"\""), "{empty}");
+    }
+
+    #[test]
+    fn points_off_the_log_axis_are_left_out() {
+        // A trace with no batch size sweeps as batch 0: log2(0) = -inf once spanned 2^31 ticks.
+        let points = vec![(0.0, 3.0), (4.0, 1.0), (f64::NAN, 2.0), (8.0, f64::INFINITY), (8.0, 2.0)];
+        let svg = Plot { series: vec![Series { name: "a".into(), points }], ..plot() }.to_svg();
+        assert!(svg.len() < 10_000 && svg.contains(">4</text>") && svg.contains(">8</text>"), "{svg}");
+        let line = svg.split("<polyline points=\"").nth(1).and_then(|rest| rest.split('"').next());
+        assert_eq!(line.map(|coords| coords.split(' ').count()), Some(2), "{svg}");
     }
 }
