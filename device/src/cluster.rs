@@ -157,8 +157,8 @@ impl<T: SharedWord> RemoteSlice<T> {
         if i >= self.len() {
             out_of_bounds()
         }
-        // SAFETY: in bounds; the address came from `mapa` of a live shared array, and the
-        // cluster's blocks are co-resident until the kernel ends.
+        // SAFETY: in bounds; the address came from `mapa` of a live shared array, whose block
+        // stays resident while read if a cluster barrier follows the reads (the emulator checks).
         unsafe { T::ld_shared_cluster(self.addr + (i * size_of::<T>()) as u32) }
     }
 

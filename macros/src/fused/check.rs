@@ -86,6 +86,12 @@ fn launch_shape(fused: &Fused, errors: &mut Errors) {
     if size == 0 {
         return;
     }
+    // `config()` launches a one-dimensional grid, which only an x-cluster divides.
+    if cluster.dims[1..] != [1, 1] {
+        let [x, y, z] = cluster.dims;
+        errors.push(Error::new(cluster.span, format!("cluster({x}, {y}, {z}): a fused kernel's grid is one-dimensional, so its cluster is too; write `cluster({size})`")));
+        return;
+    }
     let grid = fused.grid.to_token_stream().to_string();
     match eval(&fused.grid, &fused.consts) {
         Some(blocks) if !blocks.is_multiple_of(size) => errors.push(Error::new_spanned(

@@ -4,7 +4,7 @@
 //! barrier after every stage that writes shared memory. The launcher is `#[kernel]`'s.
 
 use super::ast::{grid_names, Arg, Fused, Port, Scope, Space, Stage};
-use proc_macro2::{Group, Span, TokenStream, TokenTree};
+use proc_macro2::{Group, Ident, Span, TokenStream, TokenTree};
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
 use clusterfuse_device::limits::MAX_THREADS_PER_BLOCK;
@@ -96,7 +96,14 @@ fn entry_fn(fused: &Fused, krate: &TokenStream) -> TokenStream {
     let inputs = &sig.inputs;
     let name = &fused.module.ident;
     let mut body = Vec::new();
-    for step in &fused.entry.steps {
+    // Cluster barriers the plan needs beyond those after cluster stages' shared outputs: one
+    // before a stage reads peers' shared memory (`Dsmem`) written since the last, and one at
+    // the end where peers' memory was read since the last, so that no block exits (freeing
+    // its shared memory) while its peers still read it.
+    let mut produced_at: Vec<(&Ident, usize)> = Vec::new();
+    let mut last_cluster_sync: Option<usize> = None; // steps done before it
+    let mut peers_read = false;
+    for (i, step) in fused.entry.steps.iter().enumerate() {
         let stage = fused.stage(&step.stage).expect("checked");
         let mut args = step.args.iter().map(|a| match a {
             Arg::Name(name) => name,
@@ -115,6 +122,14 @@ fn entry_fn(fused: &Fused, krate: &TokenStream) -> TokenStream {
             } else {
                 let port = stage.inputs.iter().find(|p| p.ident == pat.ident).expect("an input");
                 let arg = args.next().expect("arity checked");
+                if port.space == Space::Dsmem {
+                    let written = produced_at.iter().rev().find(|(name, _)| *name == arg).map_or(0, |&(_, at)| at + 1);
+                    if last_cluster_sync.is_none_or(|synced| synced < written) {
+                        body.push(quote!(#krate::cluster::sync();));
+                        last_cluster_sync = Some(i);
+                    }
+                    peers_read = true;
+                }
                 call_args.push(if port.space == Space::GlobalOut { quote!(&#arg) } else { quote!(#arg) });
             }
         }
@@ -126,8 +141,17 @@ fn entry_fn(fused: &Fused, krate: &TokenStream) -> TokenStream {
             _ => quote!(let (#(#returned),*) = #stage_name(#(#call_args),*);),
         });
         if stage.outputs.iter().any(|p| p.space.is_shared()) {
-            body.push(if stage.scope.value == Scope::Cluster { quote!(#krate::cluster::sync();) } else { quote!(#krate::block::sync();) });
+            if stage.scope.value == Scope::Cluster {
+                body.push(quote!(#krate::cluster::sync();));
+                (last_cluster_sync, peers_read) = (Some(i + 1), false);
+            } else {
+                body.push(quote!(#krate::block::sync();));
+            }
         }
+        produced_at.extend(step.binds.iter().map(|bind| (bind, i)));
+    }
+    if peers_read {
+        body.push(quote!(#krate::cluster::sync_after_reads();));
     }
     let (max_threads, min_blocks) = match &fused.launch_bounds {
         Some(bounds) => (bounds.max_threads.value, bounds.min_blocks.map(|m| m.value)),

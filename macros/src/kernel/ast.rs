@@ -42,6 +42,8 @@ pub struct Spanned<T> {
 
 pub struct Param {
     pub ident: Ident,
+    /// `mut`, as written: the kernel's body may assign the parameter.
+    pub mutability: Option<syn::token::Mut>,
     pub ty: Type,
     pub kind: ParamKind,
 }
@@ -154,12 +156,16 @@ fn parse_params(item: &ItemFn) -> syn::Result<Vec<Param>> {
         let syn::FnArg::Typed(typed) = input else {
             return Err(syn::Error::new_spanned(input, "a kernel cannot take `self`; make it a free function"));
         };
-        let syn::Pat::Ident(pat) = &*typed.pat else {
-            return Err(syn::Error::new_spanned(&typed.pat, "kernel parameters must be plain names, e.g. `x: &[f32]`"));
+        let plain = match &*typed.pat {
+            syn::Pat::Ident(pat) if pat.by_ref.is_none() && pat.subpat.is_none() => Some(pat),
+            _ => None,
+        };
+        let Some(pat) = plain else {
+            return Err(syn::Error::new_spanned(&typed.pat, "kernel parameters must be plain names (`mut` allowed), e.g. `x: &[f32]`"));
         };
         let ty = (*typed.ty).clone();
         let kind = classify(&ty);
-        params.push(Param { ident: pat.ident.clone(), ty, kind });
+        params.push(Param { ident: pat.ident.clone(), mutability: pat.mutability, ty, kind });
     }
     Ok(params)
 }

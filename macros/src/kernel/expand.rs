@@ -2,7 +2,7 @@
 //! both from the same parsed model so they cannot disagree.
 
 use super::ast::{Kernel, ParamKind};
-use proc_macro2::TokenStream;
+use proc_macro2::{Ident, Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 
@@ -66,25 +66,29 @@ fn device_entry(kernel: &Kernel) -> TokenStream {
     let facts = facts_comment(kernel);
     let mut params = Vec::new();
     let mut bindings = Vec::new();
+    // With published buffers the body is a function taking the parameters as written (below);
+    // otherwise the entry's own bindings carry their `mut`.
+    let published = kernel.params.iter().any(|p| matches!(p.kind, ParamKind::Published(_)));
     for param in &kernel.params {
         let ident = &param.ident;
         let ty = &param.ty;
+        let mutability = param.mutability.filter(|_| !published);
         let ptr = format_ident!("{}__ptr", ident);
         let len = format_ident!("{}__len", ident);
         match &param.kind {
-            ParamKind::Scalar => params.push(quote!(#ident: #ty)),
+            ParamKind::Scalar => params.push(quote!(#mutability #ident: #ty)),
             ParamKind::Input(elem) => {
                 params.push(quote!(#ptr: *const #elem, #len: usize));
                 bindings.push(quote_spanned! {ty.span()=>
                     // SAFETY: the host launcher passes a live device buffer's pointer and length.
-                    let #ident: #ty = unsafe { #krate::__private::input_slice(#ptr, #len) };
+                    let #mutability #ident: #ty = unsafe { #krate::__private::input_slice(#ptr, #len) };
                 });
             }
             ParamKind::Output(elem) => {
                 params.push(quote!(#ptr: *mut #elem, #len: usize));
                 bindings.push(quote_spanned! {ty.span()=>
                     // SAFETY: the host launcher passes a live, exclusively borrowed device buffer.
-                    let #ident: #ty = unsafe { #krate::__private::Out::from_raw_parts(#ptr, #len) };
+                    let #mutability #ident: #ty = unsafe { #krate::__private::Out::from_raw_parts(#ptr, #len) };
                 });
             }
             ParamKind::Published(elem) => {
@@ -102,7 +106,7 @@ fn device_entry(kernel: &Kernel) -> TokenStream {
     // With published buffers the body becomes a function of the parameters, so that every
     // block retires them after it, whatever it returned from (an always-inlined function: a
     // closure's captures would stay in local memory).
-    let body = if kernel.params.iter().any(|p| matches!(p.kind, ParamKind::Published(_))) {
+    let body = if published {
         let inputs = &item.sig.inputs;
         let names = kernel.params.iter().map(|p| &p.ident);
         let call = with_retirement(kernel, quote!(__kernel_body(#(#names),*)));
@@ -149,6 +153,8 @@ fn host_launcher(kernel: &Kernel) -> TokenStream {
     };
 
     let persistent = kernel.persistent.is_some();
+    // The launchers' own names, hygienic: a kernel parameter may be called `stream` or `config`.
+    let [stream, config, plan, params, emulated] = ["stream", "config", "plan", "params", "emulated"].map(|name| Ident::new(name, Span::mixed_site()));
     let mut args = Vec::new();
     let mut lowering = Vec::new();
     let mut slots = Vec::new();
@@ -183,7 +189,7 @@ fn host_launcher(kernel: &Kernel) -> TokenStream {
                 args.push(quote!(#ident: #arg));
                 lowering.push(quote! {
                     let #len: usize = #ident.len();
-                    let (#ptr, #sync) = #ident.#launch_ptr(stream)?;
+                    let (#ptr, #sync) = #ident.#launch_ptr(#stream)?;
                 });
                 slots.push(quote!(#host::param(&#ptr)));
                 slots.push(quote!(#host::param(&#len)));
@@ -199,8 +205,8 @@ fn host_launcher(kernel: &Kernel) -> TokenStream {
                     let #tile: u32 = #ident.tile();
                     let (#ident, #flags) = #ident.parts_mut();
                     let (#len, #flags_len): (usize, usize) = (#ident.len(), #flags.len());
-                    let (#ptr, #sync) = #ident.launch_ptr_mut(stream)?;
-                    let (#flags, #flags_sync) = #flags.launch_ptr_mut(stream)?;
+                    let (#ptr, #sync) = #ident.launch_ptr_mut(#stream)?;
+                    let (#flags, #flags_sync) = #flags.launch_ptr_mut(#stream)?;
                 });
                 slots.extend([quote!(#host::param(&#ptr)), quote!(#host::param(&#len)), quote!(#host::param(&#flags)), quote!(#host::param(&#flags_len)), quote!(#host::param(&#tile))]);
                 let flags_name = format!("{ident} (flags)");
@@ -246,11 +252,11 @@ fn host_launcher(kernel: &Kernel) -> TokenStream {
             impl Kernel {
                 #[doc = #doc_launch]
                 #[allow(clippy::too_many_arguments)]
-                pub fn launch(&self, stream: &#host::Stream, config: &#host::LaunchConfig, #(#args),*) -> #host::Result<()> {
-                    let plan = self.0.plan(config)?;
+                pub fn launch(&self, #stream: &#host::Stream, #config: &#host::LaunchConfig, #(#args),*) -> #host::Result<()> {
+                    let #plan = self.0.plan(#config)?;
                     // SAFETY: `plan` was checked against the kernel and device; the parameters are
                     // lowered exactly as the PTX entry declares them.
-                    unsafe { self.launch_planned(stream, &plan, #(#arg_names),*) }
+                    unsafe { self.launch_planned(#stream, &#plan, #(#arg_names),*) }
                 }
 
                 /// Launches with a plan from [`Kernel::raw`]`().plan(..)`, skipping the checks.
@@ -258,15 +264,15 @@ fn host_launcher(kernel: &Kernel) -> TokenStream {
                 /// # Safety
                 /// 1. `plan` came from this kernel's `plan` (or satisfies every check it makes).
                 #[allow(clippy::too_many_arguments)]
-                pub unsafe fn launch_planned(&self, stream: &#host::Stream, plan: &#host::LaunchPlan, #(#args),*) -> #host::Result<()> {
+                pub unsafe fn launch_planned(&self, #stream: &#host::Stream, #plan: &#host::LaunchPlan, #(#args),*) -> #host::Result<()> {
                     #(#lowering)*
-                    let mut params = [#(#slots),*];
+                    let mut #params = [#(#slots),*];
                     // On the emulator every thread runs the kernel's host build with the same
                     // arguments; the pointers are the emulator's host buffers.
                     // SAFETY: (in the closure) the buffers outlive the launch, which the
                     // emulator runs to completion before returning.
-                    let emulated = || unsafe { #emulated_call };
-                    self.0.launch_lowered(stream, plan, &mut params, &[#(#buffers),*], &emulated)
+                    let #emulated = || unsafe { #emulated_call };
+                    self.0.launch_lowered(#stream, #plan, &mut #params, &[#(#buffers),*], &#emulated)
                 }
 
                 /// The untyped kernel: its function handle, facts and planning.

@@ -27,6 +27,16 @@ pub fn chain(y: Published<f32>, z: Out<f32>) {
     z.set(0, ready.get(0));
 }
 
+// Parameters named as the launchers' own (`stream`, `config`, `plan`, `params`), and `mut` ones.
+#[kernel]
+pub fn named(mut stream: u32, config: &[f32], plan: Out<f32>, params: u32) {
+    stream += params;
+    let i = thread::global_index_x();
+    if i < plan.len() {
+        plan.set(i, config[i] + stream as f32);
+    }
+}
+
 fn main() {
     assert_eq!(saxpy::FACTS.max_threads, Some(256));
     assert_eq!(saxpy::FACTS.min_blocks, Some(2));
@@ -34,4 +44,10 @@ fn main() {
     assert!(chain::FACTS.persistent && !saxpy::FACTS.persistent);
     let _: fn(&chain::Kernel, &clusterfuse::host::Stream, &clusterfuse::host::LaunchConfig, &mut clusterfuse::host::Published<f32>, &mut clusterfuse::host::Buffer<f32>) -> clusterfuse::host::Result<()> = chain::Kernel::launch;
     let _: fn(&clusterfuse::host::Gpu) -> clusterfuse::host::Result<saxpy::Kernel> = saxpy::load;
+
+    let gpu = clusterfuse::host::Gpu::emulator();
+    let (x, mut y) = (gpu.upload(&[1.0f32, 2.0, 3.0]).unwrap(), gpu.upload(&[0.0f32; 3]).unwrap());
+    let config = clusterfuse::host::LaunchConfig { block: 32.into(), ..Default::default() };
+    named::load(&gpu).unwrap().launch(gpu.stream(), &config, 10, &x, &mut y, 5).unwrap();
+    assert_eq!(gpu.download(&y).unwrap(), [16.0, 17.0, 18.0]);
 }

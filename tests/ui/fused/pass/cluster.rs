@@ -33,9 +33,58 @@ pub mod neighbours {
     }
 }
 
+// A block stage's shared output read by peers after a cluster stage that is no barrier: the
+// plan puts the cluster barrier before the read itself.
+#[fused_kernel(grid = 8, block = 32, cluster(2))]
+pub mod relay {
+    use clusterfuse::prelude::*;
+
+    #[stage(block)]
+    fn fill(x: Global<&[f32]>, #[out] tile: Shared<[f32; 32]>) {
+        tile.store(thread::index_x() as usize, x[thread::global_index_x()]);
+    }
+
+    #[stage(cluster)]
+    fn rank(tile: Shared<[f32; 32]>) -> Registers<u32> {
+        let _ = tile;
+        cluster::block_rank()
+    }
+
+    #[stage(block)]
+    fn swap(tile: Dsmem<[f32; 32]>, rank: Registers<u32>, out: Global<Out<f32>>) {
+        out.set(thread::global_index_x(), tile.in_block(rank ^ 1).load(thread::index_x() as usize));
+    }
+
+    pub fn kernel(x: &[f32], out: Out<f32>) {
+        let tile = fill(x);
+        let rank = rank(tile);
+        swap(tile, rank, out);
+    }
+}
+
 fn main() {
     assert_eq!(neighbours::FACTS.cluster, Some(clusterfuse::Dim3::new(4, 1, 1)));
     assert_eq!(neighbours::FACTS.max_threads, Some(64));
     let config = neighbours::config(3);
     assert_eq!((config.grid.x, config.dynamic_smem_bytes), (12, 1024));
+
+    // On the emulator, which faults on a block that exits while its peers may still read its
+    // shared memory: the planned barriers keep every block until the last DSMEM read.
+    let gpu = clusterfuse::host::Gpu::emulator();
+    let x: Vec<f32> = (0..12 * 64).map(|i| (i % 97) as f32).collect();
+    let (dx, mut out) = (gpu.upload(&x).unwrap(), gpu.upload(&vec![f32::NAN; x.len()]).unwrap());
+    neighbours::load(&gpu).unwrap().launch(gpu.stream(), &config, &dx, &mut out, 3).unwrap();
+    // Each block stores the cluster's sum of its tile, read from the next block's copy.
+    let out = gpu.download(&out).unwrap();
+    for (i, &got) in out.iter().enumerate() {
+        let (cluster, t) = (i / (4 * 64), i % 64);
+        let want: f32 = (0..4).map(|b| x[(cluster * 4 + b) * 64 + t]).sum();
+        assert_eq!(got, want, "element {i}");
+    }
+
+    let x: Vec<f32> = (0..8 * 32).map(|i| i as f32).collect();
+    let (dx, mut out) = (gpu.upload(&x).unwrap(), gpu.upload(&vec![f32::NAN; x.len()]).unwrap());
+    relay::load(&gpu).unwrap().launch(gpu.stream(), &relay::config(), &dx, &mut out).unwrap();
+    let swapped: Vec<f32> = (0..x.len()).map(|i| x[i ^ 32]).collect();
+    assert_eq!(gpu.download(&out).unwrap(), swapped);
 }
