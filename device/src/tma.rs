@@ -116,12 +116,13 @@ impl<const STAGES: usize> Pipeline<STAGES> {
 
     /// A pipeline per warp of the block (a warp that produces and consumes its own stages,
     /// e.g. lane 0 issuing [`SharedSlice::load_async`] and all 32 lanes consuming): warp `w`'s
-    /// barriers are `slots[2·STAGES·w ..]`, all initialised by thread 0 of the block, each
-    /// for `consumers` arrivals per stage. Returns the calling warp's; every thread calls it,
-    /// and a block barrier must follow before any uses a pipeline.
+    /// barriers are `slots[2·STAGES·w ..]` (a last, partial warp's too), all initialised by
+    /// thread 0 of the block, each for `consumers` arrivals per stage. Returns the calling
+    /// warp's; every thread calls it, and a block barrier must follow before any uses a
+    /// pipeline.
     #[inline(always)]
     pub fn per_warp(slots: SharedSlice<u64>, consumers: u32) -> Self {
-        let warps = crate::block::size() / 32;
+        let warps = crate::block::size().div_ceil(32);
         Self::of_warp(slots, consumers, crate::warp::index_in_block(), warps)
     }
 
