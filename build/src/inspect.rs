@@ -2,7 +2,7 @@
 //! (`ptxas -v`), its SASS (`cuobjdump`), and whether loads stay behind programmatic waits.
 
 use crate::toolchain::require;
-use crate::{assemble, assemble_into, home, io, parse_report, Error, KernelResources};
+use crate::{assemble, home, io, parse_report, Error, KernelResources};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
@@ -31,11 +31,16 @@ pub fn resources(ptx: &str) -> Result<(BTreeMap<String, KernelResources>, String
 struct Scratch(PathBuf);
 
 impl Scratch {
-    fn with(ptx: &str) -> Result<Self, Error> {
+    fn new() -> Result<Self, Error> {
         static CALLS: AtomicUsize = AtomicUsize::new(0);
         let call = CALLS.fetch_add(1, Ordering::Relaxed);
         let scratch = Self(env::temp_dir().join(format!("clusterfuse-{}-{call}", std::process::id())));
         fs::create_dir_all(&scratch.0).map_err(io("cannot create", &scratch.0))?;
+        Ok(scratch)
+    }
+
+    fn with(ptx: &str) -> Result<Self, Error> {
+        let scratch = Self::new()?;
         fs::write(scratch.ptx(), ptx).map_err(io("cannot write", &scratch.ptx()))?;
         Ok(scratch)
     }
@@ -55,22 +60,25 @@ impl Drop for Scratch {
     }
 }
 
-/// The SASS of a PTX module's kernels, for tests of what ptxas made of them: the module
-/// assembled for [`ARCH`](crate::ARCH) into a temporary directory (removed on drop), each kernel
-/// disassembled on demand by the installed `cuobjdump`.
+/// The SASS of a module's kernels, for tests of what ptxas made of them: the cubin a kernel
+/// crate's build embedded beside its PTX (ptxas's output for [`ARCH`](crate::ARCH), what a GPU
+/// loads), in a temporary directory (removed on drop), each kernel disassembled on demand by
+/// the installed `cuobjdump`.
 pub struct Sass {
     scratch: Scratch,
     bin: PathBuf,
 }
 
 impl Sass {
-    /// Assembles `ptx`.
-    pub fn new(ptx: &str) -> Result<Self, Error> {
+    /// Takes `cubin`; [`Error::Ptx`] when it is empty (a build without `ptxas`).
+    pub fn new(cubin: &[u8]) -> Result<Self, Error> {
+        if cubin.is_empty() {
+            return Err(Error::Ptx("the embedded cubin is empty: the kernel crate was built without ptxas; run scripts/setup.sh and rebuild".into()));
+        }
         let bin = home().join("bin");
-        let ptxas = require("ptxas", bin.join("ptxas"))?;
         require("cuobjdump", bin.join("cuobjdump"))?;
-        let scratch = Scratch::with(ptx)?;
-        assemble_into(&ptxas, &scratch.ptx(), &scratch.cubin())?;
+        let scratch = Scratch::new()?;
+        fs::write(scratch.cubin(), cubin).map_err(io("cannot write", &scratch.cubin()))?;
         Ok(Self { scratch, bin })
     }
 
@@ -87,15 +95,15 @@ impl Sass {
     }
 }
 
-/// Checks that no kernel of `ptx` reads global memory ahead of its programmatic wait more than
-/// its PTX does, and returns how many kernels wait: ptxas may issue a read-only load
+/// Checks that no kernel of `ptx` (`sass`: its cubin's) reads global memory ahead of its
+/// programmatic wait more than its PTX does, and returns how many kernels wait: ptxas may
+/// issue a read-only load
 /// (`ld.global.nc`, which it takes to be invariant for the whole kernel) before
 /// `griddepcontrol.wait` (`ACQBULK`), and under programmatic dependent launch that load reads
 /// what the previous kernel may still be writing. Loads a kernel issues before its wait on
 /// purpose (weights, a published buffer's epoch) are its PTX's; the PTX count is textual, an
 /// upper bound for the loads the wait can precede.
-pub fn check_programmatic_waits(ptx: &str) -> Result<usize, Error> {
-    let sass = Sass::new(ptx)?;
+pub fn check_programmatic_waits(ptx: &str, sass: &Sass) -> Result<usize, Error> {
     let waiting: Vec<(&str, &str)> = crate::entry_names(ptx)
         .filter_map(|name| entry(ptx, name).map(|text| (name, text)))
         .filter(|(_, text)| text.contains("griddepcontrol.wait;"))

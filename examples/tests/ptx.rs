@@ -136,7 +136,7 @@ fn mma_tile_loads_fragments_by_ldmatrix() {
 
 /// The examples assembled for sm_90a, and a function disassembling one kernel's SASS.
 fn sass_of_examples() -> impl Fn(&str) -> String {
-    let sass = clusterfuse_build::Sass::new(PTX.text).unwrap_or_else(|e| panic!("{e}"));
+    let sass = clusterfuse_build::Sass::new(PTX.cubin).unwrap_or_else(|e| panic!("{e}"));
     move |kernel: &str| sass.of(kernel).unwrap_or_else(|e| panic!("{e}"))
 }
 

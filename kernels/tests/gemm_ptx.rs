@@ -8,20 +8,23 @@
 use clusterfuse_build::KernelResources;
 use clusterfuse_kernels::__CLUSTERFUSE_PTX as PTX;
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
 /// The text of one `.entry`, from its header to its closing brace.
 fn entry(name: &str) -> &'static str {
     clusterfuse_build::entry(PTX.text, name).unwrap_or_else(|| panic!("no entry `{name}` in the PTX"))
 }
 
-/// Every kernel's resources, and ptxas's whole report (its performance warnings included).
-fn resources_and_report() -> (BTreeMap<String, KernelResources>, String) {
-    clusterfuse_build::resources(PTX.text).unwrap_or_else(|e| panic!("{e}"))
+/// Every kernel's resources, and ptxas's whole report (its performance warnings included):
+/// one assembly of the library (tens of seconds) for the tests that ask.
+fn resources_and_report() -> &'static (BTreeMap<String, KernelResources>, String) {
+    static REPORT: OnceLock<(BTreeMap<String, KernelResources>, String)> = OnceLock::new();
+    REPORT.get_or_init(|| clusterfuse_build::resources(PTX.text).unwrap_or_else(|e| panic!("{e}")))
 }
 
 /// The library assembled for sm_90a, and a function disassembling one kernel's SASS.
 fn sass_of_library() -> impl Fn(&str) -> String {
-    let sass = clusterfuse_build::Sass::new(PTX.text).unwrap_or_else(|e| panic!("{e}"));
+    let sass = clusterfuse_build::Sass::new(PTX.cubin).unwrap_or_else(|e| panic!("{e}"));
     move |kernel: &str| sass.of(kernel).unwrap_or_else(|e| panic!("{e}"))
 }
 

@@ -259,7 +259,8 @@ fn decode_o_proj_loads_w_o_before_waiting_for_the_attention() {
 /// (`global::load16`).
 #[test]
 fn no_global_load_moves_ahead_of_the_programmatic_wait() {
-    let waiting = clusterfuse_build::check_programmatic_waits(PTX.text).unwrap_or_else(|e| panic!("{e}"));
+    let sass = clusterfuse_build::Sass::new(PTX.cubin).unwrap_or_else(|e| panic!("{e}"));
+    let waiting = clusterfuse_build::check_programmatic_waits(PTX.text, &sass).unwrap_or_else(|e| panic!("{e}"));
     assert!(waiting >= 50, "only {waiting} kernels wait for a prerequisite");
 }
 
@@ -337,7 +338,7 @@ fn innermost_mma_loops(sass: &str, op: &str) -> Vec<Vec<String>> {
 /// loads come first) and are left out.
 #[test]
 fn moe_streaming_loops_issue_their_loads_together_without_spilling() {
-    let sass = clusterfuse_build::Sass::new(PTX.text).unwrap_or_else(|e| panic!("{e}"));
+    let sass = clusterfuse_build::Sass::new(PTX.cubin).unwrap_or_else(|e| panic!("{e}"));
     for name in MOE_KERNELS.into_iter().filter(|k| *k != "moe_gate_up_g32") {
         let loops = innermost_mma_loops(&sass.of(name).unwrap_or_else(|e| panic!("{e}")), "HMMA");
         assert!(!loops.is_empty(), "`{name}`: no mma loop found");
@@ -358,7 +359,7 @@ fn moe_streaming_loops_issue_their_loads_together_without_spilling() {
 /// memory.
 #[test]
 fn moe_tokens_schedule_feeds_wgmma_from_tma_without_spilling() {
-    let sass = clusterfuse_build::Sass::new(PTX.text).unwrap_or_else(|e| panic!("{e}"));
+    let sass = clusterfuse_build::Sass::new(PTX.cubin).unwrap_or_else(|e| panic!("{e}"));
     for (name, wgmmas) in [("moe_gate_up_tokens", 8), ("moe_down_tokens", 8)] {
         let text = entry(name);
         assert!(text.contains(".maxntid 256, 1, 1") && text.contains(".minnctapersm 1"), "`{name}`: launch bounds");
