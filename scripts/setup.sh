@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the device toolchain clusterfuse needs (see /work/shared/TOOLCHAIN.md for the recipe):
+# Installs the toolchains clusterfuse needs:
+#   - the host toolchain pinned in rust-toolchain.toml (rustup's)
 #   - Debian's rustc-web 1.96 (+ std source) and LLVM 22 tools        -> /usr/bin, /usr/lib/llvm-22/bin
 #   - llvm-bitcode-linker, built from the rustc-web source package     -> $CLUSTERFUSE_HOME/bin
 #   - ptxas / cuobjdump / nvdisasm from PyPI (nvidia-cuda-* 13.x)     -> $CLUSTERFUSE_HOME/venv, linked into bin
