@@ -24,6 +24,9 @@ pub const MAX_SHARED_MEMORY_PER_BLOCK: u32 = MAX_SHARED_MEMORY_PER_SM - RESERVED
 /// Dynamic shared memory a kernel may take without opting in through
 /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`.
 pub const DEFAULT_DYNAMIC_SHARED_MEMORY: u32 = 48 * 1024;
+/// Most static shared memory (`.shared` variables) a kernel may declare: ptxas refuses more
+/// ("too much shared data", 0xc000 max); past it, memory must be dynamic.
+pub const MAX_STATIC_SHARED_MEMORY: u32 = 48 * 1024;
 /// Largest cluster every Hopper part guarantees.
 pub const MAX_PORTABLE_CLUSTER_SIZE: u32 = 8;
 /// Largest cluster with the non-portable opt-in.

@@ -5,7 +5,7 @@
 use super::ast::{eval, grid_names, size_of, text, Arg, Fused, Port, Scope, Space, Stage};
 use super::scan::{scan, Findings};
 use crate::kernel::valid::{self, Errors};
-use clusterfuse_device::limits::{MAX_SHARED_MEMORY_PER_BLOCK, MAX_THREADS_PER_BLOCK, WARP_SIZE};
+use clusterfuse_device::limits::{MAX_SHARED_MEMORY_PER_BLOCK, MAX_STATIC_SHARED_MEMORY, MAX_THREADS_PER_BLOCK, WARP_SIZE};
 use proc_macro2::Span;
 use quote::ToTokens;
 use std::collections::{HashMap, HashSet};
@@ -182,22 +182,23 @@ fn device_rust(findings: &Findings, errors: &mut Errors) {
     }
 }
 
-/// Static shared memory (`#[out]` arrays and `shared!` scratch) by stage, plus the declared
-/// dynamic shared memory, against the per-block limit.
+/// Static shared memory (`#[out]` arrays, one per call of their stage, and `shared!` scratch,
+/// one per site) by stage against ptxas's limit for static memory, and with the declared
+/// dynamic shared memory against the per-block limit.
 fn shared_budget(fused: &Fused, errors: &mut Errors) {
     let mut parts: Vec<(String, u64, Span)> = Vec::new();
     let unsized_error = |ty: &dyn ToTokens| {
         Error::new_spanned(ty, "cannot size this shared array: write `[T; N]` with a primitive `T` and `N` an integer literal or a `const` of this module")
     };
-    let mut add = |owner: String, blocks: &syn::Block, outputs: &[Port], errors: &mut Errors| {
+    let mut add = |owner: String, blocks: &syn::Block, outputs: &[Port], calls: u64, errors: &mut Errors| {
         let mut bytes = 0;
         let mut what = Vec::new();
         let mut span = None;
         for port in outputs.iter().filter(|p| p.space.is_shared() && p.invalid.is_none()) {
             match size_of(&port.ty, &fused.consts) {
                 Some(b) => {
-                    bytes += b;
-                    what.push(format!("`{}` {b} B", port.ident));
+                    bytes += b * calls;
+                    what.push(if calls > 1 { format!("`{}` {b} B × {calls} calls", port.ident) } else { format!("`{}` {b} B", port.ident) });
                     span.get_or_insert(syn::spanned::Spanned::span(&port.written));
                 }
                 None => errors.push(unsized_error(&port.written)),
@@ -218,12 +219,24 @@ fn shared_budget(fused: &Fused, errors: &mut Errors) {
         }
     };
     for stage in &fused.stages {
-        add(format!("stage `{}`", stage.name()), &stage.item.block, &stage.outputs, errors);
+        let calls = fused.entry.steps.iter().filter(|s| s.stage == stage.item.sig.ident).count().max(1) as u64;
+        add(format!("stage `{}`", stage.name()), &stage.item.block, &stage.outputs, calls, errors);
     }
     for item in &fused.items {
         if let Item::Fn(f) = item {
-            add(format!("fn `{}`", f.sig.ident), &f.block, &[], errors);
+            add(format!("fn `{}`", f.sig.ident), &f.block, &[], 1, errors);
         }
+    }
+    let breakdown = |parts: &[(String, u64, Span)]| parts.iter().map(|p| p.0.as_str()).collect::<Vec<_>>().join("; ");
+    let largest = |parts: &[(String, u64, Span)]| parts.iter().max_by_key(|p| p.1).expect("over a limit, so not empty").2;
+    let static_bytes: u64 = parts.iter().map(|p| p.1).sum();
+    if static_bytes > MAX_STATIC_SHARED_MEMORY as u64 {
+        let message = format!(
+            "static shared memory per block is {static_bytes} B, over the {MAX_STATIC_SHARED_MEMORY} B (48 KB) ptxas allows `.shared` arrays: {}; shrink the largest, or keep the data in registers",
+            breakdown(&parts)
+        );
+        errors.push(Error::new(largest(&parts), message));
+        return;
     }
     if let Some(dynamic) = fused.dynamic_smem {
         parts.push((format!("dynamic_smem {} B", dynamic.value), dynamic.value as u64, dynamic.span));
@@ -231,15 +244,8 @@ fn shared_budget(fused: &Fused, errors: &mut Errors) {
     let total: u64 = parts.iter().map(|p| p.1).sum();
     let limit = MAX_SHARED_MEMORY_PER_BLOCK as u64;
     if total > limit {
-        let largest = parts.iter().max_by_key(|p| p.1).expect("over the limit, so not empty");
-        let breakdown: Vec<&str> = parts.iter().map(|p| p.0.as_str()).collect();
-        errors.push(Error::new(
-            largest.2,
-            format!(
-                "shared memory per block is {total} B, over Hopper's limit of {limit} B (227 KB): {}; shrink the largest or keep the data in registers",
-                breakdown.join("; ")
-            ),
-        ));
+        let message = format!("shared memory per block is {total} B, over Hopper's limit of {limit} B (227 KB): {}; shrink the largest or keep the data in registers", breakdown(&parts));
+        errors.push(Error::new(largest(&parts), message));
     }
 }
 
