@@ -154,8 +154,21 @@ fn stage(fused: &Fused, stage: &Stage, errors: &mut Errors) {
     }
     let findings = scan(&stage.item.block);
     device_rust(&findings, errors);
+    let partial_warp = fused.block.value.filter(|b| !b.value.is_multiple_of(WARP_SIZE));
     for collective in &findings.collectives {
         let what = &collective.what;
+        // Warp collectives, and the block's reductions built on them, shuffle with the full mask.
+        let whole_warps = collective.scope == Scope::Warp || (collective.scope == Scope::Block && what.contains("reduce"));
+        if let Some(block) = partial_warp.filter(|_| whole_warps && scope.value != Scope::Warp) {
+            errors.push(Error::new(
+                collective.span,
+                format!(
+                    "`{what}` runs on whole warps, but `block = {}` is not a multiple of {WARP_SIZE}; use a block of {}",
+                    fused.block.expr.to_token_stream(),
+                    block.value.next_multiple_of(WARP_SIZE)
+                ),
+            ));
+        }
         if collective.scope == Scope::Cluster && fused.cluster.is_none() {
             let access = if collective.dsmem { "a DSMEM access" } else { "a cluster collective" };
             errors.push(Error::new(
