@@ -53,10 +53,14 @@ impl Default for LaunchConfig {
 /// A configuration that passed every check, ready for the driver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LaunchPlan {
+    /// Blocks in the grid.
     pub grid: Dim3,
+    /// Threads in a block.
     pub block: Dim3,
     /// The effective cluster (declared or requested), if any.
     pub cluster: Option<Dim3>,
+    /// Dynamic shared memory per block: the configuration's, or more where
+    /// [`LaunchConfig::max_blocks_per_sm`] pads it.
     pub dynamic_smem_bytes: u32,
     /// Programmatic dependent launch (see [`LaunchConfig::programmatic`]).
     pub programmatic: bool,

@@ -134,7 +134,7 @@ impl Gpu {
     pub fn multiprocessors(&self) -> Result<Option<usize>> {
         self.cuda
             .as_ref()
-            .map(|cuda| cuda.context.attribute(DevAttr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map(|sms| sms as usize).driver("cuDeviceGetAttribute", None))
+            .map(|cuda| multiprocessors(&cuda.context))
             .transpose()
     }
 
@@ -229,6 +229,11 @@ impl Gpu {
         self.recorder.synchronized();
         Ok(())
     }
+}
+
+/// The multiprocessor count of `context`'s device.
+pub(crate) fn multiprocessors(context: &CudaContext) -> Result<usize> {
+    context.attribute(DevAttr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map(|sms| sms as usize).driver("cuDeviceGetAttribute", None)
 }
 
 impl Cuda {

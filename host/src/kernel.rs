@@ -139,8 +139,7 @@ impl Kernel {
         unsafe { sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, cuda.function.cu_function(), threads, plan.dynamic_smem_bytes as usize) }
             .result()
             .driver("cuOccupancyMaxActiveBlocksPerMultiprocessor", Some(self.facts.name))?;
-        let sms = cuda.context.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).driver("cuDeviceGetAttribute", None)?;
-        Ok(per_sm as u64 * sms as u64)
+        Ok(per_sm as u64 * crate::gpu::multiprocessors(&cuda.context)? as u64)
     }
 
     /// For a persistent kernel, [`Error::NotCoResident`] unless the GPU holds `plan`'s whole

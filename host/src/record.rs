@@ -77,7 +77,7 @@ impl Drop for Recording<'_> {
     fn drop(&mut self) {
         let recorder = self.gpu.recorder();
         if let Some(log) = recorder.stop() {
-            recorder.recycle(log.entries.into_iter().flat_map(Entry::into_events).chain(log.origin_event));
+            recorder.recycle(log.into_events());
         }
     }
 }
@@ -130,6 +130,13 @@ struct Log {
     entries: Vec<Entry<CudaEvent>>,
 }
 
+impl Log {
+    /// Its timing events, to be reused.
+    fn into_events(self) -> impl Iterator<Item = CudaEvent> {
+        self.entries.into_iter().flat_map(Entry::into_events).chain(self.origin_event)
+    }
+}
+
 /// A logged launch or synchronisation; `E` stands for a GPU timestamp not yet read.
 enum Entry<E> {
     Launch { kernel: &'static str, plan: LaunchPlan, cpu_call_ns: u64, cpu_return_ns: u64, gpu: Option<(E, E)> },
@@ -171,12 +178,11 @@ impl Recorder {
 
     /// The log's events with GPU times on its clock; the timing events go back to the pool.
     fn resolve(&self, log: Log) -> Result<Vec<Event>> {
-        let Log { origin_event, entries, .. } = log;
-        let events = match &origin_event {
-            Some(origin) => resolve(&entries, |event| origin.elapsed_ms(event).driver("cuEventElapsedTime", None)),
-            None => resolve(&entries, |_| Err(Error::WrongBackend)),
+        let events = match &log.origin_event {
+            Some(origin) => resolve(&log.entries, |event| origin.elapsed_ms(event).driver("cuEventElapsedTime", None)),
+            None => resolve(&log.entries, |_| Err(Error::WrongBackend)),
         };
-        self.recycle(entries.into_iter().flat_map(Entry::into_events).chain(origin_event));
+        self.recycle(log.into_events());
         events
     }
 

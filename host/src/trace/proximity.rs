@@ -22,6 +22,7 @@ impl Default for AdviceOptions {
 /// A chain of kernels launched back to back, and what fusing it into one kernel would save.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Chain {
+    /// The kernels' names, in launch order.
     pub kernels: Vec<String>,
     /// Non-overlapping occurrences, counted left to right within each segment.
     pub occurrences: usize,

@@ -13,8 +13,11 @@ use std::path::{Path, PathBuf};
 /// One kernel launch. Times are nanoseconds since the trace's origin, CPU and GPU on one clock.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LaunchRecord {
+    /// The kernel's PTX entry name.
     pub kernel: String,
+    /// Blocks in the grid.
     pub grid: [u32; 3],
+    /// Threads in a block.
     pub block: [u32; 3],
     /// Blocks per cluster, for cluster launches.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -33,6 +36,7 @@ pub struct LaunchRecord {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
+    /// A kernel launch.
     Launch(LaunchRecord),
     /// A stream or device synchronisation: the CPU waited for the GPU, up to `cpu_ns`.
     Sync { cpu_ns: u64 },
@@ -41,8 +45,11 @@ pub enum Event {
 /// A recording of one run: a label, the batch size where there is one, and its events.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Trace {
+    /// What was run (a workload's name).
     pub label: String,
+    /// Its batch size, for sweeps.
     pub batch: Option<u32>,
+    /// Launches and synchronisations, in CPU order.
     pub events: Vec<Event>,
 }
 

@@ -6,6 +6,7 @@ use std::fmt::Write;
 /// One named line.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Series {
+    /// The legend's label.
     pub name: String,
     /// (x, y) points, drawn in this order; those with no place on the axes (x ≤ 0 on the
     /// log axis, or not finite) are left out.
@@ -22,9 +23,13 @@ impl Series {
 /// A line plot.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plot {
+    /// Above the plot.
     pub title: String,
+    /// Under the x axis (log 2).
     pub x_label: String,
+    /// Beside the y axis (linear, from 0).
     pub y_label: String,
+    /// The lines, drawn in order, each in the next of four colours.
     pub series: Vec<Series>,
 }
 

@@ -23,7 +23,9 @@ pub struct Summary {
 /// Which side limits a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Bound {
+    /// The GPU idles longer than it computes: it waits for the CPU's launches.
     Cpu,
+    /// The GPU computes at least as long as it idles.
     Gpu,
 }
 
@@ -86,6 +88,7 @@ impl Sweep {
         Self(points)
     }
 
+    /// The (batch size, summary) points, by batch size.
     pub fn points(&self) -> &[(u32, Summary)] {
         &self.0
     }
