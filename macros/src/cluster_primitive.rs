@@ -80,6 +80,7 @@ mod ast {
 
 mod valid {
     use super::ast::Primitive;
+    use crate::kernel::ast::ungrouped;
     use proc_macro2::{TokenStream, TokenTree};
     use quote::ToTokens;
     use syn::{Error, FnArg, GenericParam, Type};
@@ -128,8 +129,8 @@ mod valid {
 
     fn takes_cluster_token(arg: &FnArg) -> bool {
         let FnArg::Typed(typed) = arg else { return false };
-        let Type::Reference(reference) = &*typed.ty else { return false };
-        let Type::Path(path) = &*reference.elem else { return false };
+        let Type::Reference(reference) = ungrouped(&typed.ty) else { return false };
+        let Type::Path(path) = ungrouped(&reference.elem) else { return false };
         reference.mutability.is_none() && path.path.segments.last().is_some_and(|s| s.ident == "Cluster")
     }
 

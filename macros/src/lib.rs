@@ -1,5 +1,5 @@
-//! clusterfuse's procedural macros (`#[kernel]`, `#[cluster_primitive]`, `shared!`). Use them
-//! through the `clusterfuse` crate.
+//! clusterfuse's procedural macros (`#[kernel]`, `#[fused_kernel]`, `#[cluster_primitive]`,
+//! `shared!`). Use them through the `clusterfuse` crate.
 //!
 //! Each macro parses into a small model that keeps the user's tokens and spans
 //! (`kernel/ast.rs`), checks it against Hopper's limits (`kernel/valid.rs`), and emits code
@@ -16,8 +16,9 @@ use proc_macro::TokenStream;
 ///
 /// On `nvptx64` it becomes an `extern "ptx-kernel"` entry with its launch bounds and cluster
 /// shape carried into the PTX; on the host it becomes a module of the same name holding a
-/// typed launcher (`load`, then `launch`). Parameters: scalars (`f32`, `u32`, `f16`, ... or
-/// any `DeviceCopy` type), inputs `&[T]`, outputs `Out<T>`.
+/// typed launcher (`load`, then `launch`). Parameters (plain names, `mut` allowed): scalars
+/// (`f32`, `u32`, `f16`, ... or any `DeviceCopy` type), inputs `&[T]`, outputs `Out<T>`,
+/// published buffers `Published<T>` (persistent kernels).
 ///
 /// ```ignore
 /// #[kernel(launch_bounds(max_threads = 256, min_blocks = 2))]
@@ -25,7 +26,8 @@ use proc_macro::TokenStream;
 /// ```
 ///
 /// Arguments: `launch_bounds(max_threads = N[, min_blocks = M])`,
-/// `cluster(X[, Y[, Z]][, non_portable])`, `crate = path`.
+/// `cluster(X[, Y[, Z]][, non_portable])`, `persistent` (blocks wait on each other through
+/// `Published` buffers: every launch checks that the whole grid is resident), `crate = path`.
 #[proc_macro_attribute]
 pub fn kernel(args: TokenStream, item: TokenStream) -> TokenStream {
     kernel::expand(args.into(), item.into()).into()

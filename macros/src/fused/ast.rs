@@ -307,7 +307,7 @@ impl Port {
 
 /// `Marker<Inner>` for the four memory-space markers.
 fn marker(ty: &Type) -> Option<(String, Type)> {
-    let Type::Path(path) = ty else { return None };
+    let Type::Path(path) = crate::kernel::ast::ungrouped(ty) else { return None };
     let last = path.path.segments.last()?;
     let name = last.ident.to_string();
     if !matches!(name.as_str(), "Registers" | "Shared" | "Dsmem" | "Global") {
@@ -315,7 +315,7 @@ fn marker(ty: &Type) -> Option<(String, Type)> {
     }
     let syn::PathArguments::AngleBracketed(args) = &last.arguments else { return None };
     match args.args.first()? {
-        syn::GenericArgument::Type(inner) if args.args.len() == 1 => Some((name, inner.clone())),
+        syn::GenericArgument::Type(inner) if args.args.len() == 1 => Some((name, crate::kernel::ast::ungrouped(inner).clone())),
         _ => None,
     }
 }
@@ -399,9 +399,8 @@ pub fn eval(expr: &Expr, consts: &HashMap<String, u64>) -> Option<u64> {
 
 /// Bytes of `ty` when it is a primitive or an array of them with a known length.
 pub fn size_of(ty: &Type, consts: &HashMap<String, u64>) -> Option<u64> {
-    match ty {
+    match crate::kernel::ast::ungrouped(ty) {
         Type::Array(array) => size_of(&array.elem, consts)?.checked_mul(eval(&array.len, consts)?),
-        Type::Paren(p) => size_of(&p.elem, consts),
         Type::Path(p) => match p.path.get_ident()?.to_string().as_str() {
             "u8" | "i8" | "bool" => Some(1),
             "u16" | "i16" | "f16" | "bf16" => Some(2),

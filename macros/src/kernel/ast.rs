@@ -170,8 +170,17 @@ fn parse_params(item: &ItemFn) -> syn::Result<Vec<Param>> {
     Ok(params)
 }
 
-pub(crate) fn classify(ty: &Type) -> ParamKind {
+/// `ty` without the invisible group a `macro_rules!` `$t:ty` wraps it in, or parentheses.
+pub(crate) fn ungrouped(ty: &Type) -> &Type {
     match ty {
+        Type::Group(group) => ungrouped(&group.elem),
+        Type::Paren(paren) => ungrouped(&paren.elem),
+        _ => ty,
+    }
+}
+
+pub(crate) fn classify(ty: &Type) -> ParamKind {
+    match ungrouped(ty) {
         Type::Reference(reference) => match (&*reference.elem, reference.mutability) {
             (Type::Slice(slice), None) => ParamKind::Input((*slice.elem).clone()),
             (Type::Slice(_), Some(_)) => ParamKind::Unsupported(
@@ -199,7 +208,7 @@ pub(crate) fn classify(ty: &Type) -> ParamKind {
                 _ => ParamKind::Unsupported(unsupported),
             }
         }
-        Type::Array(_) | Type::Paren(_) | Type::Group(_) => ParamKind::Scalar,
+        Type::Array(_) => ParamKind::Scalar,
         _ => ParamKind::Unsupported("unsupported kernel parameter type; use a scalar, `&[T]` or `Out<T>`"),
     }
 }

@@ -37,6 +37,20 @@ pub fn named(mut stream: u32, config: &[f32], plan: Out<f32>, params: u32) {
     }
 }
 
+// Parameter types from `macro_rules!` (`$t:ty` arrives wrapped in an invisible group).
+macro_rules! scale {
+    ($name:ident, $input:ty, $output:ty) => {
+        #[kernel]
+        pub fn $name(a: f32, x: $input, y: $output) {
+            let i = thread::global_index_x();
+            if i < y.len() {
+                y.set(i, a * x[i]);
+            }
+        }
+    };
+}
+scale!(scale_f32, &[f32], Out<f32>);
+
 fn main() {
     assert_eq!(saxpy::FACTS.max_threads, Some(256));
     assert_eq!(saxpy::FACTS.min_blocks, Some(2));
@@ -50,4 +64,6 @@ fn main() {
     let config = clusterfuse::host::LaunchConfig { block: 32.into(), ..Default::default() };
     named::load(&gpu).unwrap().launch(gpu.stream(), &config, 10, &x, &mut y, 5).unwrap();
     assert_eq!(gpu.download(&y).unwrap(), [16.0, 17.0, 18.0]);
+    scale_f32::load(&gpu).unwrap().launch(gpu.stream(), &config, 2.0, &x, &mut y).unwrap();
+    assert_eq!(gpu.download(&y).unwrap(), [2.0, 4.0, 6.0]);
 }
