@@ -4,6 +4,8 @@
 //! names the clusterfuse crate however the user's manifest calls it.
 
 use proc_macro2::TokenStream;
+use std::collections::HashMap;
+use std::sync::Mutex;
 use quote::quote;
 use syn::spanned::Spanned;
 use syn::parse::{Parse, ParseStream};
@@ -66,10 +68,34 @@ fn array_view(krate: &Path, array: &TypeArray) -> TokenStream {
     }}
 }
 
-/// A PTX identifier unique to the call site: crate, file, line and column.
+/// A PTX identifier unique to the call site: crate, file, line and column, made unique in
+/// the crate ([`unique`]).
 fn symbol_name(span: proc_macro2::Span) -> String {
     let crate_name = std::env::var("CARGO_CRATE_NAME").unwrap_or_default();
     let site = span.unwrap();
     let file: String = site.file().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
-    format!("__clusterfuse_smem_{crate_name}_{file}_{}_{}", site.line(), site.column())
+    unique(format!("__clusterfuse_smem_{crate_name}_{file}_{}_{}", site.line(), site.column()))
+}
+
+/// `name`, or where this compilation already gave it out, `name` with a count: every
+/// expansion of one `macro_rules!` that calls `shared!` has the macro's span, and two
+/// `.shared` arrays of one name are a PTX error. (The compiler loads the macro crate once per
+/// crate it compiles, and expands in a fixed order.)
+fn unique(name: String) -> String {
+    static GIVEN: Mutex<Option<HashMap<String, u32>>> = Mutex::new(None);
+    let mut given = GIVEN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let count = given.get_or_insert_with(HashMap::new).entry(name.clone()).or_insert(0);
+    *count += 1;
+    if *count == 1 { name } else { format!("{name}_{count}") }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_name_given_twice_gets_a_count() {
+        let name = || "__clusterfuse_smem_test_a_rs_1_2".to_string();
+        assert_eq!(super::unique(name()), name());
+        assert_eq!(super::unique(name()), format!("{}_2", name()));
+        assert_eq!(super::unique(name()), format!("{}_3", name()));
+    }
 }
