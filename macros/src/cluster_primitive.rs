@@ -103,6 +103,11 @@ mod valid {
             }
         }
         if let Some(scratch) = &primitive.shared {
+            // The scratch is bound before the body: a parameter of its name would be shadowed.
+            let named = |arg: &FnArg| matches!(arg, FnArg::Typed(t) if matches!(&*t.pat, syn::Pat::Ident(p) if p.ident == scratch.name));
+            if let Some(param) = sig.inputs.iter().find(|arg| named(arg)) {
+                push(Error::new_spanned(param, format!("the shared scratch is named `{}` too, and would hide this parameter in the body; rename one of them", scratch.name)));
+            }
             let generics: Vec<_> = sig
                 .generics
                 .params

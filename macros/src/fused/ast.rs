@@ -178,7 +178,7 @@ impl Fused {
         let mut consts = HashMap::new();
         for item in content {
             match item {
-                Item::Fn(f) if f.attrs.iter().any(|a| a.path().is_ident("stage")) => stages.push(Stage::parse(f)?),
+                Item::Fn(f) if f.attrs.iter().any(is_stage) => stages.push(Stage::parse(f)?),
                 Item::Fn(f) if f.sig.ident == "kernel" => entry = Some(Entry::parse(f)?),
                 Item::Const(c) => {
                     if let Some(v) = eval(&c.expr, &consts) {
@@ -204,7 +204,7 @@ impl Fused {
 
 impl Stage {
     fn parse(mut item: ItemFn) -> syn::Result<Self> {
-        let index = item.attrs.iter().position(|a| a.path().is_ident("stage")).expect("has #[stage]");
+        let index = item.attrs.iter().position(is_stage).expect("has #[stage]");
         let attr = item.attrs.remove(index);
         let scope_ident: Ident = attr.parse_args().map_err(|_| {
             syn::Error::new_spanned(&attr, "expected a scope: `#[stage(thread)]`, `#[stage(warp)]`, `#[stage(block)]` or `#[stage(cluster)]`")
@@ -303,6 +303,11 @@ impl Port {
         }
         port
     }
+}
+
+/// `#[stage(..)]`, or a path to it (`#[clusterfuse::stage(..)]`).
+fn is_stage(attr: &syn::Attribute) -> bool {
+    attr.path().segments.last().is_some_and(|segment| segment.ident == "stage")
 }
 
 /// `Marker<Inner>` for the four memory-space markers.

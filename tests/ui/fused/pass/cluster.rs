@@ -44,7 +44,7 @@ pub mod relay {
         tile.store(thread::index_x() as usize, x[thread::global_index_x()]);
     }
 
-    #[stage(cluster)]
+    #[clusterfuse::stage(cluster)] // the attribute by its path
     fn rank(tile: Shared<[f32; 32]>) -> Registers<u32> {
         let _ = tile;
         cluster::block_rank()
