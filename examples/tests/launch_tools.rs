@@ -1,6 +1,7 @@
 //! The live half of the launch-overhead toolkit with real kernels: CUDA graphs of saxpy
-//! launches (replayed, updated, refused), graphs of cluster launches, and the launch recorder,
-//! on the GPU; the recorder also on the emulator. Without a GPU the GPU test says so on
+//! launches (replayed, updated, refused), graphs of cluster launches, the launch recorder, a
+//! buffer refused on a stream nothing orders it with and a launch from a fresh thread, on the
+//! GPU; the recorder also on the emulator. Without a GPU the GPU test says so on
 //! stderr and checks nothing (scripts/gpu-bundle.sh + scripts/gpu-run.sh bench run it there).
 
 use clusterfuse::host::trace::{Event, Summary};
@@ -41,6 +42,16 @@ fn graphs_and_the_recorder_on_the_gpu() {
     a_synchronize_inside_a_capture_is_refused(&gpu);
     the_recorder_logs_every_launch_in_order(&gpu);
     a_buffer_is_refused_on_a_stream_nothing_orders_it_with(&gpu);
+    a_launch_from_another_thread_binds_the_gpus_context(&gpu);
+}
+
+/// A thread that never touched the GPU launches (the launch makes the context current there).
+fn a_launch_from_another_thread_binds_the_gpus_context(gpu: &Gpu) {
+    let kernel = saxpy::load(gpu).unwrap();
+    let (x, y) = (random(N), random(N));
+    let (dx, mut dy) = (gpu.upload(&x).unwrap(), gpu.upload(&y).unwrap());
+    std::thread::scope(|s| s.spawn(|| kernel.launch(gpu.stream(), &config(N), 2.0, &dx, &mut dy)).join()).unwrap().unwrap();
+    assert_eq!(gpu.download(&dy).unwrap(), reference(2.0, &x, &y, 1));
 }
 
 /// `Gpu::new` turns cudarc's event tracking off, so a launch on another stream of its
