@@ -97,10 +97,9 @@ impl Sass {
 
 /// Checks that no kernel of `ptx` (`sass`: its cubin's) reads global memory ahead of its
 /// programmatic wait more than its PTX does, and returns how many kernels wait: ptxas may
-/// issue a read-only load
-/// (`ld.global.nc`, which it takes to be invariant for the whole kernel) before
-/// `griddepcontrol.wait` (`ACQBULK`), and under programmatic dependent launch that load reads
-/// what the previous kernel may still be writing. Loads a kernel issues before its wait on
+/// issue a read-only load (`ld.global.nc`, which it takes to be invariant for the whole
+/// kernel) before `griddepcontrol.wait` (`ACQBULK`), and under programmatic dependent launch
+/// that load reads what the previous kernel may still be writing. Loads a kernel issues before its wait on
 /// purpose (weights, a published buffer's epoch) are its PTX's; the PTX count is textual, an
 /// upper bound for the loads the wait can precede.
 pub fn check_programmatic_waits(ptx: &str, sass: &Sass) -> Result<usize, Error> {

@@ -165,7 +165,8 @@ fn assemble_into(ptxas: &Path, ptx: &Path, cubin: &Path) -> Result<String, Error
 
 /// Re-run this build script when any source file of the device build changes: the kernel
 /// crate's and those of its path dependencies (the device library, the macros), as listed in
-/// the device build's dep-info file. Files of the standard library and registry are fixed.
+/// the device build's dep-info file (files of the standard library and registry are fixed),
+/// or the device toolchain does.
 fn watch_sources(dep_info: &Path, manifest_dir: &Path) -> Result<(), Error> {
     println!("cargo:rerun-if-changed={}", manifest_dir.join("Cargo.toml").display());
     println!("cargo:rerun-if-env-changed=CLUSTERFUSE_HOME");

@@ -123,7 +123,7 @@ impl<T> Buffer<T> {
 /// [`Graph::replay`](crate::Graph::replay)'s contract).
 fn check_ordered<T>(slice: &CudaSlice<T>, stream: &Stream) -> Result<()> {
     let same_stream = stream.cuda().is_some_and(|cuda| cuda.cu_stream() == slice.stream().cu_stream());
-    if slice.context().is_event_tracking() || stream.capture || same_stream {
+    if slice.context().is_event_tracking() || stream.is_capture() || same_stream {
         Ok(())
     } else {
         Err(Error::UnorderedStream)

@@ -45,14 +45,18 @@ pub struct Stream {
     /// The device's launch recorder; None for a graph's capture stream, whose launches
     /// are not run and so not recorded.
     pub(crate) recorder: Option<Arc<Recorder>>,
-    /// A graph's capture stream: its launches are recorded, to be replayed on another stream.
-    pub(crate) capture: bool,
 }
 
 impl Stream {
     /// The cudarc stream (None on the emulator).
     pub fn cuda(&self) -> Option<&Arc<CudaStream>> {
         self.cuda.as_ref()
+    }
+
+    /// Whether this is a graph's capture stream (the one stream without a recorder): its
+    /// launches are recorded into the graph, to be replayed on another stream.
+    pub(crate) fn is_capture(&self) -> bool {
+        self.recorder.is_none()
     }
 }
 
@@ -104,7 +108,7 @@ impl Gpu {
         }
         let smem_limit = context.attribute(DevAttr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).driver("cuDeviceGetAttribute", None)? as u32;
         let recorder = Arc::new(Recorder::default());
-        let stream = Stream { cuda: Some(stream), recorder: Some(recorder.clone()), capture: false };
+        let stream = Stream { cuda: Some(stream), recorder: Some(recorder.clone()) };
         let cuda = Cuda { context, modules: Mutex::new(HashMap::new()) };
         Ok(Self { stream, cuda: Some(cuda), smem_limit, recorder })
     }
@@ -113,7 +117,7 @@ impl Gpu {
     /// races and deadlocks reported as [`Error::Emulator`]. Needs no GPU.
     pub fn emulator() -> Self {
         let recorder = Arc::new(Recorder::default());
-        let stream = Stream { cuda: None, recorder: Some(recorder.clone()), capture: false };
+        let stream = Stream { cuda: None, recorder: Some(recorder.clone()) };
         Self { stream, cuda: None, smem_limit: MAX_SHARED_MEMORY_PER_BLOCK, recorder }
     }
 

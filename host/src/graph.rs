@@ -162,7 +162,7 @@ impl<'c> Captured<'c> {
     fn new(context: &'c Arc<CudaContext>, launches: impl FnOnce(&Stream) -> Result<()>) -> Result<Self> {
         let cuda = context.new_stream().driver("cuStreamCreate", None)?;
         cuda.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).driver("cuStreamBeginCapture", None)?;
-        let stream = Stream { cuda: Some(cuda.clone()), recorder: None, capture: true };
+        let stream = Stream { cuda: Some(cuda.clone()), recorder: None };
         let launched = {
             let _capturing = Capturing::enter();
             launches(&stream)
