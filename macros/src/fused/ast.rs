@@ -2,7 +2,7 @@
 //! scopes and typed ports, and the entry's dataflow of stage calls. Spans are kept for
 //! diagnostics; only syntax errors stop the parse.
 
-use crate::kernel::ast::{classify, parse_cluster, parse_launch_bounds, Cluster, LaunchBounds, ParamKind, Spanned};
+use crate::kernel::ast::{classify, parse_cluster, parse_launch_bounds, plain_name, Cluster, LaunchBounds, ParamKind, Spanned};
 use proc_macro2::{Span, TokenStream};
 use quote::ToTokens;
 use std::collections::HashMap;
@@ -227,7 +227,7 @@ impl Stage {
             let FnArg::Typed(typed) = input else {
                 return Err(syn::Error::new_spanned(input, "a stage cannot take `self`; make it a free function"));
             };
-            let Pat::Ident(pat) = &*typed.pat else {
+            let Some(pat) = plain_name(&typed.pat) else {
                 return Err(syn::Error::new_spanned(&typed.pat, "stage parameters must be plain names, e.g. `row: Shared<[f32; 1024]>`"));
             };
             let out = typed.attrs.iter().position(|a| a.path().is_ident("out"));
@@ -332,7 +332,7 @@ impl Entry {
             let FnArg::Typed(typed) = input else {
                 return Err(syn::Error::new_spanned(input, "a kernel cannot take `self`; make it a free function"));
             };
-            let Pat::Ident(pat) = &*typed.pat else {
+            let Some(pat) = plain_name(&typed.pat) else {
                 return Err(syn::Error::new_spanned(&typed.pat, "kernel parameters must be plain names, e.g. `x: &[f32]`"));
             };
             params.push(Port::entry(pat.ident.clone(), &typed.ty));

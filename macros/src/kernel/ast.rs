@@ -156,11 +156,7 @@ fn parse_params(item: &ItemFn) -> syn::Result<Vec<Param>> {
         let syn::FnArg::Typed(typed) = input else {
             return Err(syn::Error::new_spanned(input, "a kernel cannot take `self`; make it a free function"));
         };
-        let plain = match &*typed.pat {
-            syn::Pat::Ident(pat) if pat.by_ref.is_none() && pat.subpat.is_none() => Some(pat),
-            _ => None,
-        };
-        let Some(pat) = plain else {
+        let Some(pat) = plain_name(&typed.pat) else {
             return Err(syn::Error::new_spanned(&typed.pat, "kernel parameters must be plain names (`mut` allowed), e.g. `x: &[f32]`"));
         };
         let ty = (*typed.ty).clone();
@@ -168,6 +164,15 @@ fn parse_params(item: &ItemFn) -> syn::Result<Vec<Param>> {
         params.push(Param { ident: pat.ident.clone(), mutability: pat.mutability, ty, kind });
     }
     Ok(params)
+}
+
+/// The parameter pattern `pat` as a plain name (`x` or `mut x`), or `None` for a pattern, a
+/// `ref` binding or `x @ ..`.
+pub(crate) fn plain_name(pat: &syn::Pat) -> Option<&syn::PatIdent> {
+    match pat {
+        syn::Pat::Ident(pat) if pat.by_ref.is_none() && pat.subpat.is_none() => Some(pat),
+        _ => None,
+    }
 }
 
 /// `ty` without the invisible group a `macro_rules!` `$t:ty` wraps it in, or parentheses.
