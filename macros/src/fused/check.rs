@@ -366,22 +366,6 @@ fn dataflow(fused: &Fused, errors: &mut Errors) {
                 ));
                 continue;
             }
-            if port.space == Space::Dsmem && fused.cluster.is_some() {
-                if let Some((producer, at)) = value.producer {
-                    let collective = producer.scope.value == Scope::Cluster
-                        || entry.steps[at + 1..i].iter().any(|s| fused.stage(&s.stage).is_some_and(|s| s.scope.value == Scope::Cluster));
-                    if !collective {
-                        errors.push(Error::new_spanned(
-                            name,
-                            format!(
-                                "stage `{}` reads `{name}` from the cluster's other blocks (`Dsmem`), but `{}` wrote it in each block with no cluster collective in between; add a `#[stage(cluster)]` stage between them (one calling `cluster::sync()` will do)",
-                                stage.name(),
-                                producer.name()
-                            ),
-                        ));
-                    }
-                }
-            }
         }
         if step.binds.len() != stage.outputs.len() {
             let names: Vec<String> = stage.outputs.iter().filter(|p| !p.ident.to_string().starts_with('_')).map(|p| format!("`{}`", p.ident)).collect();

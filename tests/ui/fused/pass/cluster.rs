@@ -33,8 +33,8 @@ pub mod neighbours {
     }
 }
 
-// A block stage's shared output read by peers after a cluster stage that is no barrier: the
-// plan puts the cluster barrier before the read itself.
+// A block stage's shared output read by its peers in the very next stage: the plan puts the
+// cluster barrier before the read (and one at the end), no cluster stage needed between.
 #[fused_kernel(grid = 8, block = 32, cluster(2))]
 pub mod relay {
     use clusterfuse::prelude::*;
@@ -44,21 +44,15 @@ pub mod relay {
         tile.store(thread::index_x() as usize, x[thread::global_index_x()]);
     }
 
-    #[clusterfuse::stage(cluster)] // the attribute by its path
-    fn rank(tile: Shared<[f32; 32]>) -> Registers<u32> {
-        let _ = tile;
-        cluster::block_rank()
-    }
-
-    #[stage(block)]
-    fn swap(tile: Dsmem<[f32; 32]>, rank: Registers<u32>, out: Global<Out<f32>>) {
-        out.set(thread::global_index_x(), tile.in_block(rank ^ 1).load(thread::index_x() as usize));
+    #[clusterfuse::stage(block)] // the attribute by its path
+    fn swap(tile: Dsmem<[f32; 32]>, out: Global<Out<f32>>) {
+        let peer = tile.in_block(cluster::block_rank() ^ 1);
+        out.set(thread::global_index_x(), peer.load(thread::index_x() as usize));
     }
 
     pub fn kernel(x: &[f32], out: Out<f32>) {
         let tile = fill(x);
-        let rank = rank(tile);
-        swap(tile, rank, out);
+        swap(tile, out);
     }
 }
 
