@@ -26,17 +26,22 @@ pub struct RemoteMbarrier {
 
 impl Mbarrier {
     /// The mbarrier in `slot[0]`, initialised by thread 0 of the block to expect `arrivals`
-    /// per phase. Every thread of the block calls it; a barrier must follow before the
-    /// mbarrier is used (a cluster barrier when peers will signal it, whose arrival may be
-    /// relaxed: the init's `fence.mbarrier_init` releases it).
+    /// per phase. Every thread of the block calls it.
+    ///
+    /// # Safety
+    /// 1. Every thread of the block passes a barrier after this call and before the mbarrier
+    ///    is used by any thread but the block's thread 0 (which initialised it): a block barrier, or a cluster barrier when peers will signal it (its
+    ///    arrival may be relaxed: the init's `fence.mbarrier_init` releases it). An mbarrier
+    ///    used before its init is visible is undefined.
+    /// 2. `slot[0]` holds nothing else while the mbarrier is in use.
     #[inline(always)]
-    pub fn new(slot: SharedSlice<u64>, arrivals: u32) -> Self {
+    pub unsafe fn new(slot: SharedSlice<u64>, arrivals: u32) -> Self {
         if slot.is_empty() {
             out_of_bounds()
         }
         if crate::thread::rank_in_block() == 0 {
             // SAFETY: `slot[0]` is 8 aligned bytes of this block's shared memory, given to
-            // the barrier; the caller's barrier orders the init before any use.
+            // the barrier; the caller's barrier orders the init before any use (contract).
             unsafe { arch::mbarrier_init_shared_b64(slot.addr(), arrivals) };
             arch::fence_mbarrier_init_release_cluster();
         }
@@ -91,11 +96,17 @@ pub struct Mailbox {
 
 impl Mailbox {
     /// The mailbox `words`, counted by the mbarrier in `slot[0]` (initialised here by thread
-    /// 0). Every thread of the block calls it; a cluster barrier must follow before a peer
-    /// posts (its arrival may be relaxed: the init's fence releases it).
+    /// 0). Every thread of the block calls it.
+    ///
+    /// # Safety
+    /// 1. Every thread of the cluster passes a cluster barrier after this call and before a
+    ///    block posts or waits (its arrival may be relaxed: the init's fence releases it);
+    ///    only the block's thread 0, which initialised it, may [`expect`](Self::expect) before.
+    /// 2. `words` and `slot[0]` hold nothing else while the mailbox is in use.
     #[inline(always)]
-    pub fn new(words: SharedSlice<u64>, slot: SharedSlice<u64>) -> Self {
-        Self { words, arrived: Mbarrier::new(slot, 1) }
+    pub unsafe fn new(words: SharedSlice<u64>, slot: SharedSlice<u64>) -> Self {
+        // SAFETY: the caller's cluster barrier is also a barrier of this block's threads.
+        Self { words, arrived: unsafe { Mbarrier::new(slot, 1) } }
     }
 
     /// The words, readable once [`wait`](Self::wait) returns.

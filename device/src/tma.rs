@@ -107,10 +107,15 @@ pub struct Pipeline<const STAGES: usize> {
 
 impl<const STAGES: usize> Pipeline<STAGES> {
     /// The pipeline's barriers in `slots` (`2 * STAGES` words), initialised by thread 0 of the
-    /// block for `consumers` consumer arrivals per stage. Every thread calls it; a block
-    /// barrier must follow before any uses the pipeline.
+    /// block for `consumers` consumer arrivals per stage. Every thread calls it.
+    ///
+    /// # Safety
+    /// 1. Every thread of the block passes a block barrier after this call and before any
+    ///    thread but the block's thread 0 (which initialised them) uses the pipeline (an
+    ///    mbarrier used before its init is visible is undefined).
+    /// 2. `slots[.. 2 * STAGES]` holds nothing else while the pipeline is in use.
     #[inline(always)]
-    pub fn new(slots: SharedSlice<u64>, consumers: u32) -> Self {
+    pub unsafe fn new(slots: SharedSlice<u64>, consumers: u32) -> Self {
         Self::of_warp(slots, consumers, 0, 1)
     }
 
@@ -118,10 +123,12 @@ impl<const STAGES: usize> Pipeline<STAGES> {
     /// e.g. lane 0 issuing [`SharedSlice::load_async`] and all 32 lanes consuming): warp `w`'s
     /// barriers are `slots[2·STAGES·w ..]` (a last, partial warp's too), all initialised by
     /// thread 0 of the block, each for `consumers` arrivals per stage. Returns the calling
-    /// warp's; every thread calls it, and a block barrier must follow before any uses a
-    /// pipeline.
+    /// warp's; every thread calls it.
+    ///
+    /// # Safety
+    /// As for [`Pipeline::new`], for every warp's barriers (`2 · STAGES` words a warp).
     #[inline(always)]
-    pub fn per_warp(slots: SharedSlice<u64>, consumers: u32) -> Self {
+    pub unsafe fn per_warp(slots: SharedSlice<u64>, consumers: u32) -> Self {
         let warps = crate::block::size().div_ceil(32);
         Self::of_warp(slots, consumers, crate::warp::index_in_block(), warps)
     }
@@ -140,7 +147,7 @@ impl<const STAGES: usize> Pipeline<STAGES> {
                 for s in 0..words {
                     // SAFETY: 8 aligned bytes each of this block's shared memory, given to
                     // the barriers (the first `STAGES` full, the others empty); the caller's
-                    // block barrier orders the inits before any use.
+                    // block barrier orders the inits before any use (`new`'s contract).
                     unsafe { arch::mbarrier_init_shared_b64(at(p) + 8 * s, if s < STAGES as u32 { 1 } else { consumers }) };
                 }
             }

@@ -76,7 +76,8 @@ pub fn cluster_gather_bulk(x: &[f32], out: Out<f32>, m: u32) {
     let blocks = cluster::size() as usize;
     let mut smem = shared::dynamic();
     let (tile, all, slot) = (smem.take::<f32>(m), smem.take::<f32>(blocks * m), smem.take::<u64>(1));
-    let mut barrier = Mbarrier::new(slot, 1);
+    // SAFETY: its own shared word; `gather_bulk` opens with a cluster barrier.
+    let mut barrier = unsafe { Mbarrier::new(slot, 1) };
     let b = block::index_x() as usize;
     for round in 0..2 {
         for i in block::stride_loop(0..m) {

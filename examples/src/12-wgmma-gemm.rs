@@ -18,7 +18,8 @@ pub fn tma_box(map: &[u64], out: Out<bf16>, c0: i32, c1: i32, waited: u32) {
     let mut smem = shared::dynamic();
     smem.align_to(1024);
     let (tile, slot) = (smem.take::<bf16>(8 * 64), smem.take::<u64>(1));
-    let mut barrier = clusterfuse::mbarrier::Mbarrier::new(slot, 1);
+    // SAFETY: its own shared word, and the block barrier right after.
+    let mut barrier = unsafe { clusterfuse::mbarrier::Mbarrier::new(slot, 1) };
     block::sync();
     let t = thread::index_x() as usize;
     if t == 0 {
@@ -54,7 +55,9 @@ pub fn tma_box_peer(map: &[u64], out: Out<bf16>, c0: i32, c1: i32) {
     let mut smem = shared::dynamic();
     smem.align_to(1024);
     let (tile, slot) = (smem.take::<bf16>(8 * 64), smem.take::<u64>(1));
-    let mut barrier = clusterfuse::mbarrier::Mbarrier::new(slot, 1);
+    // SAFETY: its own shared word; thread 0 (which initialised it) expects before the cluster
+    // barrier below, every other use comes after it.
+    let mut barrier = unsafe { clusterfuse::mbarrier::Mbarrier::new(slot, 1) };
     let (rank, t) = (cluster::block_rank(), thread::index_x() as usize);
     if rank == 1 && t == 0 {
         barrier.arrive_expect_tx(1024);

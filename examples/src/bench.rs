@@ -177,7 +177,8 @@ pub fn bench_gather(sink: Out<u32>, cycles: Out<u64>, vectors: u32, mode: u32, r
     let (rank, blocks, m) = (cluster::block_rank(), cluster::size() as usize, vectors as usize);
     let mut smem = shared::dynamic();
     let (tile, all) = (smem.take::<[u32; 4]>(m), smem.take::<[u32; 4]>(blocks * m));
-    let mut barrier = Mbarrier::new(smem.take::<u64>(1), 1);
+    // SAFETY: its own shared word; only `gather_bulk` uses it, which opens with a cluster barrier.
+    let mut barrier = unsafe { Mbarrier::new(smem.take::<u64>(1), 1) };
     for i in block::stride_loop(0..m) {
         tile.store(i, [i as u32, !(i as u32), rank, 0x9e37_79b9]);
     }

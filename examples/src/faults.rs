@@ -64,7 +64,8 @@ pub fn peer_read(out: Out<f32>, keep_alive: u32, started: u32) {
 pub fn bulk_exchange(out: Out<f32>, waited: u32) {
     let mut smem = shared::dynamic();
     let (tile, received, slot) = (smem.take::<f32>(4), smem.take::<f32>(4), smem.take::<u64>(1));
-    let mut barrier = clusterfuse::mbarrier::Mbarrier::new(slot, 1);
+    // SAFETY: its own shared word, and the cluster barrier below before its first use.
+    let mut barrier = unsafe { clusterfuse::mbarrier::Mbarrier::new(slot, 1) };
     let (rank, t) = (cluster::block_rank(), thread::index_x() as usize);
     if t < 4 {
         tile.store(t, (rank * 4) as f32 + t as f32);
@@ -91,7 +92,9 @@ pub fn bulk_exchange(out: Out<f32>, waited: u32) {
 #[kernel(cluster(2))]
 pub fn mailbox_exchange(out: Out<f32>, expected: u32, waited: u32) {
     let mut smem = shared::dynamic();
-    let mut mailbox = clusterfuse::mbarrier::Mailbox::new(smem.take::<u64>(4), smem.take::<u64>(1));
+    // SAFETY: its own shared words; thread 0 (which initialised it) expects before the cluster
+    // barrier below, and the posts come after it.
+    let mut mailbox = unsafe { clusterfuse::mbarrier::Mailbox::new(smem.take::<u64>(4), smem.take::<u64>(1)) };
     let (rank, t) = (cluster::block_rank(), thread::index_x() as usize);
     if t == 0 {
         mailbox.expect(expected as usize);
@@ -124,7 +127,8 @@ pub fn bulk_stream(x: &[f32], out: Out<f32>, waited: u32) {
     let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
     let mut smem = shared::dynamic();
     let ring = smem.take::<f32>(warps * STREAM_STAGES * 32).slice(warp * STREAM_STAGES * 32, STREAM_STAGES * 32);
-    let pipeline = Pipeline::<STREAM_STAGES>::per_warp(smem.take::<u64>(warps * 2 * STREAM_STAGES), 32);
+    // SAFETY: its own shared words, and the block barrier right after.
+    let pipeline = unsafe { Pipeline::<STREAM_STAGES>::per_warp(smem.take::<u64>(warps * 2 * STREAM_STAGES), 32) };
     block::sync();
     let (chunks, base) = (x.len() / warps / 32, warp * x.len() / warps);
     let load = |state: PipelineState<STREAM_STAGES>, chunk: usize| {

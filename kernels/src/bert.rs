@@ -364,7 +364,8 @@ pub fn attention_split(qkv: &[u64], out: Out<f16>, seq: u32, heads: u32, scale: 
     let partials = shared!([f32; ATTENTION_WARPS as usize * 32 * PARTIAL_WORDS]);
     let blk = AttentionBlock::new(seq, heads, SPLIT_QUERIES);
     // One stage of a pipeline: its full barrier, which the three tiles' boxes land on.
-    let pipeline = Pipeline::<2>::new(shared!([u64; 4]), 1);
+    // SAFETY: its own static shared memory, and the block barrier right after.
+    let pipeline = unsafe { Pipeline::<2>::new(shared!([u64; 4]), 1) };
     block::sync();
     let start = PipelineState::<2>::START;
     // Launched programmatically after the QKV projection (see `Batch::forward`).

@@ -495,7 +495,9 @@ fn route_body<const STEPS_AT_ONCE: usize>(smem: &mut DynamicShared, x: &[bf16], 
     let partials = smem.take::<f32>(WARPS * ROWS * tokens.next_multiple_of(8));
     let normalizers = (!renormalize).then(|| smem.take::<f32>(tokens));
     // Made before the logits, so that `top_k`'s one barrier also covers its mbarrier's init.
-    let mut mailbox = Mailbox::new(smem.take::<u64>(mailbox_words(tokens, experts, size, k)), smem.take::<u64>(1));
+    // SAFETY: fresh shared memory; the cluster barrier of `top_k` or `route_one_token` comes
+    // before any block posts.
+    let mut mailbox = unsafe { Mailbox::new(smem.take::<u64>(mailbox_words(tokens, experts, size, k)), smem.take::<u64>(1)) };
     let top = smem.take::<u64>(tokens * k);
     let (ids, gates) = (smem.take::<u32>(tokens * k), smem.take::<f32>(tokens * k));
     let masks = smem.take::<u32>(2 * experts);
@@ -1167,7 +1169,9 @@ fn gate_up_tokens(
     let mut smem = shared::dynamic();
     smem.align_to(1024);
     let stages = smem.take::<u32>(GATE_UP_TOKENS_STAGES * GATE_UP_TOKENS_STAGE_BYTES as usize / 4).addr();
-    let pipeline = Pipeline::<GATE_UP_TOKENS_STAGES>::new(smem.take::<u64>(2 * GATE_UP_TOKENS_STAGES), 1);
+    // SAFETY: fresh shared memory; the routing's block barriers, or the one below where a
+    // block does not route, come before the pipeline's first use.
+    let pipeline = unsafe { Pipeline::<GATE_UP_TOKENS_STAGES>::new(smem.take::<u64>(2 * GATE_UP_TOKENS_STAGES), 1) };
     // The tokens this block's cluster routes: every one (tokens schedule), or dense, group
     // `i` of `ROUTER_TOKENS` in cluster `i`, while the other clusters stream at once.
     let own = if dense { cluster_index * ROUTER_TOKENS..((cluster_index + 1) * ROUTER_TOKENS).min(tokens) } else { 0..tokens };
@@ -1345,7 +1349,8 @@ fn down_tokens(h: &Out<bf16>, h_map: &[u64], routing: &Out<u32>, pair_gate: &Out
     let mut smem = shared::dynamic();
     smem.align_to(1024);
     let stages = smem.take::<u32>(DOWN_TOKENS_STAGES * DOWN_TOKENS_STAGE_BYTES as usize / 4).addr();
-    let pipeline = Pipeline::<DOWN_TOKENS_STAGES>::new(smem.take::<u64>(2 * DOWN_TOKENS_STAGES), 1);
+    // SAFETY: fresh shared memory; the block barriers of the wait below come before its use.
+    let pipeline = unsafe { Pipeline::<DOWN_TOKENS_STAGES>::new(smem.take::<u64>(2 * DOWN_TOKENS_STAGES), 1) };
     // The block's tile of `y` before the cluster's sum: 128 rows × the tokens (not the 64
     // columns the `wgmma` computes: the sum's DSMEM reads scale with the tile).
     let tile = smem.take::<f32>(TILE_ROWS * tokens);

@@ -121,7 +121,8 @@ pub fn gemm<T: WgmmaInput + HalfFloat, E: TileEpilogue>(a_map: &[u64], b_map: &[
     smem.align_to(1024);
     let a_tiles = smem.take::<T>(STAGES * BM * BK).addr();
     let b_tiles = smem.take::<T>(STAGES * BN * BK).addr();
-    let pipeline = Pipeline::<STAGES>::new(smem.take::<u64>(2 * STAGES), CONSUMERS);
+    // SAFETY: fresh shared memory, and the block barrier right after.
+    let pipeline = unsafe { Pipeline::<STAGES>::new(smem.take::<u64>(2 * STAGES), CONSUMERS) };
     block::sync();
     // Launched programmatically, the kernel reads A and the residual, and writes C, only once
     // the previous kernel has completed; the next may start once every block is here.
@@ -515,7 +516,8 @@ fn split_k_partial<T: WgmmaInput + HalfFloat, P: Partial>(a_map: &[u64], b_map: 
     let stages = split_stages(steps);
     let tiles = smem.take::<T>(stages * (BM + SPLIT_BN) * BK);
     let (a_tiles, b_tiles) = (tiles.addr(), tiles.addr() + stages as u32 * A_STAGE_BYTES);
-    let pipeline = Pipeline::<SPLIT_STAGES>::new(smem.take::<u64>(2 * SPLIT_STAGES), CONSUMERS);
+    // SAFETY: fresh shared memory, and the block barrier right after.
+    let pipeline = unsafe { Pipeline::<SPLIT_STAGES>::new(smem.take::<u64>(2 * SPLIT_STAGES), CONSUMERS) };
     block::sync();
     let (bm, bn) = split_k_origin();
     let wg = Warpgroup::current();
