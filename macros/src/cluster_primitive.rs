@@ -80,8 +80,7 @@ mod ast {
 
 mod valid {
     use super::ast::Primitive;
-    use crate::kernel::ast::ungrouped;
-    use proc_macro2::{TokenStream, TokenTree};
+    use crate::kernel::ast::{idents, ungrouped};
     use quote::ToTokens;
     use syn::{Error, FnArg, GenericParam, Type};
 
@@ -118,8 +117,7 @@ mod valid {
                     GenericParam::Lifetime(_) => None,
                 })
                 .collect();
-            let mut used = Vec::new();
-            idents(scratch.ty.to_token_stream(), &mut used);
+            let used = idents(scratch.ty.to_token_stream());
             if let Some(generic) = generics.iter().find(|g| used.iter().any(|u| u == **g)) {
                 push(Error::new_spanned(
                     &scratch.ty,
@@ -139,15 +137,6 @@ mod valid {
         reference.mutability.is_none() && path.path.segments.last().is_some_and(|s| s.ident == "Cluster")
     }
 
-    fn idents(tokens: TokenStream, out: &mut Vec<proc_macro2::Ident>) {
-        for token in tokens {
-            match token {
-                TokenTree::Ident(ident) => out.push(ident),
-                TokenTree::Group(group) => idents(group.stream(), out),
-                _ => {}
-            }
-        }
-    }
 }
 
 mod expand {

@@ -3,6 +3,7 @@
 //! and device-only Rust. Every broken rule is reported, not only the first.
 
 use super::ast::{eval, grid_names, size_of, text, Arg, Fused, Port, Scope, Space, Stage};
+use crate::kernel::ast::idents;
 use super::scan::{scan, Findings};
 use crate::kernel::valid::{self, Errors};
 use clusterfuse_device::limits::{MAX_SHARED_MEMORY_PER_BLOCK, MAX_STATIC_SHARED_MEMORY, MAX_THREADS_PER_BLOCK, WARP_SIZE};
@@ -312,6 +313,13 @@ fn dataflow(fused: &Fused, errors: &mut Errors) {
                 Arg::Name(name) => name,
                 Arg::Other(expr) => {
                     errors.push(Error::new_spanned(expr, "pass values by name: a stage's arguments are parameters of `kernel` or earlier stages' outputs"));
+                    // The values it names are used, if not as this stage can take them: one
+                    // error, not a second that calls them never consumed.
+                    for ident in idents(expr.to_token_stream()) {
+                        if let Some(value) = values.get_mut(&ident.to_string()) {
+                            value.consumed = true;
+                        }
+                    }
                     continue;
                 }
             };
@@ -426,3 +434,4 @@ fn type_mismatch(fused: &Fused, have: &Port, want: &Port) -> Option<&'static str
     }
     (text(&have.ty) != text(&want.ty)).then_some("type mismatch")
 }
+

@@ -125,7 +125,10 @@ impl Parse for ClusterArg {
         if ident == "non_portable" {
             Ok(ClusterArg::NonPortable)
         } else {
-            Err(syn::Error::new_spanned(ident, "expected a cluster extent or `non_portable`, e.g. `cluster(4)` or `cluster(16, non_portable)`"))
+            Err(syn::Error::new_spanned(
+                &ident,
+                format!("`{ident}` is neither a cluster extent nor `non_portable`: extents are integer literals (checked at compile time), e.g. `cluster(4)` or `cluster(16, non_portable)`"),
+            ))
         }
     }
 }
@@ -173,6 +176,18 @@ pub(crate) fn plain_name(pat: &syn::Pat) -> Option<&syn::PatIdent> {
         syn::Pat::Ident(pat) if pat.by_ref.is_none() && pat.subpat.is_none() => Some(pat),
         _ => None,
     }
+}
+
+/// Every identifier in `tokens`, inside groups too.
+pub(crate) fn idents(tokens: TokenStream) -> Vec<Ident> {
+    tokens
+        .into_iter()
+        .flat_map(|tree| match tree {
+            proc_macro2::TokenTree::Ident(ident) => vec![ident],
+            proc_macro2::TokenTree::Group(group) => idents(group.stream()),
+            _ => Vec::new(),
+        })
+        .collect()
 }
 
 /// `ty` without the invisible group a `macro_rules!` `$t:ty` wraps it in, or parentheses.

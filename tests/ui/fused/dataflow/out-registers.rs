@@ -1,0 +1,23 @@
+// An `#[out]` parameter in registers: only shared arrays are `#[out]`.
+use clusterfuse::prelude::*;
+
+#[fused_kernel(grid = rows, block = 128)]
+pub mod k {
+    use clusterfuse::prelude::*;
+    #[stage(thread)]
+    fn fetch(x: Global<&[f32]>, #[out] v: Registers<f32>) {
+        let _ = (x, v);
+    }
+
+    #[stage(thread)]
+    fn store(v: Registers<f32>, out: Global<Out<f32>>) {
+        out.set(thread::global_index_x(), v);
+    }
+
+    pub fn kernel(x: &[f32], out: Out<f32>, rows: u32) {
+        let v = fetch(x);
+        store(v, out);
+    }
+}
+
+fn main() {}

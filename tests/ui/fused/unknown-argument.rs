@@ -1,0 +1,23 @@
+// A fused kernel argument that does not exist (`threads` for `block`).
+use clusterfuse::prelude::*;
+
+#[fused_kernel(grid = rows, threads = 128)]
+pub mod k {
+    use clusterfuse::prelude::*;
+    #[stage(thread)]
+    fn fetch(x: Global<&[f32]>) -> Registers<f32> {
+        x[thread::global_index_x()]
+    }
+
+    #[stage(thread)]
+    fn store(v: Registers<f32>, out: Global<Out<f32>>) {
+        out.set(thread::global_index_x(), v);
+    }
+
+    pub fn kernel(x: &[f32], out: Out<f32>, rows: u32) {
+        let v = fetch(x);
+        store(v, out);
+    }
+}
+
+fn main() {}
