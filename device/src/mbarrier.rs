@@ -30,9 +30,10 @@ impl Mbarrier {
     ///
     /// # Safety
     /// 1. Every thread of the block passes a barrier after this call and before the mbarrier
-    ///    is used by any thread but the block's thread 0 (which initialised it): a block barrier, or a cluster barrier when peers will signal it (its
-    ///    arrival may be relaxed: the init's `fence.mbarrier_init` releases it). An mbarrier
-    ///    used before its init is visible is undefined.
+    ///    is used by any thread but the block's thread 0 (which initialised it): a block
+    ///    barrier, or a cluster barrier when peers will signal it (its arrival may be relaxed:
+    ///    the init's `fence.mbarrier_init` releases it). An mbarrier used before its init is
+    ///    visible is undefined.
     /// 2. `slot[0]` holds nothing else while the mbarrier is in use.
     #[inline(always)]
     pub unsafe fn new(slot: SharedSlice<u64>, arrivals: u32) -> Self {

@@ -3,8 +3,8 @@
 //! and device-only Rust. Every broken rule is reported, not only the first.
 
 use super::ast::{eval, grid_names, size_of, text, Arg, Fused, Port, Scope, Space, Stage};
-use crate::kernel::ast::idents;
 use super::scan::{scan, Findings};
+use crate::kernel::ast::idents;
 use crate::kernel::valid::{self, Errors};
 use clusterfuse_device::limits::{MAX_SHARED_MEMORY_PER_BLOCK, MAX_STATIC_SHARED_MEMORY, MAX_THREADS_PER_BLOCK, WARP_SIZE};
 use proc_macro2::Span;
@@ -266,8 +266,8 @@ fn shared_budget(fused: &Fused, errors: &mut Errors) {
 /// A value flowing through the entry: a parameter or a stage's output.
 struct Value<'a> {
     port: &'a Port,
-    /// The stage and step that produced it; `None` for a kernel parameter.
-    producer: Option<(&'a Stage, usize)>,
+    /// The stage that produced it; `None` for a kernel parameter.
+    producer: Option<&'a Stage>,
     consumed: bool,
     /// For a kernel output: the stage that writes it.
     written_by: Option<&'a Ident>,
@@ -291,7 +291,7 @@ fn dataflow(fused: &Fused, errors: &mut Errors) {
     // Names bound by a statement that already has an error, and names used before their
     // statement: later errors about them would only repeat the first.
     let (mut failed, mut used_early) = (HashSet::new(), HashSet::new());
-    for (i, step) in entry.steps.iter().enumerate() {
+    for step in &entry.steps {
         let Some(stage) = fused.stage(&step.stage) else {
             failed.extend(step.binds.iter().map(Ident::to_string));
             let known: Vec<String> = fused.stages.iter().map(|s| format!("`{}`", s.name())).collect();
@@ -352,7 +352,7 @@ fn dataflow(fused: &Fused, errors: &mut Errors) {
             if port.space == Space::GlobalOut {
                 value.written_by = Some(stage.name());
             }
-            let producer = value.producer.map(|(s, _)| format!(" from stage `{}`", s.name())).unwrap_or_default();
+            let producer = value.producer.map(|s| format!(" from stage `{}`", s.name())).unwrap_or_default();
             let compatible = value.port.space == port.space || (value.port.space.is_shared() && port.space.is_shared());
             if !compatible {
                 errors.push(Error::new_spanned(
@@ -395,13 +395,13 @@ fn dataflow(fused: &Fused, errors: &mut Errors) {
                 continue;
             }
             let consumed = used_early.contains(&bind.to_string());
-            values.insert(bind.to_string(), Value { port, producer: Some((stage, i)), consumed, written_by: None });
+            values.insert(bind.to_string(), Value { port, producer: Some(stage), consumed, written_by: None });
         }
     }
     for step in &entry.steps {
         for bind in &step.binds {
             let Some(value) = values.get(&bind.to_string()) else { continue };
-            if let (false, Some((stage, _))) = (value.consumed, value.producer) {
+            if let (false, Some(stage)) = (value.consumed, value.producer) {
                 errors.push(Error::new_spanned(
                     bind,
                     format!("`{bind}`, produced by stage `{}`, is never consumed; pass it to a later stage or remove that output from `{}`", stage.name(), stage.name()),
@@ -434,4 +434,3 @@ fn type_mismatch(fused: &Fused, have: &Port, want: &Port) -> Option<&'static str
     }
     (text(&have.ty) != text(&want.ty)).then_some("type mismatch")
 }
-
