@@ -5,7 +5,7 @@
 
 use proc_macro2::TokenStream;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 use quote::quote;
 use syn::spanned::Spanned;
 use syn::parse::{Parse, ParseStream};
@@ -82,9 +82,9 @@ fn symbol_name(span: proc_macro2::Span) -> String {
 /// `.shared` arrays of one name are a PTX error. (The compiler loads the macro crate once per
 /// crate it compiles, and expands in a fixed order.)
 fn unique(name: String) -> String {
-    static GIVEN: Mutex<Option<HashMap<String, u32>>> = Mutex::new(None);
+    static GIVEN: LazyLock<Mutex<HashMap<String, u32>>> = LazyLock::new(Mutex::default);
     let mut given = GIVEN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let count = given.get_or_insert_with(HashMap::new).entry(name.clone()).or_insert(0);
+    let count = given.entry(name.clone()).or_insert(0);
     *count += 1;
     if *count == 1 { name } else { format!("{name}_{count}") }
 }

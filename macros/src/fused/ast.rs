@@ -2,7 +2,7 @@
 //! scopes and typed ports, and the entry's dataflow of stage calls. Spans are kept for
 //! diagnostics; only syntax errors stop the parse.
 
-use crate::kernel::ast::{classify, parse_cluster, parse_launch_bounds, plain_name, Cluster, LaunchBounds, ParamKind, Spanned};
+use crate::kernel::ast::{classify, parse_cluster, parse_launch_bounds, plain_name, ungrouped, Cluster, LaunchBounds, ParamKind, Spanned};
 use proc_macro2::{Span, TokenStream};
 use quote::ToTokens;
 use std::collections::HashMap;
@@ -312,7 +312,7 @@ fn is_stage(attr: &syn::Attribute) -> bool {
 
 /// `Marker<Inner>` for the four memory-space markers.
 fn marker(ty: &Type) -> Option<(String, Type)> {
-    let Type::Path(path) = crate::kernel::ast::ungrouped(ty) else { return None };
+    let Type::Path(path) = ungrouped(ty) else { return None };
     let last = path.path.segments.last()?;
     let name = last.ident.to_string();
     if !matches!(name.as_str(), "Registers" | "Shared" | "Dsmem" | "Global") {
@@ -320,7 +320,7 @@ fn marker(ty: &Type) -> Option<(String, Type)> {
     }
     let syn::PathArguments::AngleBracketed(args) = &last.arguments else { return None };
     match args.args.first()? {
-        syn::GenericArgument::Type(inner) if args.args.len() == 1 => Some((name, crate::kernel::ast::ungrouped(inner).clone())),
+        syn::GenericArgument::Type(inner) if args.args.len() == 1 => Some((name, ungrouped(inner).clone())),
         _ => None,
     }
 }
@@ -404,7 +404,7 @@ pub fn eval(expr: &Expr, consts: &HashMap<String, u64>) -> Option<u64> {
 
 /// Bytes of `ty` when it is a primitive or an array of them with a known length.
 pub fn size_of(ty: &Type, consts: &HashMap<String, u64>) -> Option<u64> {
-    match crate::kernel::ast::ungrouped(ty) {
+    match ungrouped(ty) {
         Type::Array(array) => size_of(&array.elem, consts)?.checked_mul(eval(&array.len, consts)?),
         Type::Path(p) => match p.path.get_ident()?.to_string().as_str() {
             "u8" | "i8" | "bool" => Some(1),

@@ -1,7 +1,7 @@
 //! The parsed model of a `#[kernel]`: its attribute arguments and parameters, with the
 //! user's spans kept for diagnostics.
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Span, TokenStream, TokenTree};
 use syn::parse::{Parse, ParseStream};
 use syn::punctuated::Punctuated;
 use syn::spanned::Spanned as _;
@@ -183,8 +183,8 @@ pub(crate) fn idents(tokens: TokenStream) -> Vec<Ident> {
     tokens
         .into_iter()
         .flat_map(|tree| match tree {
-            proc_macro2::TokenTree::Ident(ident) => vec![ident],
-            proc_macro2::TokenTree::Group(group) => idents(group.stream()),
+            TokenTree::Ident(ident) => vec![ident],
+            TokenTree::Group(group) => idents(group.stream()),
             _ => Vec::new(),
         })
         .collect()
