@@ -2,7 +2,7 @@
 //! scopes and typed ports, and the entry's dataflow of stage calls. Spans are kept for
 //! diagnostics; only syntax errors stop the parse.
 
-use crate::kernel::ast::{classify, parse_cluster, parse_launch_bounds, plain_name, ungrouped, Cluster, LaunchBounds, ParamKind, Spanned};
+use crate::kernel::ast::{classify, parse_cluster, named_param, parse_launch_bounds, ungrouped, Cluster, LaunchBounds, ParamKind, Spanned};
 use proc_macro2::{Span, TokenStream};
 use quote::ToTokens;
 use std::collections::HashMap;
@@ -223,24 +223,22 @@ impl Stage {
             }
         };
         let (mut inputs, mut outputs) = (Vec::new(), Vec::new());
-        for input in item.sig.inputs.iter_mut() {
-            let FnArg::Typed(typed) = input else {
-                return Err(syn::Error::new_spanned(input, "a stage cannot take `self`; make it a free function"));
-            };
-            let Some(pat) = plain_name(&typed.pat) else {
-                return Err(syn::Error::new_spanned(&typed.pat, "stage parameters must be plain names, e.g. `row: Shared<[f32; 1024]>`"));
-            };
-            let out = typed.attrs.iter().position(|a| a.path().is_ident("out"));
+        for input in &item.sig.inputs {
+            let (typed, pat) = named_param(input, "stage", "row: Shared<[f32; 1024]>")?;
             let mut port = Port::marked(pat.ident.clone(), &typed.ty);
-            match out {
-                Some(i) => {
-                    typed.attrs.remove(i);
-                    if !port.space.is_shared() {
-                        port.invalid = Some("only `Shared<[T; N]>` and `Dsmem<[T; N]>` are `#[out]` parameters (the kernel allocates them); return registers, and write global outputs through `Global<Out<T>>` inputs");
-                    }
-                    outputs.push(port);
+            if typed.attrs.iter().any(is_out) {
+                if !port.space.is_shared() {
+                    port.invalid = Some("only `Shared<[T; N]>` and `Dsmem<[T; N]>` are `#[out]` parameters (the kernel allocates them); return registers, and write global outputs through `Global<Out<T>>` inputs");
                 }
-                None => inputs.push(port),
+                outputs.push(port);
+            } else {
+                inputs.push(port);
+            }
+        }
+        // `#[out]` is the macro's own: the stage function keeps its parameters' other attributes.
+        for input in &mut item.sig.inputs {
+            if let FnArg::Typed(typed) = input {
+                typed.attrs.retain(|attr| !is_out(attr));
             }
         }
         if let syn::ReturnType::Type(_, ty) = &item.sig.output {
@@ -310,6 +308,11 @@ fn is_stage(attr: &syn::Attribute) -> bool {
     attr.path().segments.last().is_some_and(|segment| segment.ident == "stage")
 }
 
+/// `#[out]`, on a stage parameter the stage writes.
+fn is_out(attr: &syn::Attribute) -> bool {
+    attr.path().is_ident("out")
+}
+
 /// `Marker<Inner>` for the four memory-space markers.
 fn marker(ty: &Type) -> Option<(String, Type)> {
     let Type::Path(path) = ungrouped(ty) else { return None };
@@ -329,12 +332,7 @@ impl Entry {
     fn parse(item: ItemFn) -> syn::Result<Self> {
         let mut params = Vec::new();
         for input in &item.sig.inputs {
-            let FnArg::Typed(typed) = input else {
-                return Err(syn::Error::new_spanned(input, "a kernel cannot take `self`; make it a free function"));
-            };
-            let Some(pat) = plain_name(&typed.pat) else {
-                return Err(syn::Error::new_spanned(&typed.pat, "kernel parameters must be plain names, e.g. `x: &[f32]`"));
-            };
+            let (typed, pat) = named_param(input, "kernel", "x: &[f32]")?;
             params.push(Port::entry(pat.ident.clone(), &typed.ty));
         }
         let (mut steps, mut strays) = (Vec::new(), Vec::new());

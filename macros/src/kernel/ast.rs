@@ -156,12 +156,7 @@ pub(crate) fn parse_cluster(content: ParseStream, span: Span) -> syn::Result<Clu
 fn parse_params(item: &ItemFn) -> syn::Result<Vec<Param>> {
     let mut params = Vec::new();
     for input in &item.sig.inputs {
-        let syn::FnArg::Typed(typed) = input else {
-            return Err(syn::Error::new_spanned(input, "a kernel cannot take `self`; make it a free function"));
-        };
-        let Some(pat) = plain_name(&typed.pat) else {
-            return Err(syn::Error::new_spanned(&typed.pat, "kernel parameters must be plain names (`mut` allowed), e.g. `x: &[f32]`"));
-        };
+        let (typed, pat) = named_param(input, "kernel", "x: &[f32]")?;
         let ty = (*typed.ty).clone();
         let kind = classify(&ty);
         params.push(Param { ident: pat.ident.clone(), mutability: pat.mutability, ty, kind });
@@ -169,12 +164,15 @@ fn parse_params(item: &ItemFn) -> syn::Result<Vec<Param>> {
     Ok(params)
 }
 
-/// The parameter pattern `pat` as a plain name (`x` or `mut x`), or `None` for a pattern, a
-/// `ref` binding or `x @ ..`.
-pub(crate) fn plain_name(pat: &syn::Pat) -> Option<&syn::PatIdent> {
-    match pat {
-        syn::Pat::Ident(pat) if pat.by_ref.is_none() && pat.subpat.is_none() => Some(pat),
-        _ => None,
+/// `input`, a parameter of a `what` (a kernel, a stage), with its name: plain (`x` or `mut x`),
+/// not `self`, a pattern, a `ref` binding or `x @ ..`. The error shows `example`.
+pub(crate) fn named_param<'a>(input: &'a syn::FnArg, what: &str, example: &str) -> syn::Result<(&'a syn::PatType, &'a syn::PatIdent)> {
+    let syn::FnArg::Typed(typed) = input else {
+        return Err(syn::Error::new_spanned(input, format!("a {what} cannot take `self`; make it a free function")));
+    };
+    match &*typed.pat {
+        syn::Pat::Ident(pat) if pat.by_ref.is_none() && pat.subpat.is_none() => Ok((typed, pat)),
+        pat => Err(syn::Error::new_spanned(pat, format!("{what} parameters must be plain names (`mut` allowed), e.g. `{example}`"))),
     }
 }
 
