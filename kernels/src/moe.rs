@@ -768,6 +768,9 @@ fn gate_up<const NT: usize>(
         arch::trap();
     }
     let mut smem = shared::dynamic();
+    // Launched programmatically after the previous step's down kernel: nothing read or
+    // written before this but the block's own shared memory.
+    grid::wait_for_prerequisites();
     let (dispatch, ids, gates) = route(&mut smem, x, router, tokens, k, renormalize, 8 * NT, timeline);
     dispatch.hand_over(ids, gates, routing, pair_gate, top_ids, top_gates);
     stamp(timeline, 2);
@@ -971,6 +974,8 @@ fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>
     let total = smem.take::<f32>(ROWS * tokens);
     let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
     dispatch.receive(routing, pair_gate, group);
+    // The gate/up kernel it waited for has completed: the next step's may start beside it.
+    grid::launch_dependents();
     stamp(timeline, 2);
 
     let steps = ffn / STEP;
@@ -1172,6 +1177,10 @@ fn gate_up_tokens(
     // SAFETY: fresh shared memory; the routing's block barriers, or the one below where a
     // block does not route, come before the pipeline's first use.
     let pipeline = unsafe { Pipeline::<GATE_UP_TOKENS_STAGES>::new(smem.take::<u64>(2 * GATE_UP_TOKENS_STAGES), 1) };
+    // Launched programmatically after the previous step's down kernel: before this, the
+    // block's shared memory only (and `gate_table`'s epoch, which that kernel's own wait
+    // ordered after the previous gate/up kernel's retirement).
+    grid::wait_for_prerequisites();
     // The tokens this block's cluster routes: every one (tokens schedule), or dense, group
     // `i` of `ROUTER_TOKENS` in cluster `i`, while the other clusters stream at once.
     let own = if dense { cluster_index * ROUTER_TOKENS..((cluster_index + 1) * ROUTER_TOKENS).min(tokens) } else { 0..tokens };
@@ -1365,6 +1374,8 @@ fn down_tokens(h: &Out<bf16>, h_map: &[u64], routing: &Out<u32>, pair_gate: &Out
         dispatch.receive(routing, pair_gate, MAX_TOKENS);
         Some(dispatch)
     };
+    // The gate/up kernel it waited for has completed: the next step's may start beside it.
+    grid::launch_dependents();
     stamp(timeline, 2);
 
     const STEPS: usize = DOWN_STAGE_STEPS;

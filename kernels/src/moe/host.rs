@@ -243,6 +243,11 @@ pub struct Buffers {
     maps: Maps,
     /// The two kernels' timelines ([`TIMELINE_POINTS`] a block; one value: off).
     timelines: [Buffer<u64>; 2],
+    /// The last launch on these buffers was the down kernel's. Only then may a gate/up
+    /// launch overlap what runs before it: the gate/up kernel reads `gate_table`'s epoch
+    /// before it waits, and a down kernel lets its dependents start only once the gate/up
+    /// kernel before it (which advances that epoch as it ends) has completed.
+    after_down: bool,
 }
 
 /// The tokens schedule's tensor maps: `x` and `h_tokens` in boxes of 64 rows (every
@@ -335,6 +340,7 @@ impl Buffers {
             gate_table,
             maps,
             timelines: [gpu.upload(&[0u64])?, gpu.upload(&[0u64])?],
+            after_down: false,
         })
     }
 
@@ -360,6 +366,8 @@ impl Buffers {
     pub fn record_timeline(&mut self, gpu: &Gpu, plan: &Plan) -> Result<()> {
         let stamps = |config: &LaunchConfig| vec![0u64; config.grid.x as usize * TIMELINE_POINTS];
         self.timelines = [gpu.upload(&stamps(&plan.gate_up))?, gpu.upload(&stamps(&plan.down))?];
+        // The timeline's origin is the first gate/up block's start: in stream order.
+        self.after_down = false;
         Ok(())
     }
 
@@ -574,8 +582,9 @@ pub fn multiprocessors(gpu: &Gpu) -> Result<usize> {
 }
 
 /// The launches of `layer` at `tokens` tokens on the [`schedule`] it takes, gate/up in
-/// clusters of [`gate_up_cluster`] blocks, the down kernel launched programmatically with
-/// `programmatic`.
+/// clusters of [`gate_up_cluster`] blocks; with `programmatic`, the down kernel launched
+/// programmatically after the gate/up kernel, and the gate/up kernel after the previous
+/// step's down kernel (its blocks start on the SMs that kernel's last blocks leave).
 pub fn plan(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, programmatic: bool) -> Result<Plan> {
     let schedule = schedule(&layer, tokens, multiprocessors(gpu)?);
     plan_schedule(kernels, gpu, layer, tokens, gate_up_cluster(kernels, gpu, layer, tokens, schedule)?, programmatic, schedule)
@@ -654,6 +663,7 @@ pub fn plan_schedule(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, 
         }
     };
     let (mut gate_up, resident) = gate_up_launch(kernels, gpu, &layer, tokens, cluster, schedule)?;
+    gate_up.programmatic = programmatic;
     // Dense: a cluster for each group of tokens to route.
     let wanted = gate_up_blocks(&layer, tokens, schedule).max(if schedule == Schedule::Dense { tokens.div_ceil(ROUTER_TOKENS) * c } else { 0 });
     gate_up.grid = ((wanted as u64).min(resident).max(1).div_ceil(c as u64) as u32 * cluster).into();
@@ -697,12 +707,15 @@ pub fn step(kernels: &Kernels, stream: &Stream, b: &mut Buffers, plan: &Plan) ->
     down(kernels, stream, b, plan)
 }
 
-/// The first launch alone: routing, gate and up projections.
+/// The first launch alone: routing, gate and up projections — programmatic as `plan` says
+/// where the last launch on `b` was [`down`]'s, else in stream order.
 pub fn gate_up(kernels: &Kernels, stream: &Stream, b: &mut Buffers, plan: &Plan) -> Result<()> {
     let (k, renormalize) = (b.layer.top_k as u32, u32::from(b.layer.renormalize));
+    let config = LaunchConfig { programmatic: plan.gate_up.programmatic && b.after_down, ..plan.gate_up };
+    b.after_down = false;
     macro_rules! launch {
         ($kernel:expr) => {
-            $kernel.launch(stream, &plan.gate_up, &b.x, &b.router, &b.w_gate, &b.w_up, &mut b.h, &mut b.routing, &mut b.pair_gate, &mut b.top_ids, &mut b.top_gates, k, renormalize, &mut b.timelines[0])
+            $kernel.launch(stream, &config, &b.x, &b.router, &b.w_gate, &b.w_up, &mut b.h, &mut b.routing, &mut b.pair_gate, &mut b.top_ids, &mut b.top_gates, k, renormalize, &mut b.timelines[0])
         };
     }
     match plan.schedule {
@@ -713,7 +726,7 @@ pub fn gate_up(kernels: &Kernels, stream: &Stream, b: &mut Buffers, plan: &Plan)
             let m = &b.maps;
             kernels.gate_up_tokens.launch(
                 stream,
-                &plan.gate_up,
+                &config,
                 &b.x,
                 m.x.words(),
                 &b.router,
@@ -753,5 +766,7 @@ pub fn down(kernels: &Kernels, stream: &Stream, b: &mut Buffers, plan: &Plan) ->
             let dense = u32::from(plan.schedule == Schedule::Dense);
             kernels.down_tokens.launch(stream, &plan.down, &mut b.h_tokens, m.h_tokens.words(), &mut b.routing, &mut b.pair_gate, &b.w_down, m.w_down.words(), &mut b.out, k, dense, &mut b.timelines[1])
         }
-    }
+    }?;
+    b.after_down = true;
+    Ok(())
 }
