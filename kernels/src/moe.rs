@@ -768,9 +768,6 @@ fn gate_up<const NT: usize>(
         arch::trap();
     }
     let mut smem = shared::dynamic();
-    // Launched programmatically after the previous step's down kernel: nothing read or
-    // written before this but the block's own shared memory.
-    grid::wait_for_prerequisites();
     let (dispatch, ids, gates) = route(&mut smem, x, router, tokens, k, renormalize, 8 * NT, timeline);
     dispatch.hand_over(ids, gates, routing, pair_gate, top_ids, top_gates);
     stamp(timeline, 2);
@@ -974,8 +971,6 @@ fn down<const NT: usize>(h: &Out<bf16>, routing: &Out<u32>, pair_gate: &Out<f32>
     let total = smem.take::<f32>(ROWS * tokens);
     let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
     dispatch.receive(routing, pair_gate, group);
-    // The gate/up kernel it waited for has completed: the next step's may start beside it.
-    grid::launch_dependents();
     stamp(timeline, 2);
 
     let steps = ffn / STEP;

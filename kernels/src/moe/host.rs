@@ -583,8 +583,8 @@ pub fn multiprocessors(gpu: &Gpu) -> Result<usize> {
 
 /// The launches of `layer` at `tokens` tokens on the [`schedule`] it takes, gate/up in
 /// clusters of [`gate_up_cluster`] blocks; with `programmatic`, the down kernel launched
-/// programmatically after the gate/up kernel, and the gate/up kernel after the previous
-/// step's down kernel (its blocks start on the SMs that kernel's last blocks leave).
+/// programmatically after the gate/up kernel, and on the tokens schedule the gate/up kernel
+/// after the previous step's down kernel (its blocks start on the SMs that kernel leaves).
 pub fn plan(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, programmatic: bool) -> Result<Plan> {
     let schedule = schedule(&layer, tokens, multiprocessors(gpu)?);
     plan_schedule(kernels, gpu, layer, tokens, gate_up_cluster(kernels, gpu, layer, tokens, schedule)?, programmatic, schedule)
@@ -663,7 +663,12 @@ pub fn plan_schedule(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, 
         }
     };
     let (mut gate_up, resident) = gate_up_launch(kernels, gpu, &layer, tokens, cluster, schedule)?;
-    gate_up.programmatic = programmatic;
+    // The tokens schedule's gate/up kernel after the previous step's down kernel as well:
+    // measured on an H100 (results/moe-h200.md, session 43), it took 1.1-1.9 µs off the
+    // 1-token DeepSeek step (67.2 µs against 68.3-69.1 in a CUDA graph) and left 8 tokens
+    // level; on the pairs schedule it slowed that step's two plain launches by 12% (81.4
+    // µs against 72.4), and the dense one was not measured: both keep stream order.
+    gate_up.programmatic = programmatic && schedule == Schedule::Tokens;
     // Dense: a cluster for each group of tokens to route.
     let wanted = gate_up_blocks(&layer, tokens, schedule).max(if schedule == Schedule::Dense { tokens.div_ceil(ROUTER_TOKENS) * c } else { 0 });
     gate_up.grid = ((wanted as u64).min(resident).max(1).div_ceil(c as u64) as u32 * cluster).into();
