@@ -56,6 +56,22 @@ fn steps_that_fill_every_sm_route_in_clusters_of_2_the_others_in_clusters_of_4()
 }
 
 #[test]
+fn only_the_tokens_schedule_starts_gate_up_beside_the_previous_down_kernel() {
+    let gpu = Gpu::emulator();
+    let kernels = Kernels::load(&gpu).unwrap();
+    let (mixtral, deepseek) = (Layer::MIXTRAL_8X7B, Layer::DEEPSEEK_V2_LITE);
+    // Pairs (Mixtral 1, 8), tokens (DeepSeek 1, 8), dense (both at 64).
+    for (layer, tokens) in [(mixtral, 1), (mixtral, 8), (mixtral, 64), (deepseek, 1), (deepseek, 8), (deepseek, 64)] {
+        for programmatic in [true, false] {
+            let plan = plan(&kernels, &gpu, layer, tokens, programmatic).unwrap_or_else(|e| panic!("{layer:?} at {tokens} tokens: {e}"));
+            let expected = programmatic && plan.schedule == Schedule::Tokens;
+            assert_eq!(plan.gate_up.programmatic, expected, "{layer:?} at {tokens} tokens, {:?}", plan.schedule);
+            assert_eq!(plan.down.programmatic, programmatic, "{layer:?} at {tokens} tokens");
+        }
+    }
+}
+
+#[test]
 fn unsupported_layers_are_refused_with_the_reason() {
     let refused = |layer: Layer, tokens: usize, cluster: u32| match layer.check(tokens, cluster) {
         Err(Error::UnsupportedShape { reason, .. }) => reason,
