@@ -1172,9 +1172,9 @@ fn gate_up_tokens(
     // SAFETY: fresh shared memory; the routing's block barriers, or the one below where a
     // block does not route, come before the pipeline's first use.
     let pipeline = unsafe { Pipeline::<GATE_UP_TOKENS_STAGES>::new(smem.take::<u64>(2 * GATE_UP_TOKENS_STAGES), 1) };
-    // Launched programmatically after the previous step's down kernel: before this, the
-    // block's shared memory only (and `gate_table`'s epoch, which that kernel's own wait
-    // ordered after the previous gate/up kernel's retirement).
+    // On the tokens schedule, launched programmatically after the previous step's down
+    // kernel: before this, the block's shared memory only (and `gate_table`'s epoch, which
+    // that kernel's own wait ordered after the previous gate/up kernel's retirement).
     grid::wait_for_prerequisites();
     // The tokens this block's cluster routes: every one (tokens schedule), or dense, group
     // `i` of `ROUTER_TOKENS` in cluster `i`, while the other clusters stream at once.
@@ -1369,7 +1369,7 @@ fn down_tokens(h: &Out<bf16>, h_map: &[u64], routing: &Out<u32>, pair_gate: &Out
         dispatch.receive(routing, pair_gate, MAX_TOKENS);
         Some(dispatch)
     };
-    // The gate/up kernel it waited for has completed: the next step's may start beside it.
+    // The gate/up kernel it waited for has completed: the tokens schedule's next may start.
     grid::launch_dependents();
     stamp(timeline, 2);
 
