@@ -20,7 +20,7 @@ from pathlib import Path
 try:
     import torch
     import torch.nn.functional as F
-    from torchbench import graphed, kernels, rel, rope, rotate_half, time_us
+    from torchbench import copy_bandwidth, graphed, kernels, rel, rope, rotate_half, time_us
 except ImportError as err:
     print(f"SKIPPED (decode-torch needs PyTorch: {err})")
     sys.exit(0)
@@ -28,7 +28,6 @@ except ImportError as err:
 HIDDEN, HEADS, HEAD_DIM = 4096, 32, 128
 LENGTHS = [1024, 4096, 16384]
 EPS, THETA = 1e-5, 10000.0
-PEAK = 4.3e12
 STEPS, WARMUP, REPS = 20, 5, 50
 TOLERANCE = 2e-3
 
@@ -51,7 +50,8 @@ def block(x, norm_w, w_qkv, w_o, k_cache, v_cache, cos, sin, pos: int):
 
 def bench():
     dev = torch.device("cuda")
-    print(f"{torch.cuda.get_device_name()} — PyTorch {torch.__version__}, Llama-2-7B decode attention block (hidden {HIDDEN}, {HEADS} heads × {HEAD_DIM}, fp16, batch 1); median of {REPS} passes of {STEPS} steps (CUDA events), µs per step; roofline = bytes / {PEAK / 1e12:.1f} TB/s", flush=True)
+    bandwidth = copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()} — PyTorch {torch.__version__}, Llama-2-7B decode attention block (hidden {HIDDEN}, {HEADS} heads × {HEAD_DIM}, fp16, batch 1); median of {REPS} passes of {STEPS} steps (CUDA events), µs per step; roofline = bytes / {bandwidth / 1e12:.2f} TB/s (measured copy bandwidth)", flush=True)
     torch._dynamo.config.cache_size_limit = 64  # one graph per position
     compiled = torch.compile(block)
     max_len = max(LENGTHS)
@@ -66,7 +66,7 @@ def bench():
         cos, sin = rope(pos, HEAD_DIM, THETA, torch.float16, dev)
         args = (x, norm_w, w_qkv, w_o, k_cache, v_cache, cos, sin, pos)
         nbytes = (4 * HIDDEN * HIDDEN + HIDDEN) * 2 + 2 * HEADS * length * HEAD_DIM * 2 + 2 * HIDDEN * 2
-        roofline = nbytes / PEAK * 1e6
+        roofline = nbytes / bandwidth * 1e6
         eager_out = block(*args)
         variants = [("torch eager", lambda: block(*args)), ("torch.compile", lambda: compiled(*args))]
         variants.append(("torch eager + CUDA graph", graphed(lambda: block(*args))))

@@ -32,7 +32,7 @@ try:
     import numpy as np
     import torch
     import torch.nn.functional as F
-    from torchbench import graphed, kernels, rel, time_us
+    from torchbench import copy_bandwidth, graphed, kernels, rel, time_us
 except ImportError as err:
     print(f"SKIPPED (moe-torch needs PyTorch: {err})")
     sys.exit(0)
@@ -88,13 +88,6 @@ def moe_gathered(x, w, top_k, renormalize):
     h = F.silu(xs @ w["w_gate"][flat].transpose(1, 2)) * (xs @ w["w_up"][flat].transpose(1, 2))
     y = (h @ w["w_down"][flat].transpose(1, 2)).view(x.shape[0], top_k, -1)
     return (y * gates[..., None]).sum(dim=1)
-
-
-def copy_bandwidth():
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    us = time_us([lambda: dst.copy_(src)], 5, 20, lead_in=False)
-    return 2 * src.numel() / (us * 1e-6)
 
 
 def random_layer(cfg, tokens, gen):

@@ -1,5 +1,6 @@
-"""What the PyTorch benchmark scripts share: CUDA-event timing, kernel counting, CUDA-graph
-capture, relative errors, and the rotate-half RoPE of both Llama decode scripts."""
+"""What the PyTorch benchmark scripts share: CUDA-event timing, the copy bandwidth their
+rooflines divide by, kernel counting, CUDA-graph capture, relative errors, and the rotate-half
+RoPE of both Llama decode scripts."""
 
 import torch
 
@@ -26,6 +27,17 @@ def time_us(calls, warmup, reps, lead_in=True):
             samples.append(start.elapsed_time(end) * 1e3 / len(calls))
     samples.sort()
     return samples[len(samples) // 2]
+
+
+
+def copy_bandwidth():
+    """The card's device-to-device copy bandwidth, bytes read + written per second (1 GiB, the
+    median of 20 copies after 5), as `copy_bandwidth` in examples/src/check.rs measures it: the
+    rooflines' rate, the card's own rather than a datasheet's."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    us = time_us([lambda: dst.copy_(src)], 5, 20, lead_in=False)
+    return 2 * src.numel() / (us * 1e-6)
 
 
 def kernels(fn):

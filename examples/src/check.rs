@@ -102,6 +102,18 @@ pub fn planned_layout(gpu: &Gpu, emulator_sms: usize) -> Result<clusterfuse_kern
     if emulator_shapes(gpu) { Ok(SmLayout::uniform(emulator_sms)) } else { SmLayout::planned(gpu, emulator_sms) }
 }
 
+/// The device-to-device copy bandwidth of `gpu`'s card, bytes read + written per second
+/// (`cuMemcpyDtoD` of 1 GiB, the median of 20 copies after 5): a benchmark's roofline is its
+/// bytes over this rate of the card it runs on, not a datasheet's.
+pub fn copy_bandwidth(gpu: &Gpu) -> std::result::Result<f64, Box<dyn std::error::Error>> {
+    const BYTES: usize = 1 << 30;
+    let stream = gpu.stream().cuda().ok_or("the copy bandwidth needs a GPU")?;
+    let src = stream.alloc_zeros::<u8>(BYTES)?;
+    let mut dst = stream.alloc_zeros::<u8>(BYTES)?;
+    let us = median_latency_us(gpu, (5, 20), || -> std::result::Result<(), Box<dyn std::error::Error>> { Ok(stream.memcpy_dtod(&src, &mut dst)?) })?;
+    Ok(2.0 * BYTES as f64 / (us * 1e-6))
+}
+
 /// The median of `samples` (the upper one of an even count), for benchmarks.
 pub fn median<T: Copy + PartialOrd>(mut samples: Vec<T>) -> T {
     samples.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));

@@ -18,7 +18,8 @@
 //! pass of 20 back-to-back steps, the median of 50 passes after 5 warm-up passes, µs per
 //! step. Weights (134 MB) plus caches exceed the 60 MB L2 at every length, so one set of
 //! buffers is used: each step reads them from HBM. Roofline = bytes that must move (weights,
-//! every sequence's cache tokens 0..pos, the new k/v, x and out) / 4.3 TB/s.
+//! every sequence's cache tokens 0..pos, the new k/v, x and out) / the card's copy bandwidth,
+//! measured first (`check::copy_bandwidth`).
 //!
 //! `--dump DIR` also writes the L = 1024 inputs and the fused f16 batch-1 results as raw
 //! little-endian files for `scripts/decode-torch.py --check DIR`, and the same inputs with the
@@ -28,7 +29,7 @@
 
 use clusterfuse::host::{Gpu, Stream};
 use clusterfuse::{bf16, f16};
-use clusterfuse_examples::check::{gpu_or_skip, median_us_per_call, print_rows, with_rng, Report};
+use clusterfuse_examples::check::{copy_bandwidth, gpu_or_skip, median_us_per_call, print_rows, with_rng, Report};
 use rand::Rng;
 use clusterfuse_kernels::decode::host::{attend_config, attention_config, fused, o_proj_config, persistent_config, persistent_phases, qkv_rope_config, spread, Buffers, DecodeType, Separate, Step};
 use clusterfuse_kernels::decode::{EPS, HEAD_DIM, THETA};
@@ -40,7 +41,6 @@ const LENGTHS: [usize; 3] = [1024, 4096, 16384];
 const CLUSTERS: [u32; 2] = [4, 8];
 const SEPARATE_CLUSTER: u32 = 8;
 const BATCH: usize = 8;
-const PEAK_BYTES_PER_S: f64 = 4.3e12;
 const STEPS_PER_PASS: usize = 20;
 const WARMUP: usize = 5;
 const REPS: usize = 50;
@@ -58,6 +58,8 @@ fn bytes<T>(step: &Step<T>) -> f64 {
 /// One table row: a variant of one type at one length.
 struct Row<'a, T: DecodeType> {
     gpu: &'a Gpu,
+    /// The card's copy bandwidth, bytes per second: the roofline's rate.
+    bandwidth: f64,
     step: &'a Step<T>,
     expected: &'a [f64],
     label: String,
@@ -71,7 +73,7 @@ impl<T: DecodeType> Row<'_, T> {
     /// table row with the first run's results, or a FAIL row.
     fn measure(&self, mut launch: impl FnMut(&Stream, &mut Buffers<T>) -> clusterfuse::host::Result<()>) -> Result<(String, Option<Vec<f32>>)> {
         let (gpu, step, len) = (self.gpu, self.step, self.step.positions[0] + 1);
-        let roofline_us = bytes(step) / PEAK_BYTES_PER_S * 1e6;
+        let roofline_us = bytes(step) / self.bandwidth * 1e6;
         // Fresh buffers: a step rewrites the cache at `pos`, which a longer L reads.
         let mut b = Buffers::upload(gpu, step)?;
         launch(gpu.stream(), &mut b)?;
@@ -151,7 +153,7 @@ fn spread_variant<T: DecodeType>() -> (&'static str, u32, Launch<T>) {
 /// programmatically. Returns the first row's results.
 #[allow(clippy::too_many_arguments)]
 fn variant_rows<T: DecodeType>(
-    gpu: &Gpu,
+    (gpu, bandwidth): (&Gpu, f64),
     kernels: &T::Kernels,
     (variant, launches, launch): (&str, u32, Launch<T>),
     step: &Step<T>,
@@ -172,7 +174,7 @@ fn variant_rows<T: DecodeType>(
                     (true, true) => ", PDL, CUDA graph",
                 };
                 let label = format!("clusterfuse {variant} (cluster {cluster}{how}), {}, batch {}", T::NAME, step.batch());
-                let row = Row { gpu, step, expected, label, kernels: launches, graph };
+                let row = Row { gpu, bandwidth, step, expected, label, kernels: launches, graph };
                 let (line, results) = row.measure(|s, b| launch(kernels, s, b, cluster, programmatic))?;
                 rows.push(line);
                 first_results = first_results.or(results);
@@ -184,13 +186,13 @@ fn variant_rows<T: DecodeType>(
 
 /// Rows of the persistent block of `T` (one launch, batch 1) at `step`'s length, one per
 /// cluster size in `clusters`, launched and replayed from a CUDA graph of one step.
-fn persistent_rows<T: DecodeType>(gpu: &Gpu, kernels: &T::Kernels, step: &Step<T>, expected: &[f64], clusters: &[u32], rows: &mut Vec<String>) -> Result<()> {
+fn persistent_rows<T: DecodeType>((gpu, bandwidth): (&Gpu, f64), kernels: &T::Kernels, step: &Step<T>, expected: &[f64], clusters: &[u32], rows: &mut Vec<String>) -> Result<()> {
     for &cluster in clusters {
         let config = persistent_config::<T>(kernels, gpu, step.hidden, cluster)?;
         for graph in [false, true] {
             let how = if graph { ", CUDA graph" } else { "" };
             let label = format!("clusterfuse persistent ({} blocks in clusters of {cluster}{how}), {}, batch 1", config.grid.x, T::NAME);
-            let row = Row { gpu, step, expected, label, kernels: 1, graph };
+            let row = Row { gpu, bandwidth, step, expected, label, kernels: 1, graph };
             rows.push(row.measure(|s, b| T::persistent(kernels, s, b, &config))?.0);
         }
         // One more launch with the timeline on: where the time goes.
@@ -227,6 +229,8 @@ fn main() -> Result<()> {
     }
     let (q, a) = (qkv_rope_config(HIDDEN), attend_config(HIDDEN, CLUSTERS[0], true));
     eprintln!("spread 1/3: {} blocks of {}, {} B dynamic shared memory a block; spread 2/3: {} blocks in clusters of {}", q.grid.x, q.block.x, q.dynamic_smem_bytes, a.grid.x, CLUSTERS[0]);
+    let bandwidth = copy_bandwidth(&gpu)?;
+    let card = (&gpu, bandwidth);
     let max_len = LENGTHS[LENGTHS.len() - 1];
     eprintln!("generating weights and {max_len}-token caches (f16 batch 1 and {BATCH}, bf16 batch 1) ...");
     let seed = || -> u64 { with_rng(|rng| rng.random()) };
@@ -238,11 +242,11 @@ fn main() -> Result<()> {
         eprintln!("L = {len}: f64 references and runs ...");
         f16_step.set_positions(&[len - 1]);
         let expected = f16_step.reference().all();
-        let first = variant_rows(&gpu, &f16_kernels, fused_variant(), &f16_step, &expected, &CLUSTERS[..1], true, true, &mut rows)?;
-        variant_rows(&gpu, &f16_kernels, fused_variant(), &f16_step, &expected, &CLUSTERS[1..], false, false, &mut rows)?;
-        persistent_rows(&gpu, &f16_kernels, &f16_step, &expected, &CLUSTERS, &mut rows)?;
-        let spread_first = variant_rows(&gpu, &f16_kernels, spread_variant(), &f16_step, &expected, &CLUSTERS[..1], true, true, &mut rows)?;
-        variant_rows(&gpu, &f16_kernels, spread_variant(), &f16_step, &expected, &CLUSTERS[1..], false, true, &mut rows)?;
+        let first = variant_rows(card, &f16_kernels, fused_variant(), &f16_step, &expected, &CLUSTERS[..1], true, true, &mut rows)?;
+        variant_rows(card, &f16_kernels, fused_variant(), &f16_step, &expected, &CLUSTERS[1..], false, false, &mut rows)?;
+        persistent_rows(card, &f16_kernels, &f16_step, &expected, &CLUSTERS, &mut rows)?;
+        let spread_first = variant_rows(card, &f16_kernels, spread_variant(), &f16_step, &expected, &CLUSTERS[..1], true, true, &mut rows)?;
+        variant_rows(card, &f16_kernels, spread_variant(), &f16_step, &expected, &CLUSTERS[1..], false, true, &mut rows)?;
         if let (Some(dir), 1024) = (&dump_dir, len) {
             for (dir, results) in [(dir.clone(), first), (dir.join("spread"), spread_first)] {
                 if let Some(results) = results {
@@ -251,23 +255,23 @@ fn main() -> Result<()> {
             }
         }
         let label = format!("clusterfuse separate (cluster {SEPARATE_CLUSTER}), f16, batch 1");
-        let row = Row { gpu: &gpu, step: &f16_step, expected: &expected, label, kernels: 5, graph: false };
+        let row = Row { gpu: &gpu, bandwidth, step: &f16_step, expected: &expected, label, kernels: 5, graph: false };
         rows.push(row.measure(|s, b| separate.launch(s, b, SEPARATE_CLUSTER))?.0);
 
         bf16_step.set_positions(&[len - 1]);
         let expected = bf16_step.reference().all();
-        variant_rows(&gpu, &bf16_kernels, fused_variant(), &bf16_step, &expected, &CLUSTERS[..1], false, false, &mut rows)?;
-        persistent_rows(&gpu, &bf16_kernels, &bf16_step, &expected, &CLUSTERS[..1], &mut rows)?;
-        variant_rows(&gpu, &bf16_kernels, spread_variant(), &bf16_step, &expected, &CLUSTERS[..1], true, true, &mut rows)?;
+        variant_rows(card, &bf16_kernels, fused_variant(), &bf16_step, &expected, &CLUSTERS[..1], false, false, &mut rows)?;
+        persistent_rows(card, &bf16_kernels, &bf16_step, &expected, &CLUSTERS[..1], &mut rows)?;
+        variant_rows(card, &bf16_kernels, spread_variant(), &bf16_step, &expected, &CLUSTERS[..1], true, true, &mut rows)?;
 
         batch_step.set_positions(&[len - 1; BATCH]);
         let expected = batch_step.reference().all();
-        variant_rows(&gpu, &f16_kernels, fused_variant(), &batch_step, &expected, &CLUSTERS[..1], false, true, &mut rows)?;
+        variant_rows(card, &f16_kernels, fused_variant(), &batch_step, &expected, &CLUSTERS[..1], false, true, &mut rows)?;
     }
     println!(
-        "{} — Llama-2-7B decode attention block (hidden {HIDDEN}, {heads} heads × {HEAD_DIM}); median of {REPS} passes of {STEPS_PER_PASS} steps (CUDA events), µs per step; roofline = bytes / {:.1} TB/s",
+        "{} — Llama-2-7B decode attention block (hidden {HIDDEN}, {heads} heads × {HEAD_DIM}); median of {REPS} passes of {STEPS_PER_PASS} steps (CUDA events), µs per step; roofline = bytes / {:.2} TB/s (measured copy bandwidth)",
         gpu.name()?,
-        PEAK_BYTES_PER_S / 1e12
+        bandwidth / 1e12
     );
     println!("| L | variant | kernels | µs | roofline µs | % of roofline | rel error vs f64 |");
     println!("|---|---|---|---|---|---|---|");

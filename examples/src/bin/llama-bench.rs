@@ -16,12 +16,13 @@
 //! the same position: each step starts again from the token's embedding), the median of 30
 //! passes after 3 warm-up passes, µs per step and tokens/s. The weights exceed the 60 MB L2
 //! 40-fold, so each step reads them from HBM. Roofline = bytes that must move (every weight
-//! once, every layer's cached k, v of tokens 0..=pos, the embedding row, the logits) / 4.3 TB/s.
+//! once, every layer's cached k, v of tokens 0..=pos, the embedding row, the logits) / the
+//! card's copy bandwidth, measured first (`check::copy_bandwidth`).
 //!
 //! `cargo run --release -p clusterfuse-examples --bin llama-bench`
 
 use clusterfuse::host::Gpu;
-use clusterfuse_examples::check::{gpu_or_skip, median_us_per_call, print_rows, with_rng, Report};
+use clusterfuse_examples::check::{copy_bandwidth, gpu_or_skip, median_us_per_call, print_rows, with_rng, Report};
 use rand::Rng;
 use clusterfuse_kernels::llama::chain::host::{attention_config, projection_config, step, Buffers, Kernels};
 use clusterfuse_kernels::llama::{Model, Shape, TOLERANCE};
@@ -34,7 +35,6 @@ const LENGTHS: [usize; 2] = [1024, 4096];
 const CLUSTERS: [u32; 3] = [4, 8, 16];
 /// Example 13's variants without `--all`: clusters of 8 and 16, PDL, CUDA graph.
 const CHAIN_CLUSTERS: [u32; 2] = [8, 16];
-const PEAK_BYTES_PER_S: f64 = 4.3e12;
 const STEPS_PER_PASS: usize = 20;
 const WARMUP: usize = 3;
 const REPS: usize = 30;
@@ -42,9 +42,9 @@ const REPS: usize = 30;
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
 /// Checks one variant at the model's position and times it: a table row.
-fn measure(gpu: &Gpu, kernels: &Kernels, model: &Model, expected: &[f64], cluster: u32, programmatic: bool, graph: bool) -> Result<String> {
+fn measure((gpu, bandwidth): (&Gpu, f64), kernels: &Kernels, model: &Model, expected: &[f64], cluster: u32, programmatic: bool, graph: bool) -> Result<String> {
     let pos = model.position;
-    let roofline_us = model.shape.step_bytes(pos) as f64 / PEAK_BYTES_PER_S * 1e6;
+    let roofline_us = model.shape.step_bytes(pos) as f64 / bandwidth * 1e6;
     let label = format!(
         "cluster {cluster}, {}, {}{}",
         if programmatic { "PDL" } else { "stream order" },
@@ -69,9 +69,9 @@ fn measure(gpu: &Gpu, kernels: &Kernels, model: &Model, expected: &[f64], cluste
 
 /// Checks the persistent step at the model's position and times it from a graph: a row.
 /// Also returns where one step's time went (`persistent::phases`), as a table.
-fn measure_persistent(gpu: &Gpu, kernel: &llama_step::Kernel, model: &Model, expected: &[f64], cluster: u32) -> Result<(String, String)> {
+fn measure_persistent((gpu, bandwidth): (&Gpu, f64), kernel: &llama_step::Kernel, model: &Model, expected: &[f64], cluster: u32) -> Result<(String, String)> {
     let pos = model.position;
-    let roofline_us = model.shape.step_bytes(pos) as f64 / PEAK_BYTES_PER_S * 1e6;
+    let roofline_us = model.shape.step_bytes(pos) as f64 / bandwidth * 1e6;
     let config = persistent_config(kernel, gpu, model.shape, cluster)?;
     let label = format!("persistent, one launch: {} blocks in clusters of {cluster}, CUDA graph", config.grid.x);
     let mut b = persistent::Buffers::upload(gpu, model)?;
@@ -139,6 +139,8 @@ fn main() -> Result<()> {
     let started = Instant::now();
     let mut model = Model::random(shape, with_rng(|rng| rng.random()), LENGTHS[0] - 1, 128_000)?;
     eprintln!("{} parameters generated in {:.1} s", shape.parameters(), started.elapsed().as_secs_f64());
+    let bandwidth = copy_bandwidth(&gpu)?;
+    let card = (&gpu, bandwidth);
     let (mut rows, mut phase_tables) = (Vec::new(), Vec::new());
     for &len in lengths {
         model.set_position(len - 1);
@@ -146,7 +148,7 @@ fn main() -> Result<()> {
         let expected = model.reference().all();
         eprintln!("L = {len}: f64 reference in {:.1} s; runs ...", started.elapsed().as_secs_f64());
         for &cluster in clusters {
-            let (row, phases) = measure_persistent(&gpu, &persistent_kernel, &model, &expected, cluster).unwrap_or_else(|err| {
+            let (row, phases) = measure_persistent(card, &persistent_kernel, &model, &expected, cluster).unwrap_or_else(|err| {
                 eprintln!("FAIL persistent, clusters of {cluster}, at L {len}: {err}");
                 (format!("| {len} | persistent, clusters of {cluster} | FAIL: {err} | – | – | – | – |"), String::new())
             });
@@ -160,7 +162,7 @@ fn main() -> Result<()> {
             for (programmatic, graph, per_item) in variants.into_iter().filter(|&v| all || v == (true, true, false)) {
                 kernels.resident = if per_item { u32::MAX } else { resident };
                 // A variant the driver refuses (say, PDL on a cluster launch) is a FAIL row; the others still run.
-                let row = measure(&gpu, &kernels, &model, &expected, cluster, programmatic, graph).unwrap_or_else(|err| {
+                let row = measure(card, &kernels, &model, &expected, cluster, programmatic, graph).unwrap_or_else(|err| {
                     eprintln!("FAIL cluster {cluster}, PDL {programmatic}, graph {graph} at L {len}: {err}");
                     format!("| {len} | cluster {cluster}, PDL {programmatic}, CUDA graph {graph} | FAIL: {err} | – | – | – | – |")
                 });
@@ -170,9 +172,9 @@ fn main() -> Result<()> {
         }
     }
     println!(
-        "{} — Llama-3.2-1B decode step (16 layers, hidden 2048, 32/8 heads × 64, MLP 8192, vocab 128256, bf16 weights and KV cache, batch 1): one persistent launch a step, or 82 launches; median of {REPS} passes of {STEPS_PER_PASS} steps (CUDA events), µs per step; roofline = bytes / {:.1} TB/s",
+        "{} — Llama-3.2-1B decode step (16 layers, hidden 2048, 32/8 heads × 64, MLP 8192, vocab 128256, bf16 weights and KV cache, batch 1): one persistent launch a step, or 82 launches; median of {REPS} passes of {STEPS_PER_PASS} steps (CUDA events), µs per step; roofline = bytes / {:.2} TB/s (measured copy bandwidth)",
         gpu.name()?,
-        PEAK_BYTES_PER_S / 1e12
+        bandwidth / 1e12
     );
     println!("| L | variant | µs/step | tokens/s | roofline µs | % of roofline | rel error vs f64 |");
     println!("|---|---|---|---|---|---|---|");

@@ -28,7 +28,7 @@
 
 use clusterfuse::bf16;
 use clusterfuse::host::{Gpu, LaunchConfig};
-use clusterfuse_examples::check::{gpu_or_skip, median, median_us_per_call, print_rows, with_rng, Report};
+use clusterfuse_examples::check::{copy_bandwidth, gpu_or_skip, median_us_per_call, print_rows, with_rng, Report};
 use clusterfuse_kernels::moe::host::{down, gate_up, gate_up_cluster, multiprocessors, plan_schedule, schedule, step, Buffers, Kernels, Layer, Moe, Plan, Reference, Schedule, Timeline, TOLERANCE};
 use rand::Rng;
 use std::error::Error;
@@ -40,19 +40,6 @@ const WARMUP: usize = 5;
 const REPS: usize = 50;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
-
-/// Device-to-device copy bandwidth, bytes read + written per second.
-fn copy_bandwidth(gpu: &Gpu) -> Result<f64> {
-    const BYTES: usize = 1 << 30;
-    let stream = gpu.stream().cuda().ok_or("the copy bandwidth needs a GPU")?;
-    let src = stream.alloc_zeros::<u8>(BYTES)?;
-    let mut dst = stream.alloc_zeros::<u8>(BYTES)?;
-    let mut samples = Vec::new();
-    for _ in 0..25 {
-        samples.push(gpu.time_ms(|| -> Result<()> { Ok(stream.memcpy_dtod(&src, &mut dst)?) })?);
-    }
-    Ok(2.0 * BYTES as f64 / (median(samples[5..].to_vec()) * 1e-3))
-}
 
 fn write_raw(dir: &Path, name: &str, bytes: impl Iterator<Item = [u8; 2]>) -> Result<()> {
     std::fs::write(dir.join(name), bytes.flatten().collect::<Vec<u8>>())?;

@@ -9,7 +9,7 @@
 //! the L2, which then serves every call of the pass), except that at most 256 copies are
 //! made: shapes under ~470 KB (rows = 1, and rows = 64 at hidden ≤ 1024) stay partly
 //! L2-resident, and the table says how many copies each row used. Roofline = bytes that must
-//! move / 4.3 TB/s.
+//! move / the card's copy bandwidth, measured first (`check::copy_bandwidth`).
 //!
 //! Every variant runs twice: in plain stream order, where each call starts once the previous
 //! one has drained (the GPU's launch gap and the grid's tail are counted), and with
@@ -23,12 +23,11 @@
 use clusterfuse::f16;
 use clusterfuse::host::{Gpu, LaunchConfig};
 use clusterfuse_kernels::norms::{add_bias, add_residual, gelu_kernel, layer_norm, rms_norm, row_config, Fused};
-use clusterfuse_examples::check::{gpu_or_skip, median_us_per_call};
+use clusterfuse_examples::check::{copy_bandwidth, gpu_or_skip, median_us_per_call};
 use std::error::Error;
 
 const HIDDEN: [u32; 4] = [768, 1024, 4096, 8192];
 const ROWS: [u32; 4] = [1, 64, 512, 4096];
-const PEAK_BYTES_PER_S: f64 = 4.3e12;
 const L2_BYTES: usize = 60 << 20;
 const MAX_SETS: usize = 256;
 /// Calls per timed pass, at least.
@@ -46,8 +45,8 @@ fn time(gpu: &Gpu, sets: usize, mut call: impl FnMut(usize) -> Result<()>) -> Re
 }
 
 #[allow(clippy::too_many_arguments)]
-fn row(op: &str, hidden: u32, rows: u32, variant: &str, kernels: u32, sets: usize, us: f64, bytes: f64) {
-    let roofline_us = bytes / PEAK_BYTES_PER_S * 1e6;
+fn row(bandwidth: f64, op: &str, hidden: u32, rows: u32, variant: &str, kernels: u32, sets: usize, us: f64, bytes: f64) {
+    let roofline_us = bytes / bandwidth * 1e6;
     println!(
         "| {op} | {hidden} | {rows} | {variant} | {kernels} | {sets} | {us:.2} | {:.0} | {:.1}% |",
         bytes / us * 1e-3,
@@ -63,7 +62,8 @@ fn main() -> Result<()> {
     let fused = Fused::load(&gpu)?;
     let (k_bias, k_ln, k_gelu, k_add, k_rms) =
         (add_bias::load(&gpu)?, layer_norm::load(&gpu)?, gelu_kernel::load(&gpu)?, add_residual::load(&gpu)?, rms_norm::load(&gpu)?);
-    println!("{} — fp16, median of {REPS} passes (CUDA events), µs per call; roofline {:.1} TB/s", gpu.name()?, PEAK_BYTES_PER_S / 1e12);
+    let bandwidth = copy_bandwidth(&gpu)?;
+    println!("{} — fp16, median of {REPS} passes (CUDA events), µs per call; roofline {:.2} TB/s (measured copy bandwidth)", gpu.name()?, bandwidth / 1e12);
     println!("| op | hidden | rows | variant | kernels | copies | µs | GB/s | % roofline |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for hidden in HIDDEN {
@@ -82,7 +82,7 @@ fn main() -> Result<()> {
             let (mut outs, mut ys, mut zs) = (upload(&x, sets)?, upload(&x, sets)?, upload(&x, sets)?);
             for (programmatic, variant) in [(false, "fused"), (true, "fused, PDL")] {
                 let us = time(&gpu, sets, |i| Ok(fused.layernorm_gelu(s, programmatic, &xs[i], &bs[i], &gs[i], &betas[i], &mut outs[i], hidden, rows)?))?;
-                row("LayerNorm(x+b)→GELU", hidden, rows, variant, 1, sets, us, bytes);
+                row(bandwidth, "LayerNorm(x+b)→GELU", hidden, rows, variant, 1, sets, us, bytes);
             }
             for (config, unfused) in [(config, "unfused"), (pdl(config), "unfused, PDL")] {
                 let us = time(&gpu, sets, |i| {
@@ -90,7 +90,7 @@ fn main() -> Result<()> {
                     k_ln.launch(s, &config, &ys[i], &gs[i], &betas[i], &mut zs[i], hidden)?;
                     Ok(k_gelu.launch(s, &config, &zs[i], &mut outs[i])?)
                 })?;
-                row("LayerNorm(x+b)→GELU", hidden, rows, unfused, 3, sets, us, bytes);
+                row(bandwidth, "LayerNorm(x+b)→GELU", hidden, rows, unfused, 3, sets, us, bytes);
             }
             drop((xs, bs, gs, betas, outs, ys, zs));
 
@@ -101,14 +101,14 @@ fn main() -> Result<()> {
             let (mut res, mut outs) = (upload(&x, sets)?, upload(&x, sets)?);
             for (programmatic, variant) in [(false, "fused"), (true, "fused, PDL")] {
                 let us = time(&gpu, sets, |i| Ok(fused.add_rmsnorm(s, programmatic, &xs[i], &rs[i], &ws[i], &mut res[i], &mut outs[i], hidden, rows)?))?;
-                row("RMSNorm(x+r)", hidden, rows, variant, 1, sets, us, bytes);
+                row(bandwidth, "RMSNorm(x+r)", hidden, rows, variant, 1, sets, us, bytes);
             }
             for (config, unfused) in [(config, "unfused"), (pdl(config), "unfused, PDL")] {
                 let us = time(&gpu, sets, |i| {
                     k_add.launch(s, &config, &xs[i], &rs[i], &mut res[i])?;
                     Ok(k_rms.launch(s, &config, &res[i], &ws[i], &mut outs[i], hidden)?)
                 })?;
-                row("RMSNorm(x+r)", hidden, rows, unfused, 2, sets, us, bytes);
+                row(bandwidth, "RMSNorm(x+r)", hidden, rows, unfused, 2, sets, us, bytes);
             }
         }
     }
