@@ -4,7 +4,7 @@
 //! one, so it hands out no `&mut`; threads write through `set` and must not write the same
 //! element without ordering (a data race, as in CUDA).
 
-use crate::{arch, out_of_bounds};
+use crate::{arch, in_bounds, out_of_bounds, vector_in_bounds};
 use core::marker::PhantomData;
 use core::mem::{size_of, size_of_val};
 
@@ -80,7 +80,7 @@ impl<'a, T: Copy> Out<'a, T> {
     pub fn store_pair(&self, i: usize, values: [T; 2]) {
         const { assert!(size_of::<T>() == 2, "a pair store moves two 2-byte values") };
         let ptr = self.ptr.wrapping_add(i);
-        if i + 2 > self.len || !(ptr as usize).is_multiple_of(4) {
+        if !in_bounds(i, 2, self.len) || !(ptr as usize).is_multiple_of(4) {
             out_of_bounds()
         }
         // SAFETY: in bounds and 4-byte aligned (checked above).
@@ -224,7 +224,7 @@ impl Out<'_, i32> {
 #[inline(always)]
 pub fn check16<T, const N: usize>(ptr: *const T, len: usize, end: usize) {
     const { assert!(N * size_of::<T>() == 16, "a 16-byte access needs N * size_of::<T>() == 16") };
-    if end * N > len || !(ptr as usize).is_multiple_of(16) {
+    if (end > 0 && !vector_in_bounds::<N>(end - 1, len)) || !(ptr as usize).is_multiple_of(16) {
         out_of_bounds()
     }
 }
@@ -233,7 +233,7 @@ pub fn check16<T, const N: usize>(ptr: *const T, len: usize, end: usize) {
 pub(crate) fn vector_ptr<T, const N: usize>(base: *const T, len: usize, i: usize) -> *const T {
     const { assert!(N * size_of::<T>() == 16, "a 16-byte access needs N * size_of::<T>() == 16") };
     let ptr = base.wrapping_add(i * N);
-    if (i + 1) * N > len || !(ptr as usize).is_multiple_of(16) {
+    if !vector_in_bounds::<N>(i, len) || !(ptr as usize).is_multiple_of(16) {
         out_of_bounds()
     }
     ptr
@@ -257,7 +257,7 @@ pub unsafe fn load_pair_unchecked<T: Copy>(input: &[T], i: usize) -> [T; 2] {
 pub fn load_quad<T: Copy>(input: &[T], i: usize) -> [T; 4] {
     const { assert!(size_of::<T>() == 2, "a quad load moves four 2-byte values") };
     let ptr = input.as_ptr().wrapping_add(i);
-    if i + 4 > input.len() || !(ptr as usize).is_multiple_of(8) {
+    if !in_bounds(i, 4, input.len()) || !(ptr as usize).is_multiple_of(8) {
         out_of_bounds()
     }
     // SAFETY: in bounds and 8-byte aligned (checked).
@@ -368,7 +368,7 @@ pub fn prefetch_l2<T>(data: &[T]) {
 
 #[cfg(test)]
 mod tests {
-    use super::load_quad;
+    use super::{check16, load16, load_quad};
 
     #[repr(C, align(8))]
     struct Aligned([u16; 12]);
@@ -393,5 +393,29 @@ mod tests {
     #[should_panic(expected = "out-of-bounds")]
     fn load_quad_traps_past_the_end() {
         load_quad(&data().0, 12);
+    }
+
+    // An index that wrapped below zero (`i - 1` at `i = 0`, say) must trap, not pass a check
+    // whose own sum wraps back into range and read before the data.
+    #[test]
+    #[should_panic(expected = "out-of-bounds")]
+    fn load_quad_traps_for_an_index_that_wrapped() {
+        load_quad(&data().0, usize::MAX - 3);
+    }
+
+    #[repr(C, align(16))]
+    struct Vectors([f32; 8]);
+
+    #[test]
+    #[should_panic(expected = "out-of-bounds")]
+    fn load16_traps_for_an_index_that_wrapped() {
+        load16::<f32, 4>(&Vectors([0.0; 8]).0, usize::MAX);
+    }
+
+    #[test]
+    #[should_panic(expected = "out-of-bounds")]
+    fn check16_traps_for_a_run_whose_length_wraps() {
+        let v = Vectors([0.0; 8]);
+        check16::<f32, 4>(v.0.as_ptr(), v.0.len(), usize::MAX / 4 + 1);
     }
 }

@@ -61,6 +61,21 @@ device_copy!(u8, u16, u32, u64, usize, i8, i16, i32, i64, isize, f32, f64, f16, 
 // SAFETY: an array of `DeviceCopy` values is one too.
 unsafe impl<T: DeviceCopy, const N: usize> DeviceCopy for [T; N] {}
 
+/// Whether elements `start .. start + count` lie in `0 .. len`, with no sum that could wrap
+/// (an index that wrapped below zero must fail the check, not pass it; with a constant
+/// `count` the first test compares with an immediate).
+#[inline(always)]
+pub(crate) fn in_bounds(start: usize, count: usize, len: usize) -> bool {
+    start <= usize::MAX - count && start + count <= len
+}
+
+/// Whether elements `N i .. N i + N` (16-byte vector `i`) lie in `0 .. len`, with no product
+/// that could wrap (the first test compares with an immediate).
+#[inline(always)]
+pub(crate) fn vector_in_bounds<const N: usize>(i: usize, len: usize) -> bool {
+    i < usize::MAX / N && (i + 1) * N <= len
+}
+
 /// The one out-of-line path of every bounds, alignment and rank check: `trap`, kept cold so
 /// that the checks cost a compare and a branch on the hot path.
 #[cold]

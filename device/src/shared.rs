@@ -7,7 +7,7 @@
 //! between a store and another thread's load.
 
 use crate::arch::{self, SharedWord};
-use crate::out_of_bounds;
+use crate::{in_bounds, out_of_bounds, vector_in_bounds};
 use core::marker::PhantomData;
 use core::mem::size_of;
 
@@ -108,7 +108,7 @@ impl<T: SharedWord> SharedSlice<T> {
     fn vector_offset<const N: usize>(self, i: usize) -> u32 {
         const { assert!(N * size_of::<T>() == 16, "a 16-byte access needs N * size_of::<T>() == 16") };
         let byte = (i * 16) as u32;
-        if (i + 1) * N > self.len() || !(self.addr + byte).is_multiple_of(16) {
+        if !vector_in_bounds::<N>(i, self.len()) || !(self.addr + byte).is_multiple_of(16) {
             out_of_bounds()
         }
         byte
@@ -153,7 +153,7 @@ impl<T: SharedWord> SharedSlice<T> {
     /// The view of elements `start .. start + len`; traps when that exceeds this view.
     #[inline(always)]
     pub fn slice(self, start: usize, len: usize) -> Self {
-        if start + len > self.len() {
+        if !in_bounds(start, len, self.len()) {
             out_of_bounds()
         }
         Self { addr: self.addr + (start * size_of::<T>()) as u32, len: len as u32, _element: PhantomData }
