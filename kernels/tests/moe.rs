@@ -4,7 +4,7 @@
 
 use clusterfuse::bf16;
 use clusterfuse::host::{Error, Gpu};
-use clusterfuse_kernels::moe::host::{plan, schedule, tile, Kernels, Layer, Schedule};
+use clusterfuse_kernels::moe::host::{plan, schedule, tile, Buffers, Kernels, Layer, Moe, Schedule};
 
 #[test]
 fn tiling_keeps_16_rows_of_32_columns_together_in_k_order() {
@@ -92,4 +92,23 @@ fn unsupported_layers_are_refused_with_the_reason() {
             layer.check(tokens, cluster).unwrap_or_else(|e| panic!("{layer:?} at {tokens}: {e}"));
         }
     }
+}
+
+#[test]
+fn uploading_arrays_that_do_not_fit_the_layer_is_refused_with_the_array() {
+    let gpu = Gpu::emulator();
+    let layer = Layer { hidden: 128, experts: 8, top_k: 2, ffn: 64, renormalize: true };
+    let moe = Moe::random(layer, 3, 7).unwrap();
+    Buffers::upload(&gpu, &moe).unwrap_or_else(|e| panic!("a layer that fits: {e}"));
+    let refused = |moe: Moe| match Buffers::upload(&gpu, &moe) {
+        Err(Error::UnsupportedShape { reason, .. }) => reason,
+        other => panic!("{:?}", other.map(|_| "uploaded")),
+    };
+    let mut short = moe.clone();
+    short.w_up.pop();
+    assert_eq!(refused(short), "`w_up` holds 65535 values; 512 rows (experts × FFN) × 128 (hidden) is 65536");
+    let mut wide = moe.clone();
+    wide.x.extend([bf16::ZERO; 128]);
+    assert!(refused(wide).starts_with("`x` holds 512 values; 3 rows (tokens)"));
+    assert!(refused(Moe { tokens: 65, ..moe }).contains("65 tokens"));
 }

@@ -73,6 +73,7 @@ impl Layer {
 /// One step's inputs: `tokens` rows of `x` and the layer's weights, row-major: `router`
 /// is `experts × hidden`, `w_gate` and `w_up` `experts × ffn × hidden`, `w_down` `experts ×
 /// hidden × ffn`.
+#[derive(Clone)]
 pub struct Moe {
     pub layer: Layer,
     pub tokens: usize,
@@ -98,6 +99,28 @@ impl Moe {
             w_up: uniform(seed + 3, e * f * h, -sh, sh),
             w_down: uniform(seed + 4, e * h * f, -sf, sf),
         })
+    }
+
+    /// Whether the kernels take this layer: its shape ([`Layer::check`]'s, the cluster aside)
+    /// and the length of every array. [`Buffers::upload`] checks it first: the kernels would
+    /// otherwise trap on a length they do not expect, which ends the CUDA context.
+    pub fn check(&self) -> Result<()> {
+        self.layer.check_shape(self.tokens)?;
+        let (t, Layer { hidden: h, experts: e, ffn: f, .. }) = (self.tokens, self.layer);
+        let arrays = [
+            ("x", self.x.len(), [t, h], ["tokens", "hidden"]),
+            ("router", self.router.len(), [e, h], ["experts", "hidden"]),
+            ("w_gate", self.w_gate.len(), [e * f, h], ["experts × FFN", "hidden"]),
+            ("w_up", self.w_up.len(), [e * f, h], ["experts × FFN", "hidden"]),
+            ("w_down", self.w_down.len(), [e * h, f], ["experts × hidden", "FFN"]),
+        ];
+        match arrays.into_iter().find(|&(_, len, [rows, cols], _)| len != rows * cols) {
+            None => Ok(()),
+            Some((name, len, [rows, cols], [r, c])) => {
+                let reason = format!("`{name}` holds {len} values; {rows} rows ({r}) × {cols} ({c}) is {}", rows * cols);
+                Err(Error::UnsupportedShape { kernel: "the MoE layer", reason })
+            }
+        }
     }
 }
 
@@ -313,8 +336,10 @@ fn poisoned(gpu: &Gpu, layer: Layer, tokens: usize) -> Result<Poisoned> {
 }
 
 impl Buffers {
-    /// Uploads `moe`, with every output and hand-over buffer poisoned.
+    /// Uploads `moe`, with every output and hand-over buffer poisoned; refuses a layer the
+    /// kernels do not take ([`Moe::check`]).
     pub fn upload(gpu: &Gpu, moe: &Moe) -> Result<Self> {
+        moe.check()?;
         let Layer { hidden, ffn, .. } = moe.layer;
         let (h, h_tokens, routing, pair_gate, top_ids, top_gates, out, gate_table) = poisoned(gpu, moe.layer, moe.tokens)?;
         let x = gpu.upload(&moe.x)?;
