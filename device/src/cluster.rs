@@ -288,7 +288,10 @@ fn reduce_owned<T: Element + SharedWord, Op: ReduceOp<T>>(
     // SAFETY: the first `vectors * 16` bytes of `data`'s own memory, which is 16-byte aligned
     // (checked above); `T` and `[u32; 4]` are both plain bits.
     let words = unsafe { SharedSlice::<[u32; 4]>::from_raw_parts(data.addr(), vectors) };
-    let tail = data.slice(vectors * lanes, data.len() - vectors * lanes);
+    // SAFETY: the rest of `data` after those vectors (`vectors * lanes <= data.len()`). Not
+    // `data.slice`: its check, which cannot wrap, is one ptxas then schedules between the
+    // four DSMEM loads of `combine_peers` (`examples/tests/ptx.rs`).
+    let tail = unsafe { SharedSlice::<T>::from_raw_parts(data.addr() + (vectors * 16) as u32, data.len() - vectors * lanes) };
     sync();
     for v in owned_by_this_thread(vectors) {
         vector(words, v, combine_vector::<T, Op>(words, v));

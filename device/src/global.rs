@@ -220,7 +220,8 @@ impl Out<'_, i32> {
 
 /// Traps unless the `len` elements at `ptr` start 16-byte aligned and hold 16-byte vectors of
 /// `N` elements `0 .. end`: one check of a run of vectors (a row, say), after which
-/// [`load16_unchecked`] and [`Out::store16_rounded_unchecked`] of any vector `i < end` are sound.
+/// [`load16_unchecked`] and [`Out::store16_rounded_unchecked`] of any vector `i < end` are sound
+/// (`end` computed without wrapping: a run's start that wrapped is not seen here).
 #[inline(always)]
 pub fn check16<T, const N: usize>(ptr: *const T, len: usize, end: usize) {
     const { assert!(N * size_of::<T>() == 16, "a 16-byte access needs N * size_of::<T>() == 16") };
@@ -232,7 +233,7 @@ pub fn check16<T, const N: usize>(ptr: *const T, len: usize, end: usize) {
 #[inline(always)]
 pub(crate) fn vector_ptr<T, const N: usize>(base: *const T, len: usize, i: usize) -> *const T {
     const { assert!(N * size_of::<T>() == 16, "a 16-byte access needs N * size_of::<T>() == 16") };
-    let ptr = base.wrapping_add(i * N);
+    let ptr = base.wrapping_add(i.wrapping_mul(N));
     if !vector_in_bounds::<N>(i, len) || !(ptr as usize).is_multiple_of(16) {
         out_of_bounds()
     }

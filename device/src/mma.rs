@@ -94,7 +94,8 @@ pub fn mma_m16n8k16<T: MmaInput>(a: FragA<T>, b: FragB<T>, c: FragC) -> FragC {
 #[inline(always)]
 fn row_address<T: SharedWord>(tile: SharedSlice<T>, stride: usize, row: usize, col: usize, (rows, cols): (usize, usize), lane_row: usize, lane_col: usize) -> u32 {
     let size = core::mem::size_of::<T>();
-    // Each under 2^31 (a tile holds far fewer elements), no product or sum below can wrap.
+    // Each under 2^31 (a tile holds far fewer elements), no product or sum below can wrap a
+    // 64-bit `usize` (the GPU's, and the emulator's hosts').
     let small = (row | col | stride) >> 31 == 0;
     if !small || (row + rows - 1) * stride + col + cols > tile.len() || !(tile.addr() as usize + (row * stride + col) * size).is_multiple_of(16) || !(stride * size).is_multiple_of(16) {
         out_of_bounds()

@@ -107,7 +107,7 @@ impl<T: SharedWord> SharedSlice<T> {
     #[inline(always)]
     fn vector_offset<const N: usize>(self, i: usize) -> u32 {
         const { assert!(N * size_of::<T>() == 16, "a 16-byte access needs N * size_of::<T>() == 16") };
-        let byte = (i * 16) as u32;
+        let byte = i.wrapping_mul(16) as u32;
         if !vector_in_bounds::<N>(i, self.len()) || !(self.addr + byte).is_multiple_of(16) {
             out_of_bounds()
         }
@@ -221,10 +221,11 @@ impl DynamicShared {
     #[inline(always)]
     pub fn take<T: SharedWord>(&mut self, len: usize) -> SharedSlice<T> {
         let start = self.next.next_multiple_of(16);
-        let bytes = (len * size_of::<T>()) as u32;
-        if bytes > self.end.saturating_sub(start) {
+        // Compared in values, so that no byte count is truncated to 32 bits.
+        if len > self.end.saturating_sub(start) as usize / size_of::<T>() {
             out_of_bounds()
         }
+        let bytes = (len * size_of::<T>()) as u32;
         self.next = start + bytes;
         // SAFETY: `start .. start + bytes` lies inside this launch's dynamic shared memory
         // and no earlier `take` of this allocator covers it.

@@ -5,6 +5,7 @@ use clusterfuse::host::{Gpu, Result};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::cell::{Cell, RefCell};
+use std::error::Error;
 
 /// Runs one example on a device (a GPU or the emulator) and reports how it compared with its reference.
 pub type Runner = fn(&Gpu) -> Result<Report>;
@@ -105,12 +106,12 @@ pub fn planned_layout(gpu: &Gpu, emulator_sms: usize) -> Result<clusterfuse_kern
 /// The device-to-device copy bandwidth of `gpu`'s card, bytes read + written per second
 /// (`cuMemcpyDtoD` of 1 GiB, the median of 20 copies after 5): a benchmark's roofline is its
 /// bytes over this rate of the card it runs on, not a datasheet's.
-pub fn copy_bandwidth(gpu: &Gpu) -> std::result::Result<f64, Box<dyn std::error::Error>> {
+pub fn copy_bandwidth(gpu: &Gpu) -> std::result::Result<f64, Box<dyn Error>> {
     const BYTES: usize = 1 << 30;
     let stream = gpu.stream().cuda().ok_or("the copy bandwidth needs a GPU")?;
     let src = stream.alloc_zeros::<u8>(BYTES)?;
     let mut dst = stream.alloc_zeros::<u8>(BYTES)?;
-    let us = median_latency_us(gpu, (5, 20), || -> std::result::Result<(), Box<dyn std::error::Error>> { Ok(stream.memcpy_dtod(&src, &mut dst)?) })?;
+    let us = median_latency_us(gpu, (5, 20), || -> std::result::Result<(), Box<dyn Error>> { Ok(stream.memcpy_dtod(&src, &mut dst)?) })?;
     Ok(2.0 * BYTES as f64 / (us * 1e-6))
 }
 

@@ -36,6 +36,16 @@ pub fn shared_index(out: Out<f32>, index: u32) {
     }
 }
 
+/// Takes `n` f32 of the launch's dynamic shared memory and writes how many it got. A count
+/// whose bytes overflow 32 bits (`n > 2^30`) must trap, not wrap to a few bytes that fit.
+#[kernel]
+pub fn dynamic_take(out: Out<u32>, n: u32) {
+    let data = shared::dynamic().take::<f32>(n as usize);
+    if thread::index_x() == 0 {
+        out.set(0, data.len() as u32);
+    }
+}
+
 /// Block 0 reads block 1's shared value through DSMEM. With `keep_alive == 0` block 1 does
 /// not wait for it at a cluster barrier before exiting; with `started == 0` block 0 reads
 /// before any cluster barrier, when block 1 may not have started.

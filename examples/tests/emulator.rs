@@ -4,7 +4,7 @@
 
 use clusterfuse::host::{Error, Gpu, LaunchConfig, Published};
 use clusterfuse::Dim3;
-use clusterfuse_examples::faults::{bulk_exchange, divergent_barrier, mailbox_exchange, peer_read, published_chain, reverse, shared_index, CHAIN_TILE};
+use clusterfuse_examples::faults::{bulk_exchange, divergent_barrier, dynamic_take, mailbox_exchange, peer_read, published_chain, reverse, shared_index, CHAIN_TILE};
 use clusterfuse_examples::{saxpy::saxpy, EXAMPLES};
 
 fn config(grid: u32, block: u32) -> LaunchConfig {
@@ -72,6 +72,19 @@ fn out_of_bounds_shared_access_names_block_and_thread() {
     let fault = fault(kernel.launch(gpu.stream(), &config(3, 32), &mut out, 64));
     assert!(fault.message.contains("out-of-bounds"), "{fault}");
     assert_eq!(fault.at.map(|(_, thread)| thread), Some(Dim3::new(0, 0, 0)));
+}
+
+#[test]
+fn dynamic_shared_memory_past_4_gib_of_bytes_is_refused() {
+    let gpu = Gpu::emulator();
+    let kernel = dynamic_take::load(&gpu).unwrap();
+    let mut out = gpu.zeros::<u32>(1).unwrap();
+    let config = LaunchConfig { dynamic_smem_bytes: 64, ..config(1, 32) };
+    kernel.launch(gpu.stream(), &config, &mut out, 16).unwrap();
+    assert_eq!(gpu.download(&out).unwrap(), [16]);
+    // 2^30 + 1 values are 2^32 + 4 bytes: 4 once truncated to 32 bits.
+    let fault = fault(kernel.launch(gpu.stream(), &config, &mut out, (1 << 30) + 1));
+    assert!(fault.message.contains("out-of-bounds"), "{fault}");
 }
 
 #[test]

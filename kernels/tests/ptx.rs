@@ -153,9 +153,11 @@ fn every_kernel_assembles_with_its_shared_memory_and_bounded_spills() {
             assert!(r.spill_store_bytes <= 768 && r.spill_load_bytes <= 1152 && r.stack_frame_bytes <= 1152, "`{name}` spills: {r:?}");
         } else if name.starts_with("moe_") {
             // At 128 registers (two blocks per SM): values outside the streaming loops, and the
-            // routing's call frame, 48 bytes larger with its one-token path (a bound, so that
-            // it cannot grow unseen; `moe_streaming_loops_...` checks the loops).
-            assert!(r.spill_store_bytes <= 400 && r.spill_load_bytes <= 640 && r.stack_frame_bytes <= 448, "`{name}` spills: {r:?}");
+            // routing's call frame, 48 bytes larger with its one-token path and 32 more (in
+            // `moe_gate_up_g32`, spills unchanged) with `DynamicShared::take`'s check that no
+            // byte count is truncated (a bound, so that it cannot grow unseen;
+            // `moe_streaming_loops_...` checks the loops).
+            assert!(r.spill_store_bytes <= 400 && r.spill_load_bytes <= 640 && r.stack_frame_bytes <= 480, "`{name}` spills: {r:?}");
         } else if name == "llama_qkv" || name == "llama_residual" {
             // The item loop at 128 registers: a few loop-invariant values stored once before
             // it and reloaded once an item (`cuobjdump -sass`), none in the dot products.

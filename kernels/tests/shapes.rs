@@ -5,6 +5,7 @@ use clusterfuse::host::{Error, Gpu};
 use clusterfuse::f16;
 use clusterfuse_kernels::bert::{Batch, Dims, TINY};
 use clusterfuse_kernels::gemm::{self, GemmError};
+use clusterfuse_kernels::llama::{chain, persistent, Model, Shape};
 use clusterfuse_kernels::norms::{Fused, MAX_HIDDEN};
 use clusterfuse_kernels::softmax;
 
@@ -59,4 +60,28 @@ fn gemms_refuse_k_off_whole_vectors_and_bert_refuses_other_heads() {
         Err(other) => panic!("expected a shape error, got {other}"),
         Ok(_) => panic!("a 7-value input was accepted"),
     }
+}
+
+#[test]
+fn llama_steps_refuse_models_whose_arrays_do_not_fit_the_shape() {
+    let gpu = Gpu::emulator();
+    let model = || Model::random(Shape::tiny(), 5, 3, 7).unwrap();
+    let refusals = |model: Model| {
+        let chain = reason(chain::host::Buffers::upload(&gpu, &model).map(|_| ()));
+        assert_eq!(chain, reason(persistent::host::Buffers::upload(&gpu, &model).map(|_| ())));
+        chain
+    };
+    chain::host::Buffers::upload(&gpu, &model()).unwrap();
+    persistent::host::Buffers::upload(&gpu, &model()).unwrap();
+    let mut short = model();
+    short.layers[1].w_o.pop();
+    assert_eq!(refusals(short), "layer 1's `w_o` holds 65535 values; the shape needs 65536");
+    let mut uncached = model();
+    uncached.k_cache.pop();
+    assert_eq!(refusals(uncached), "2 layers, 1 k caches and 2 v caches for a shape of 2 layers");
+    let (mut past, mut unknown) = (model(), model());
+    past.position = past.shape.max_len;
+    assert!(refusals(past).contains("at position 64"));
+    unknown.token = 1000;
+    assert!(refusals(unknown).starts_with("token 1000"));
 }

@@ -14,8 +14,8 @@
 //! outputs; only a row that passes is timed. Timing: CUDA events around a pass of 20
 //! back-to-back steps, the median of 50 passes after 5 warm-up passes, µs per step. Roofline
 //! = bytes a step must move (the router, the selected experts' weights read once, `x`, `y`)
-//! over the device-to-device copy bandwidth measured here first (`cuMemcpyDtoD` of 1 GiB,
-//! bytes read + written per second, median of 20).
+//! over the device-to-device copy bandwidth measured here first (`check::copy_bandwidth`:
+//! `cuMemcpyDtoD` of 1 GiB, bytes read + written per second, median of 20).
 //!
 //! `--dump DIR` writes each layer's weights and 64-token input, and every schedule's routing
 //! and output at 64 tokens, as raw little-endian files for `scripts/moe-torch.py --check DIR`. `--only NAME

@@ -173,6 +173,45 @@ impl Model {
         Ok(model)
     }
 
+    /// Whether the kernels take this model: its shape ([`Shape::check`]), the token and the
+    /// position inside the vocabulary and the caches, and the length of every array. Both
+    /// steps' `Buffers::upload` check it first: an array of the wrong length would otherwise
+    /// shift every layer stacked after it, or make a kernel trap, which ends the CUDA context.
+    pub fn check(&self) -> Result<()> {
+        let s = self.shape;
+        s.check()?;
+        let unsupported = |reason: String| Err(Error::UnsupportedShape { kernel: "the Llama decode step", reason });
+        if self.token as usize >= s.vocab || self.position >= s.max_len {
+            return unsupported(format!("token {} at position {}: the vocabulary has {} tokens, the caches {}", self.token, self.position, s.vocab, s.max_len));
+        }
+        if self.layers.len() != s.layers || self.k_cache.len() != s.layers || self.v_cache.len() != s.layers {
+            let (l, k, v) = (self.layers.len(), self.k_cache.len(), self.v_cache.len());
+            return unsupported(format!("{l} layers, {k} k caches and {v} v caches for a shape of {} layers", s.layers));
+        }
+        let (h, i, cache) = (s.hidden, s.inter, s.kv_rows() * s.max_len);
+        let whole = [("embedding", self.embedding.len(), s.vocab * h), ("final_norm", self.final_norm.len(), h), ("rope", self.rope.len(), s.max_len * HEAD_DIM)];
+        let layers = self.layers.iter().zip(self.k_cache.iter().zip(&self.v_cache)).enumerate().flat_map(|(j, (l, (k, v)))| {
+            let arrays = [
+                ("norm1", l.norm1.len(), h),
+                ("w_qkv", l.w_qkv.len(), s.qkv_rows() * h),
+                ("w_o", l.w_o.len(), h * h),
+                ("norm2", l.norm2.len(), h),
+                ("w_gate_up", l.w_gate_up.len(), 2 * i * h),
+                ("w_down", l.w_down.len(), h * i),
+                ("k_cache", k.len(), cache),
+                ("v_cache", v.len(), cache),
+            ];
+            arrays.map(|(name, len, need)| (Some(j), name, len, need))
+        });
+        match whole.map(|(name, len, need)| (None, name, len, need)).into_iter().chain(layers).find(|&(_, _, len, need)| len != need) {
+            None => Ok(()),
+            Some((layer, name, len, need)) => {
+                let at = layer.map(|j| format!("layer {j}'s ")).unwrap_or_default();
+                unsupported(format!("{at}`{name}` holds {len} values; the shape needs {need}"))
+            }
+        }
+    }
+
     /// The same weights and caches for a step at `position`: cache tokens `position ..`
     /// become NaN, so that the new token must be written and nothing past it read.
     pub fn set_position(&mut self, position: usize) {
@@ -288,9 +327,10 @@ pub struct Buffers {
 }
 
 impl Buffers {
-    /// Uploads `model`, activations and logits poisoned.
+    /// Uploads `model`, activations and logits poisoned; refuses a model the kernels do not
+    /// take ([`Model::check`]).
     pub fn upload(gpu: &Gpu, model: &Model) -> Result<Self> {
-        model.shape.check()?;
+        model.check()?;
         let s = model.shape;
         let layers = model
             .layers

@@ -34,9 +34,10 @@ pub struct Buffers {
 }
 
 impl Buffers {
-    /// Uploads `model` (the layers' matrices stacked), activations and logits poisoned.
+    /// Uploads `model` (the layers' matrices stacked), activations and logits poisoned;
+    /// refuses a model the kernels do not take ([`Model::check`]).
     pub fn upload(gpu: &Gpu, model: &Model) -> Result<Self> {
-        model.shape.check()?;
+        model.check()?;
         let s = model.shape;
         let stacked = |part: fn(&Layer) -> &Vec<bf16>| gpu.upload(&model.layers.iter().flat_map(|l| part(l).iter().copied()).collect::<Vec<_>>());
         let nan = |len: usize, tile: u32| Published::new(gpu, gpu.upload(&vec![f32::NAN; len])?, tile);
