@@ -105,6 +105,7 @@ fn every_kernel_assembles_without_spills() {
         ("reverse", 1024),
         ("divergent_barrier", 0),
         ("shared_index", 256),
+        ("dynamic_take", 0),
         ("peer_read", 16),
         ("bulk_exchange", 0),
         ("mailbox_exchange", 0),
