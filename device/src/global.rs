@@ -225,6 +225,7 @@ impl Out<'_, i32> {
 #[inline(always)]
 pub fn check16<T, const N: usize>(ptr: *const T, len: usize, end: usize) {
     const { assert!(N * size_of::<T>() == 16, "a 16-byte access needs N * size_of::<T>() == 16") };
+    // Not `end > len / N`: equal, but that form made `layernorm_gelu_warps` spill at 64 registers.
     if (end > 0 && !vector_in_bounds::<N>(end - 1, len)) || !(ptr as usize).is_multiple_of(16) {
         out_of_bounds()
     }
