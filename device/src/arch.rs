@@ -175,6 +175,19 @@ pub fn bar_sync() {
     }
 }
 
+/// `bar.sync id, threads`: waits until `threads` threads (a multiple of 32) arrive at named
+/// barrier `id` (1-15; 0 is [`bar_sync`]'s), a barrier of those threads alone. The emulator
+/// models the one use the library makes of it, a warpgroup's own barrier
+/// (`Warpgroup::sync`: 128 threads).
+#[inline(always)]
+pub fn bar_sync_named(id: u32, threads: u32) {
+    gpu_or_emulator! {
+        // SAFETY: as for `bar_sync`.
+        gpu: unsafe { ptx!("bar.sync {id}, {n};", id = in(reg32) id, n = in(reg32) threads, options(nostack)) },
+        emulator: emu::warpgroup_barrier(id, threads),
+    }
+}
+
 /// `bar.warp.sync mask`: synchronises the warp's lanes named in `mask` (CUDA's `__syncwarp`).
 #[inline(always)]
 pub fn bar_warp_sync(mask: u32) {

@@ -65,6 +65,15 @@ impl Warpgroup {
         arch::setmaxnreg_dec::<N>()
     }
 
+    /// `bar.sync 1 + index, 128`: waits until every thread of this warpgroup arrives, a block
+    /// barrier for the warpgroup alone (the block's other warpgroups go on): shared and global
+    /// memory written before it is visible to the warpgroup after it. Named barriers `1 ..=
+    /// warpgroups` are the warpgroups'; a kernel that uses this uses them for nothing else.
+    #[inline(always)]
+    pub fn sync(self) {
+        arch::bar_sync_named(1 + self.index, THREADS)
+    }
+
     /// `wgmma.fence`: orders earlier accesses to accumulators before the next `wgmma`s.
     #[inline(always)]
     pub fn fence(self) {
@@ -167,6 +176,14 @@ impl WgmmaInput for f16 {
         // SAFETY: two 2-byte values, the first in the lower half (little-endian).
         unsafe { core::mem::transmute::<u32, [Self; 2]>(arch::cvt_rn_f16x2_f32(y, x)) }
     }
+}
+
+/// Where the 128-byte swizzle ([`Operand::k_major_swizzle_128b`], TMA's `SWIZZLE_128B`)
+/// keeps byte `offset` of a 1024-byte-aligned tile of 128-byte rows: its 16-byte chunk
+/// XOR the row's place in its group of 8. For a kernel that writes such an operand itself.
+#[inline(always)]
+pub const fn swizzle_128b(offset: u32) -> u32 {
+    offset ^ ((offset >> 7) & 7) << 4
 }
 
 /// A `wgmma` operand in shared memory: its matrix descriptor (PTX ISA §9.7.15.5.1).

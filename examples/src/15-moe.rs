@@ -19,9 +19,11 @@ use rand::Rng;
 /// rounds, not its ranks); on the tokens schedule, top 2 of 8 at 24 tokens and top 1 of 8 at
 /// 1 token over down clusters of 8 (blocks with no K-steps); on the dense schedule, top 4 of 16 at 40 tokens
 /// (`plan`'s choice there: 10 pairs an expert) and top 1 of 8 at 2 tokens (experts no token
-/// chose); clusters of 2, 4 and 8; one router row doubled
+/// chose); on the fused schedule (one launch), top 4 of 16 at 1 token, top 2 of 8 at 5 and
+/// top 1 of 8 at 8; clusters of 2, 4 and 8; one router row doubled
 /// so that two experts tie); Mixtral-8x7B and DeepSeek-V2-Lite shapes at 8 and 64 tokens on a
-/// GPU, each on the schedule and cluster `plan` takes (two on each).
+/// GPU, each on the schedule and cluster `plan` takes (two on each), and both at 1 token on
+/// the fused schedule (Mixtral's 224 units on at most 132 blocks: blocks that take two).
 pub fn run(gpu: &Gpu) -> Result<Report> {
     let kernels = Kernels::load(gpu)?;
     let mixtral_like = Layer { hidden: 128, experts: 8, top_k: 2, ffn: 64, renormalize: true };
@@ -45,10 +47,18 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
     let on_pairs = |layer: Layer, tokens: usize, cluster: u32| (layer, tokens, Some(cluster), Schedule::pairs(&layer, tokens));
     let on_tokens = |layer: Layer, tokens: usize, cluster: u32| (layer, tokens, Some(cluster), Schedule::Tokens);
     let on_dense = |layer: Layer, tokens: usize, cluster: u32| (layer, tokens, Some(cluster), Schedule::Dense);
+    let on_fused = |layer: Layer, tokens: usize, cluster: u32| (layer, tokens, Some(cluster), Schedule::Fused);
     let as_planned = |layer: Layer, tokens: usize| (layer, tokens, None, schedule(&layer, tokens, sms));
     let cases = shape(
         gpu,
-        vec![as_planned(Layer::MIXTRAL_8X7B, 8), as_planned(Layer::DEEPSEEK_V2_LITE, 8), as_planned(Layer::MIXTRAL_8X7B, 64), as_planned(Layer::DEEPSEEK_V2_LITE, 64)],
+        vec![
+            as_planned(Layer::MIXTRAL_8X7B, 8),
+            as_planned(Layer::DEEPSEEK_V2_LITE, 8),
+            as_planned(Layer::MIXTRAL_8X7B, 64),
+            as_planned(Layer::DEEPSEEK_V2_LITE, 64),
+            (Layer::MIXTRAL_8X7B, 1, Some(2), Schedule::Fused),
+            (Layer::DEEPSEEK_V2_LITE, 1, Some(4), Schedule::Fused),
+        ],
         vec![
             planned(mixtral_like, 1, 2),
             planned(mixtral_like, 5, 8),
@@ -65,6 +75,9 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
             planned(tokens_deepseek_like, 40, 4),
             on_tokens(tokens_top_1, 1, 2),
             on_dense(tokens_top_1, 2, 2),
+            on_fused(tokens_deepseek_like, 1, 2),
+            on_fused(tokens_mixtral_like, 5, 4),
+            on_fused(tokens_top_1, 8, 2),
         ],
     );
     let (mut outs, mut refs, mut runs) = (Vec::new(), Vec::new(), Vec::new());
@@ -90,7 +103,7 @@ pub fn run(gpu: &Gpu) -> Result<Report> {
         let second = b.results(gpu)?;
         // Every block stamps its points in order.
         let timeline = b.timeline(gpu, &plan)?;
-        let stamped = timeline.is_some_and(|Timeline { gate_up, down, in_order, .. }| in_order && gate_up[3] > 0.0 && down[2] > 0.0);
+        let stamped = timeline.is_some_and(|Timeline { gate_up, down, in_order, .. }| in_order && gate_up[3] > 0.0 && down.map_or(plan.schedule == Schedule::Fused, |down| down[2] > 0.0));
         let same = first.0.iter().chain(&first.2).zip(second.0.iter().chain(&second.2)).all(|(a, b)| a.to_bits() == b.to_bits()) && first.1 == second.1;
         let differs = reference.routing_mismatches(&second.1, layer.experts);
         // A routing that differs, a second run that does, or a timeline out of order counts

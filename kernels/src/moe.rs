@@ -105,7 +105,7 @@ use clusterfuse::shared::DynamicShared;
 use crate::decode::load_words_out;
 use crate::wgmma_gemm::consume;
 use clusterfuse::tma::{Pipeline, PipelineState, TensorMap};
-use clusterfuse::warpgroup::{AccM64N256, AccM64N64, Operand, Warpgroup};
+use clusterfuse::warpgroup::{swizzle_128b, AccM64N256, AccM64N64, Operand, Warpgroup};
 
 /// Tokens a routing cluster of the dense schedule routes (the others stream meanwhile): the
 /// gate table's tile, `ROUTER_TOKENS × experts`.
@@ -1437,6 +1437,225 @@ fn down_tokens(h: &Out<bf16>, h_map: &[u64], routing: &Out<u32>, pair_gate: &Out
     stamp(timeline, 3);
 }
 
+/// Most tokens the fused schedule takes: a block's partial `y` (`tokens × hidden` f32) sits
+/// in its shared memory beside the gate/up pipeline.
+pub const FUSED_MAX_TOKENS: usize = 8;
+/// The fused kernel's `h` tile: the 64 token rows (every token, zeros past the last) × a
+/// unit's 128 features, bf16, as two boxes of 64 features (128-byte rows) under the 128-byte
+/// swizzle — the down projection's B operand, as `tokens_operand` reads a stage's `h`.
+const FUSED_H_BOX_BYTES: u32 = tokens_box_bytes(DOWN_STAGE_STEPS);
+/// Down stages of a unit's 128 features for one 128-row group of the output.
+const FUSED_DOWN_STAGES: usize = TILE_ROWS / (STEP * DOWN_STAGE_STEPS);
+
+/// The *fused schedule*, one launch (for few tokens): the tokens schedule's routing and
+/// gate/up units, each unit then multiplying its own 128 features of `h` by the same 128
+/// columns of its expert's `W_down` — the down projection split along the FFN features, so
+/// no block waits for another's `h` and no second launch streams the down weights after the
+/// first has drained. A block (one an SM, persistent) takes units of 128 features of a
+/// selected expert round robin: warpgroup 0's first thread loads the unit's gate and up
+/// stages (as [`gate_up_tokens`]), then its `W_down` columns, 128 output rows × 2 K-steps a
+/// stage, through the same [`Pipeline`]; warpgroup 1 multiplies the gate and up stages,
+/// writes `h = g · silu(gate) · up` (bf16, each token's gate weight from the block's own
+/// routing) into a swizzled shared tile, and multiplies each down stage with it, adding each
+/// 128-row group's product to the block's partial `y` in shared memory. At the end every
+/// block publishes its partial ([`Published`]), waits for all of them, and its warps sum
+/// each output over the blocks in block order: no atomics, bitwise deterministic.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn fused_tokens(
+    x: &[bf16],
+    x_map: &[u64],
+    router: &[bf16],
+    weights: [(&[bf16], &[u64]); 3],
+    out: &Out<bf16>,
+    top_ids: &Out<u32>,
+    top_gates: &Out<f32>,
+    k: usize,
+    renormalize: bool,
+    partials: &Published<f32>,
+    timeline: &Out<u64>,
+) {
+    stamp(timeline, 0);
+    let [(w_gate, gate_map), (w_up, up_map), (w_down, down_map)] = weights;
+    let tokens = top_ids.len() / k;
+    let hidden = x.len() / tokens;
+    let experts = router.len() / hidden;
+    let ffn = w_gate.len() / (experts * hidden);
+    let (blocks, block) = (grid::dim().x as usize, block::index_x() as usize);
+    let partial = tokens * hidden;
+    if tokens > FUSED_MAX_TOKENS
+        || !hidden.is_multiple_of(TILE_ROWS)
+        || !hidden.is_multiple_of(STEP * GATE_UP_UNROLL)
+        || !ffn.is_multiple_of(TILE_ROWS)
+        || w_gate.len() != experts * ffn * hidden
+        || w_up.len() != w_gate.len()
+        || w_down.len() != w_gate.len()
+        || out.len() != partial
+        || partials.tile_len() != partial
+        || partials.len() < blocks * partial
+    {
+        arch::trap();
+    }
+    let (x_map, gate_map, up_map, down_map) = (TensorMap::new(x_map), TensorMap::new(gate_map), TensorMap::new(up_map), TensorMap::new(down_map));
+    let mut smem = shared::dynamic();
+    smem.align_to(1024);
+    let stages = smem.take::<u32>(GATE_UP_TOKENS_STAGES * GATE_UP_TOKENS_STAGE_BYTES as usize / 4).addr();
+    // 1024-aligned: the stages are whole KB.
+    let h_tile = smem.take::<bf16>(2 * FUSED_H_BOX_BYTES as usize / 2);
+    // SAFETY: fresh shared memory; the routing's block barriers come before its use.
+    let pipeline = unsafe { Pipeline::<GATE_UP_TOKENS_STAGES>::new(smem.take::<u64>(2 * GATE_UP_TOKENS_STAGES), 1) };
+    let sums = smem.take::<f32>(partial);
+    // The tile's rows past the last token stay zero; the sums start at zero (the routing's
+    // block barriers order these stores before every use).
+    for i in block::stride_loop(0..h_tile.len()) {
+        h_tile.store(i, bf16::from_bits(0));
+    }
+    for i in block::stride_loop(0..partial) {
+        sums.store(i, 0.0);
+    }
+    let (dispatch, ids, gates) = route_tokens(&mut smem, x, router, tokens, k, renormalize, timeline);
+    if cluster::index_in_grid().x == 0 && cluster::block_rank() == 0 {
+        for p in block::stride_loop(0..tokens * k) {
+            top_ids.set(p, ids.load(p));
+            top_gates.set(p, gates.load(p));
+        }
+    }
+    stamp(timeline, 2);
+
+    const STEPS: usize = GATE_UP_STAGE_STEPS;
+    let (tiles, stages_per_unit, groups) = (ffn / TILE_ROWS, hidden / (STEP * STEPS), hidden / TILE_ROWS);
+    let expert_of = |unit: usize| dispatch.item(unit / tiles, MAX_TOKENS).expert;
+    let units = || grid::round_robin((dispatch.items() * tiles) as u32, 0).map(|unit| unit as usize);
+    let wg = Warpgroup::current();
+    if wg.index() == 0 {
+        if wg.thread_rank() == 0 {
+            let mut state = PipelineState::START;
+            for unit in units() {
+                let (expert, tile) = (expert_of(unit), unit % tiles);
+                let row_tile = (expert * tiles + tile) * TILE_ROW_TILES;
+                for s in 0..stages_per_unit {
+                    let full = pipeline.producer_acquire(state, GATE_UP_TOKENS_STAGE_BYTES);
+                    let stage = stages + state.stage() as u32 * GATE_UP_TOKENS_STAGE_BYTES;
+                    // SAFETY: as in `gate_up_tokens`.
+                    unsafe {
+                        load_weights(gate_map, stage, row_tile, s, STEPS, full);
+                        load_weights(up_map, stage + weight_box_bytes(STEPS), row_tile, s, STEPS, full);
+                        x_map.load_2d(stage + 2 * weight_box_bytes(STEPS), (s * STEPS * STEP) as i32, 0, full);
+                    }
+                    state = state.next();
+                }
+                // The unit's 128 columns of `W_down`, 128 output rows at a time.
+                for group in 0..groups {
+                    for j in 0..FUSED_DOWN_STAGES {
+                        let full = pipeline.producer_acquire(state, weight_box_bytes(DOWN_STAGE_STEPS));
+                        let stage = stages + state.stage() as u32 * GATE_UP_TOKENS_STAGE_BYTES;
+                        // SAFETY: the stage (1024-aligned, 20 KB) is free and the full barrier
+                        // expects the box's 16 KB; the row tiles are the expert's output rows
+                        // (checked lengths), the K-steps the unit's features.
+                        unsafe { load_weights(down_map, stage, expert * hidden / ROWS + group * TILE_ROW_TILES, tile * FUSED_DOWN_STAGES + j, DOWN_STAGE_STEPS, full) };
+                        state = state.next();
+                    }
+                }
+            }
+        }
+    } else {
+        let t = wg.thread_rank();
+        let mut state = PipelineState::START;
+        for unit in units() {
+            let expert = expert_of(unit);
+            // [gate, up] × [even rows, odd rows].
+            let mut acc = [AccM64N64::ZERO, AccM64N64::ZERO, AccM64N64::ZERO, AccM64N64::ZERO];
+            let (last, next) = consume::<GATE_UP_TOKENS_STAGES, { 2 * STEPS as u32 }>(&wg, &pipeline, state, stages_per_unit, |s, kk, accumulate| {
+                let stage = stages + s * GATE_UP_TOKENS_STAGE_BYTES;
+                let b = tokens_operand(stage + 2 * weight_box_bytes(STEPS), kk, STEPS);
+                unroll!(i in [0 1 2 3] {
+                    let a = weight_operand(stage + (i / 2) as u32 * weight_box_bytes(STEPS), (i % 2) as u32, kk, STEPS);
+                    // SAFETY: as in `gate_up_tokens`.
+                    unsafe { wg.mma_m64n64k16(a, b, &mut acc[i], accumulate) };
+                });
+            });
+            if t == 0 {
+                pipeline.consumer_release(last);
+            }
+            state = next;
+            // The previous unit's down `wgmma`s have read the tile (each thread waited for
+            // its own): now every thread has.
+            wg.sync();
+            // `h` of token column `c` (register `4j + 2dv + dc`, as in `gate_up_tokens`) and
+            // feature `f` of the unit at row `c`, column `f` of the tile (box `f / 64`).
+            unroll!(j in [0 1 2 3 4 5 6 7] {
+                unroll!(dc in [0 1] {
+                    let c = 8 * j + 2 * (t as usize % 4) + dc;
+                    if c < tokens {
+                        let g = chosen_gate(ids, gates, k, c, expert);
+                        unroll!(dv in [0 1] {
+                            let i = 4 * j + 2 * dv + dc;
+                            let m = AccM64N256::position(t, i).0;
+                            unroll!(parity in [0 1] {
+                                let f = weight_row(m, parity);
+                                let byte = (f / 64) as u32 * FUSED_H_BOX_BYTES + swizzle_128b((c * 128 + f % 64 * 2) as u32);
+                                h_tile.store(byte as usize / 2, bf16::from_f32(g * silu_gate(acc[parity].values[i], acc[2 + parity].values[i])));
+                            });
+                        });
+                    }
+                });
+            });
+            // The tile, written through the generic proxy, is read by `wgmma` (the async
+            // proxy) once the whole warpgroup has written its part.
+            arch::fence_proxy_async_shared_cta();
+            wg.sync();
+            let tile_at = h_tile.addr();
+            for group in 0..groups {
+                let mut down = [AccM64N64::ZERO, AccM64N64::ZERO];
+                let mut call = 0;
+                let (last, next) = consume::<GATE_UP_TOKENS_STAGES, { 2 * DOWN_STAGE_STEPS as u32 }>(&wg, &pipeline, state, FUSED_DOWN_STAGES, |s, kk, accumulate| {
+                    let stage = stages + s * GATE_UP_TOKENS_STAGE_BYTES;
+                    // Stage `j` of the group multiplies box `j` of the tile.
+                    let b = tokens_operand(tile_at + (call / (2 * DOWN_STAGE_STEPS)) as u32 * FUSED_H_BOX_BYTES, kk, DOWN_STAGE_STEPS);
+                    call += 1;
+                    unroll!(parity in [0 1] {
+                        // SAFETY: as in `down_tokens`; the tile was written before the fence and
+                        // barrier above and stays unwritten until the next unit's barrier.
+                        unsafe { wg.mma_m64n64k16(weight_operand(stage, parity as u32, kk, DOWN_STAGE_STEPS), b, &mut down[parity], accumulate) };
+                    });
+                });
+                if t == 0 {
+                    pipeline.consumer_release(last);
+                }
+                state = next;
+                // Each value this thread holds is its own cell of the partial `y`.
+                unroll!(parity in [0 1] {
+                    unroll!(i in [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31] {
+                        let (m, c) = AccM64N256::position(t, i);
+                        if c < tokens {
+                            let cell = c * hidden + group * TILE_ROWS + weight_row(m, parity);
+                            sums.store(cell, sums.load(cell) + down[parity].values[i]);
+                        }
+                    });
+                });
+            }
+        }
+    }
+    // Both warpgroups: the block's partial `y` is whole (the consumer's sums).
+    block::sync();
+    for i in block::stride_loop(0..partial) {
+        partials.set(block * partial + i, sums.load(i));
+    }
+    partials.publish(block..block + 1);
+    let all = partials.wait(0..blocks * partial);
+    // Warp `w` of block `b` sums outputs `b · 8 + w`, then every 8 · blocks-th: its lanes
+    // the blocks' partials in block order, strided by 32, then the warp's sum (a fixed tree).
+    let (warp, lane) = (warp::index_in_block() as usize, warp::lane() as usize);
+    for o in (block * WARPS + warp..partial).step_by(blocks * WARPS) {
+        let own = (lane..blocks).step_by(32).map(|b| all.get(b * partial + o)).sum::<f32>();
+        let sum = warp::reduce_sum(own);
+        if lane == 0 {
+            out.set(o, bf16::from_f32(sum));
+        }
+    }
+    stamp(timeline, 3);
+}
+
 macro_rules! moe_kernels {
     (gate_up: [$($gate_up:ident, $g_nt:literal, $g_pairs:literal;)*] down: [$($down:ident, $d_nt:literal, $d_pairs:literal;)*]) => {
         $(
@@ -1501,6 +1720,32 @@ pub fn moe_gate_up_tokens(
 #[allow(clippy::too_many_arguments)]
 pub fn moe_down_tokens(h: Out<bf16>, h_map: &[u64], routing: Out<u32>, pair_gate: Out<f32>, w_down: &[bf16], down_map: &[u64], out: Out<bf16>, top_k: u32, dense: u32, timeline: Out<u64>) {
     down_tokens(&h, h_map, &routing, &pair_gate, w_down, down_map, &out, top_k as usize, dense != 0, &timeline)
+}
+
+/// MoE in one launch: the fused schedule ([`fn@moe_gate_up_tokens`]'s arguments without the
+/// hand-over, with the down weights and their tensor map, `out` (`tokens × hidden`) and
+/// `partials` (a tile of `tokens × hidden` a block, at least as many tiles as blocks)).
+#[kernel(persistent, launch_bounds(max_threads = 256, min_blocks = 1))]
+#[allow(clippy::too_many_arguments)]
+pub fn moe_fused(
+    x: &[bf16],
+    x_map: &[u64],
+    router: &[bf16],
+    w_gate: &[bf16],
+    gate_map: &[u64],
+    w_up: &[bf16],
+    up_map: &[u64],
+    w_down: &[bf16],
+    down_map: &[u64],
+    out: Out<bf16>,
+    top_ids: Out<u32>,
+    top_gates: Out<f32>,
+    top_k: u32,
+    renormalize: u32,
+    partials: Published<f32>,
+    timeline: Out<u64>,
+) {
+    fused_tokens(x, x_map, router, [(w_gate, gate_map), (w_up, up_map), (w_down, down_map)], &out, &top_ids, &top_gates, top_k as usize, renormalize != 0, &partials, &timeline)
 }
 
 // The down kernel has no 32-pair form: with 4 n-tiles too few of its steps' loads fit in

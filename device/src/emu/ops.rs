@@ -73,6 +73,19 @@ pub fn warpgroup_wait() {
     });
 }
 
+/// `bar.sync id, 128` of a warpgroup's own barrier (`Warpgroup::sync`): a rendezvous of the
+/// warpgroup that orders its threads' memory accesses, as [`warpgroup_wait`]'s.
+pub fn warpgroup_barrier(id: u32, threads: u32) {
+    with_current(|thread| {
+        let r = &thread.registers;
+        let warpgroup = (r.tid.x + r.ntid.x * (r.tid.y + r.ntid.y * r.tid.z)) / 128;
+        if threads != 128 || id != 1 + warpgroup {
+            fault(format_args!("bar.sync {id}, {threads}: the emulator models named barriers only as a warpgroup's own (id 1 + its index, 128 threads)"));
+        }
+    });
+    warpgroup_wait();
+}
+
 /// Fences: the emulator is sequentially consistent, so they order nothing further.
 pub fn fence() {}
 

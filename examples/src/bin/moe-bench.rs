@@ -30,6 +30,7 @@ use clusterfuse::bf16;
 use clusterfuse::host::{Gpu, LaunchConfig};
 use clusterfuse_examples::check::{copy_bandwidth, gpu_or_skip, median_us_per_call, print_rows, with_rng, Report};
 use clusterfuse_kernels::moe::host::{down, gate_up, gate_up_cluster, multiprocessors, plan_schedule, schedule, step, Buffers, Kernels, Layer, Moe, Plan, Reference, Schedule, Timeline, TOLERANCE};
+use clusterfuse_kernels::moe::FUSED_MAX_TOKENS;
 use rand::Rng;
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -74,6 +75,7 @@ fn file_label(schedule: Schedule) -> &'static str {
         Schedule::Pairs { .. } => "pairs",
         Schedule::Tokens => "tokens",
         Schedule::Dense => "dense",
+        Schedule::Fused => "fused",
     }
 }
 
@@ -108,7 +110,8 @@ fn main() -> Result<()> {
             let roofline_us = layer.step_bytes(tokens, selected) as f64 / bandwidth * 1e6;
             let planned = schedule(&layer, tokens, sms);
             let dense = (tokens * layer.top_k >= layer.experts).then_some(Schedule::Dense);
-            let others = [Some(Schedule::pairs(&layer, tokens)), Some(Schedule::Tokens), dense].into_iter().flatten().filter(|&s| s != planned);
+            let fused = (tokens <= FUSED_MAX_TOKENS).then_some(Schedule::Fused);
+            let others = [Some(Schedule::pairs(&layer, tokens)), Some(Schedule::Tokens), dense, fused].into_iter().flatten().filter(|&s| s != planned);
             let label = ffn.map_or(name.to_string(), |f| format!("{name} (FFN {f})"));
             let prefix = format!("| {label} | {tokens} | {selected} of {} |", layer.experts);
             for schedule in std::iter::once(planned).chain(others) {
@@ -116,14 +119,14 @@ fn main() -> Result<()> {
                 let mut run = || -> Result<()> {
                     let cluster = cluster.map_or_else(|| gate_up_cluster(&kernels, &gpu, layer, tokens, schedule), Ok)?;
                     let plan = plan_schedule(&kernels, &gpu, layer, tokens, cluster, true, schedule)?;
-                    let down_cluster = plan.down.cluster.map_or(1, |c| c.x);
+                    let (down_blocks, down_cluster) = plan.down.map_or((0, 0), |d| (d.grid.x, d.cluster.map_or(1, |c| c.x)));
                     let mut b = Buffers::upload(&gpu, &moe)?;
                     step(&kernels, gpu.stream(), &mut b, &plan)?;
                     let first = b.results(&gpu)?;
                     // The busiest expert's pairs: past a group, its weights are read again.
                     let busiest = (0..layer.experts as u32).map(|e| first.1.iter().filter(|&&id| id == e).count()).max().unwrap_or(0);
                     let mark = if schedule == planned { "planned " } else { "" };
-                    let layout = format!("{mark}{schedule:?}: {} + {} blocks, clusters of {cluster} and {down_cluster}, busiest expert {busiest} pairs", plan.gate_up.grid.x, plan.down.grid.x);
+                    let layout = format!("{mark}{schedule:?}: {} + {} blocks, clusters of {cluster} and {down_cluster}, busiest expert {busiest} pairs", plan.gate_up.grid.x, down_blocks);
                     // The planned schedule runs first: it writes the inputs too.
                     if let (Some(dir), true) = (&dump_dir, tokens == TOKENS[0]) {
                         dump(dir, name, &moe, schedule == planned, file_label(schedule), &first)?;
@@ -146,7 +149,8 @@ fn main() -> Result<()> {
                     let launched = median_us_per_call(&gpu, (WARMUP, REPS), STEPS_PER_PASS, |_| step(&kernels, gpu.stream(), &mut b, &plan))?;
                     // SAFETY: as above.
                     let replayed = median_us_per_call(&gpu, (WARMUP, REPS), STEPS_PER_PASS, |_| unsafe { graph.replay(gpu.stream()) })?;
-                    for (variant, us) in [("2 launches, PDL", launched), ("CUDA graph of the 2, PDL", replayed)] {
+                    let variants = if plan.down.is_some() { ["2 launches, PDL", "CUDA graph of the 2, PDL"] } else { ["1 launch", "CUDA graph of the 1"] };
+                    for (variant, us) in variants.into_iter().zip([launched, replayed]) {
                         rows.push(format!("{prefix} clusterfuse {variant} ({layout}) | {us:.1} | {roofline_us:.1} | {:.0}% | {:.2e} |", roofline_us / us * 100.0, report.rel_error));
                     }
                     // Where the time goes: each launch alone.
@@ -155,8 +159,9 @@ fn main() -> Result<()> {
                     // The graph is not replayed after this: `record_timeline` replaces buffers.
                     b.record_timeline(&gpu, &plan)?;
                     step(&kernels, gpu.stream(), &mut b, &plan)?;
-                    if let Some(Timeline { gate_up: g, cluster_logits, down: d, .. }) = b.timeline(&gpu, &plan)? {
-                        timelines.push(format!("{prefix} {mark}{schedule:?} | {:.1} | {:.1} | {cluster_logits:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |", g[0], g[1], g[2], g[3], d[0], d[1], d[2]));
+                    if let Some(Timeline { gate_up: g, cluster_logits, down, .. }) = b.timeline(&gpu, &plan)? {
+                        let d = down.map_or_else(|| String::from("– | – | –"), |d| format!("{:.1} | {:.1} | {:.1}", d[0], d[1], d[2]));
+                        timelines.push(format!("{prefix} {mark}{schedule:?} | {:.1} | {:.1} | {cluster_logits:.1} | {:.1} | {:.1} | {d} |", g[0], g[1], g[2], g[3]));
                     }
                     Ok(())
                 };
@@ -175,7 +180,7 @@ fn main() -> Result<()> {
     println!("| layer | tokens | experts used | variant | µs | roofline µs | % of roofline | rel error vs f64 |");
     println!("|---|---|---|---|---|---|---|---|");
     print_rows(&rows)?;
-    println!("\nEach launch alone (µs; the down kernel in stream order, not programmatic):");
+    println!("\nEach launch alone (µs; the down kernel in stream order, not programmatic; NaN: the fused schedule has none):");
     println!("| layer | tokens | experts used | schedule | gate/up | down |");
     println!("|---|---|---|---|---|---|");
     print_rows(&launches)?;
@@ -186,9 +191,11 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// µs of the gate/up launch alone, then of the down launch alone (in stream order).
+/// µs of the gate/up launch alone, then of the down launch alone (in stream order; NaN where
+/// the plan has none).
 fn alone(gpu: &Gpu, kernels: &Kernels, plan: &Plan, b: &mut Buffers) -> Result<(f64, f64)> {
     let first = median_us_per_call(gpu, (WARMUP, REPS), STEPS_PER_PASS, |_| gate_up(kernels, gpu.stream(), b, plan))?;
-    let ordered = Plan { down: LaunchConfig { programmatic: false, ..plan.down }, ..*plan };
+    let Some(config) = plan.down else { return Ok((first, f64::NAN)) };
+    let ordered = Plan { down: Some(LaunchConfig { programmatic: false, ..config }), ..*plan };
     Ok((first, median_us_per_call(gpu, (WARMUP, REPS), STEPS_PER_PASS, |_| down(kernels, gpu.stream(), b, &ordered))?))
 }

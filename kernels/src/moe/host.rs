@@ -220,6 +220,7 @@ pub struct Kernels {
     down_g16: moe_down_g16::Kernel,
     gate_up_tokens: moe_gate_up_tokens::Kernel,
     down_tokens: moe_down_tokens::Kernel,
+    fused: moe_fused::Kernel,
 }
 
 impl Kernels {
@@ -233,6 +234,7 @@ impl Kernels {
             down_g16: moe_down_g16::load(gpu)?,
             gate_up_tokens: moe_gate_up_tokens::load(gpu)?,
             down_tokens: moe_down_tokens::load(gpu)?,
+            fused: moe_fused::load(gpu)?,
         })
     }
 }
@@ -263,6 +265,9 @@ pub struct Buffers {
     /// [`MAX_TOKENS`] `× experts`: every token's gate weight for each expert, published
     /// by the tokens schedules' routing clusters.
     gate_table: Published<f32>,
+    /// The fused schedule's partial `y` of each block (`tokens × hidden` a tile, a tile an
+    /// SM; one tile past [`FUSED_MAX_TOKENS`] tokens, where the schedule does not run).
+    partials: Published<f32>,
     maps: Maps,
     /// The two kernels' timelines ([`TIMELINE_POINTS`] a block; one value: off).
     timelines: [Buffer<u64>; 2],
@@ -315,8 +320,8 @@ impl Maps {
 }
 
 /// A step's hand-over (`h`, `h_tokens`, `routing`, `pair_gate`), output (`top_ids`,
-/// `top_gates`, `out`) and published (`gate_table`) buffers, in [`Buffers`]' order.
-type Poisoned = (Buffer<bf16>, Buffer<bf16>, Buffer<u32>, Buffer<f32>, Buffer<u32>, Buffer<f32>, Buffer<bf16>, Published<f32>);
+/// `top_gates`, `out`) and published (`gate_table`, `partials`) buffers, in [`Buffers`]' order.
+type Poisoned = (Buffer<bf16>, Buffer<bf16>, Buffer<u32>, Buffer<f32>, Buffer<u32>, Buffer<f32>, Buffer<bf16>, Published<f32>, Published<f32>);
 
 /// Those buffers for `tokens` tokens of `layer`, poisoned: NaN, or `u32::MAX`.
 fn poisoned(gpu: &Gpu, layer: Layer, tokens: usize) -> Result<Poisoned> {
@@ -332,6 +337,10 @@ fn poisoned(gpu: &Gpu, layer: Layer, tokens: usize) -> Result<Poisoned> {
         gpu.upload(&vec![nan; tokens * layer.hidden])?,
         // In tiles of a dense routing cluster's tokens.
         Published::new(gpu, gpu.upload(&vec![f32::NAN; MAX_TOKENS * layer.experts])?, (ROUTER_TOKENS * layer.experts) as u32)?,
+        {
+            let (tile, tiles) = (tokens * layer.hidden, if tokens <= FUSED_MAX_TOKENS { multiprocessors(gpu)? } else { 1 });
+            Published::new(gpu, gpu.upload(&vec![f32::NAN; tiles * tile])?, tile as u32)?
+        },
     ))
 }
 
@@ -341,7 +350,7 @@ impl Buffers {
     pub fn upload(gpu: &Gpu, moe: &Moe) -> Result<Self> {
         moe.check()?;
         let Layer { hidden, ffn, .. } = moe.layer;
-        let (h, h_tokens, routing, pair_gate, top_ids, top_gates, out, gate_table) = poisoned(gpu, moe.layer, moe.tokens)?;
+        let (h, h_tokens, routing, pair_gate, top_ids, top_gates, out, gate_table, partials) = poisoned(gpu, moe.layer, moe.tokens)?;
         let x = gpu.upload(&moe.x)?;
         let w_gate = gpu.upload(&tile(&moe.w_gate, hidden))?;
         let w_up = gpu.upload(&tile(&moe.w_up, hidden))?;
@@ -363,6 +372,7 @@ impl Buffers {
             top_gates,
             out,
             gate_table,
+            partials,
             maps,
             timelines: [gpu.upload(&[0u64])?, gpu.upload(&[0u64])?],
             after_down: false,
@@ -374,7 +384,7 @@ impl Buffers {
     pub fn poison(&mut self, gpu: &Gpu) -> Result<()> {
         let buffers = poisoned(gpu, self.layer, self.tokens)?;
         let maps = Maps::new(gpu, self.layer, self.tokens, [&self.x, &self.w_gate, &self.w_up, &self.w_down, &buffers.1])?;
-        (self.h, self.h_tokens, self.routing, self.pair_gate, self.top_ids, self.top_gates, self.out, self.gate_table) = buffers;
+        (self.h, self.h_tokens, self.routing, self.pair_gate, self.top_ids, self.top_gates, self.out, self.gate_table, self.partials) = buffers;
         self.maps = maps;
         Ok(())
     }
@@ -389,8 +399,8 @@ impl Buffers {
     /// [`Buffers::timeline`] reads. It replaces two buffers, as [`Buffers::poison`] does: a
     /// graph captured before must not be replayed after.
     pub fn record_timeline(&mut self, gpu: &Gpu, plan: &Plan) -> Result<()> {
-        let stamps = |config: &LaunchConfig| vec![0u64; config.grid.x as usize * TIMELINE_POINTS];
-        self.timelines = [gpu.upload(&stamps(&plan.gate_up))?, gpu.upload(&stamps(&plan.down))?];
+        let stamps = |config: Option<&LaunchConfig>| config.map_or(vec![0u64], |c| vec![0u64; c.grid.x as usize * TIMELINE_POINTS]);
+        self.timelines = [gpu.upload(&stamps(Some(&plan.gate_up)))?, gpu.upload(&stamps(plan.down.as_ref()))?];
         // The timeline's origin is the first gate/up block's start: in stream order.
         self.after_down = false;
         Ok(())
@@ -402,9 +412,10 @@ impl Buffers {
         if self.timelines[0].len() == 1 {
             return Ok(None);
         }
-        let [gate_up, down] = [&self.timelines[0], &self.timelines[1]].map(|t| gpu.download(t));
+        let gate_up = gpu.download(&self.timelines[0])?;
+        let down = plan.down.map(|_| gpu.download(&self.timelines[1])).transpose()?;
         let cluster = plan.gate_up.cluster.map_or(1, |c| c.x as usize);
-        Ok(Some(Timeline::new(&gate_up?, &down?, cluster)))
+        Ok(Some(Timeline::new(&gate_up, down.as_deref(), cluster)))
     }
 }
 
@@ -414,13 +425,15 @@ impl Buffers {
 /// last block.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Timeline {
-    /// Gate/up blocks: their start, router logits summed, routing ready (mean), end (last).
+    /// Gate/up blocks (the fused schedule's: the step's): their start, router logits summed,
+    /// routing ready (mean), end (last).
     pub gate_up: [f64; TIMELINE_POINTS],
     /// The router logits of each cluster's last block, the mean over clusters: when the
     /// cluster's routing can start.
     pub cluster_logits: f64,
-    /// Down blocks: their start (mean), routing received (mean), end (last).
-    pub down: [f64; 3],
+    /// Down blocks: their start (mean), routing received (mean), end (last); none on the
+    /// fused schedule (one launch).
+    pub down: Option<[f64; 3]>,
     /// Every block of both kernels stamped its points in order: its raw stamps, not the
     /// means above (the mean of the clusters' last logits and that of all blocks' logits
     /// are sums of different lengths, which can round apart when the stamps are equal).
@@ -428,8 +441,9 @@ pub struct Timeline {
 }
 
 impl Timeline {
-    /// From the two kernels' stamps, the gate/up kernel's in clusters of `cluster` blocks.
-    fn new(gate_up: &[u64], down: &[u64], cluster: usize) -> Self {
+    /// From the kernels' stamps (the down kernel's, where the step has one), the gate/up
+    /// kernel's in clusters of `cluster` blocks.
+    fn new(gate_up: &[u64], down: Option<&[u64]>, cluster: usize) -> Self {
         let origin = gate_up.chunks(TIMELINE_POINTS).map(|b| b[0]).min().unwrap_or(0);
         // The stamps blocks made at `point`, in µs from the origin (0: not stamped).
         fn stamped(stamps: &[u64], point: usize, origin: u64) -> impl Iterator<Item = f64> + '_ {
@@ -446,8 +460,8 @@ impl Timeline {
         Timeline {
             gate_up: [point(gate_up, 0), point(gate_up, 1), point(gate_up, 2), last(gate_up)],
             cluster_logits,
-            down: [point(down, 0), point(down, 2), last(down)],
-            in_order: in_order(gate_up) && in_order(down),
+            down: down.map(|down| [point(down, 0), point(down, 2), last(down)]),
+            in_order: in_order(gate_up) && down.is_none_or(in_order),
         }
     }
 }
@@ -465,7 +479,7 @@ mod timeline_tests {
     #[test]
     fn equal_stamps_are_in_order_though_their_means_round_apart() {
         let (gate_up, down) = (gate_up(8, 1_000), vec![2_000, 0, 3_000, 4_000]);
-        let timeline = Timeline::new(&gate_up, &down, 2);
+        let timeline = Timeline::new(&gate_up, Some(&down), 2);
         assert!(timeline.in_order);
         // The check this replaced: the mean of the clusters' last logits against the mean
         // of all blocks' (sums of 4 and of 8 equal values) rounds apart.
@@ -476,8 +490,9 @@ mod timeline_tests {
     fn a_block_stamped_out_of_order_is_caught() {
         let mut gate_up = gate_up(4, 1_000);
         gate_up.swap(5, 6);
-        assert!(!Timeline::new(&gate_up, &[2_000, 0, 3_000, 4_000], 2).in_order);
-        assert!(!Timeline::new(&self::gate_up(4, 1_000), &[2_000, 0, 4_000, 3_000], 2).in_order);
+        assert!(!Timeline::new(&gate_up, Some(&[2_000, 0, 3_000, 4_000]), 2).in_order);
+        assert!(!Timeline::new(&self::gate_up(4, 1_000), Some(&[2_000, 0, 4_000, 3_000]), 2).in_order);
+        assert!(!Timeline::new(&gate_up, None, 2).in_order);
     }
 }
 
@@ -504,14 +519,23 @@ pub enum Schedule {
     /// token chose); the down kernel needs no routing at all. For so many tokens that
     /// every expert is chosen anyway ([`DENSE_PAIRS_PER_EXPERT`]).
     Dense,
+    /// One launch ([`fn@moe_fused`]): the tokens schedule's routing and gate/up units, each
+    /// unit then multiplying its own 128 features of `h` by the same 128 columns of its
+    /// expert's `W_down` (the down projection split along the features, so that no block
+    /// waits for another's `h`), the blocks' partial outputs summed in block order at the
+    /// end. For few tokens (at most [`FUSED_MAX_TOKENS`], its partial output in shared
+    /// memory).
+    Fused,
 }
 
 /// How a step launches: the schedule and both launch configurations.
 #[derive(Clone, Copy, Debug)]
 pub struct Plan {
     pub schedule: Schedule,
+    /// The first launch (the fused schedule's only one).
     pub gate_up: LaunchConfig,
-    pub down: LaunchConfig,
+    /// The down launch; none on the fused schedule.
+    pub down: Option<LaunchConfig>,
 }
 
 /// The schedule [`plan`] takes for `tokens` tokens on a GPU of `sms` multiprocessors:
@@ -644,7 +668,7 @@ fn gate_up_blocks(layer: &Layer, tokens: usize, schedule: Schedule) -> usize {
             let units = selected * layer.ffn / ROWS + tokens * layer.top_k / group * layer.ffn / ROWS;
             units.div_ceil(if group == 8 { WARPS } else { 2 })
         }
-        Schedule::Tokens => selected * layer.ffn / TILE_ROWS,
+        Schedule::Tokens | Schedule::Fused => selected * layer.ffn / TILE_ROWS,
         Schedule::Dense => layer.experts * layer.ffn / TILE_ROWS,
     }
 }
@@ -657,8 +681,14 @@ fn gate_up_launch(kernels: &Kernels, gpu: &Gpu, layer: &Layer, tokens: usize, cl
         Schedule::Pairs { gate_up_group: 16, .. } => (kernels.gate_up_g16.raw(), 16),
         Schedule::Pairs { .. } => (kernels.gate_up_g32.raw(), 32),
         Schedule::Tokens | Schedule::Dense => (kernels.gate_up_tokens.raw(), MAX_TOKENS),
+        Schedule::Fused => (kernels.fused.raw(), MAX_TOKENS),
     };
-    let config = LaunchConfig { grid: cluster.into(), block: BLOCK.into(), cluster: Some(cluster.into()), dynamic_smem_bytes: gate_up_smem(layer, tokens, cluster as usize, group) as u32, ..LaunchConfig::default() };
+    let mut smem = gate_up_smem(layer, tokens, cluster as usize, group);
+    if schedule == Schedule::Fused {
+        // The `h` tile and the block's partial `y`.
+        smem += 2 * FUSED_H_BOX_BYTES as usize + (tokens * layer.hidden * 4).next_multiple_of(16);
+    }
+    let config = LaunchConfig { grid: cluster.into(), block: BLOCK.into(), cluster: Some(cluster.into()), dynamic_smem_bytes: smem as u32, ..LaunchConfig::default() };
     let resident = raw.max_resident_blocks(gpu.stream(), &raw.plan(&config)?)?;
     Ok((config, resident))
 }
@@ -682,11 +712,15 @@ pub fn plan_schedule(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, 
             }
             if down_group == 8 { kernels.down_g8.raw() } else { kernels.down_g16.raw() }
         }
-        Schedule::Tokens | Schedule::Dense => {
+        Schedule::Tokens | Schedule::Dense | Schedule::Fused => {
             tokens_schedule_fits(&layer)?;
             kernels.down_tokens.raw()
         }
     };
+    if schedule == Schedule::Fused && tokens > FUSED_MAX_TOKENS {
+        let reason = format!("{tokens} tokens: it takes at most {FUSED_MAX_TOKENS} (a block's partial output sits in its shared memory)");
+        return Err(Error::UnsupportedShape { kernel: "the MoE layer's fused schedule", reason });
+    }
     let (mut gate_up, resident) = gate_up_launch(kernels, gpu, &layer, tokens, cluster, schedule)?;
     // The tokens schedule's gate/up kernel after the previous step's down kernel as well:
     // measured on an H100 (results/moe-h200.md, session 43), it took 1.1-1.9 µs off the
@@ -702,13 +736,16 @@ pub fn plan_schedule(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, 
         let reason = format!("{} clusters of {cluster} fit at once, fewer than the {routers} that route {tokens} tokens", gate_up.grid.x / cluster);
         return Err(Error::UnsupportedShape { kernel: "the MoE layer's dense schedule", reason });
     }
+    if schedule == Schedule::Fused {
+        return Ok(Plan { schedule, gate_up, down: None });
+    }
 
     // The down kernel's clusters split K, so that its blocks fill the GPU: the pairs
     // schedule's loop over their row tiles (a cluster that fits is enough), the tokens
     // schedule's take one each (the whole grid must fit at once).
     let (tile_rows, splits, per_sm, smem) = match schedule {
         Schedule::Pairs { .. } => (ROWS, &[4, 2][..], 2, dispatch_smem(&layer, tokens) + (WARPS * ROWS * tokens * 4).next_multiple_of(16) + ROWS * tokens * 4),
-        Schedule::Tokens | Schedule::Dense => (TILE_ROWS, &[8, 7, 6, 5, 4, 3, 2][..], 1, down_tokens_smem(&layer, tokens)),
+        Schedule::Tokens | Schedule::Dense | Schedule::Fused => (TILE_ROWS, &[8, 7, 6, 5, 4, 3, 2][..], 1, down_tokens_smem(&layer, tokens)),
     };
     let row_tiles = layer.hidden / tile_rows;
     let config = |split: usize| LaunchConfig {
@@ -728,17 +765,18 @@ pub fn plan_schedule(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, 
             break;
         }
     }
-    Ok(Plan { schedule, gate_up, down })
+    Ok(Plan { schedule, gate_up, down: Some(down) })
 }
 
-/// One step on `stream`: the two launches of `plan`.
+/// One step on `stream`: the launches of `plan`.
 pub fn step(kernels: &Kernels, stream: &Stream, b: &mut Buffers, plan: &Plan) -> Result<()> {
     gate_up(kernels, stream, b, plan)?;
     down(kernels, stream, b, plan)
 }
 
-/// The first launch alone: routing, gate and up projections — programmatic as `plan` says
-/// where the last launch on `b` was [`down`]'s, else in stream order.
+/// The first launch alone: routing, gate and up projections (on the fused schedule the whole
+/// step) — programmatic as `plan` says where the last launch on `b` was [`down`]'s, else in
+/// stream order.
 pub fn gate_up(kernels: &Kernels, stream: &Stream, b: &mut Buffers, plan: &Plan) -> Result<()> {
     let (k, renormalize) = (b.layer.top_k as u32, u32::from(b.layer.renormalize));
     let config = LaunchConfig { programmatic: plan.gate_up.programmatic && b.after_down, ..plan.gate_up };
@@ -776,25 +814,49 @@ pub fn gate_up(kernels: &Kernels, stream: &Stream, b: &mut Buffers, plan: &Plan)
                 &mut b.timelines[0],
             )
         }
+        Schedule::Fused => {
+            let m = &b.maps;
+            kernels.fused.launch(
+                stream,
+                &config,
+                &b.x,
+                m.x.words(),
+                &b.router,
+                &b.w_gate,
+                m.w_gate.words(),
+                &b.w_up,
+                m.w_up.words(),
+                &b.w_down,
+                m.w_down.words(),
+                &mut b.out,
+                &mut b.top_ids,
+                &mut b.top_gates,
+                k,
+                renormalize,
+                &mut b.partials,
+                &mut b.timelines[0],
+            )
+        }
     }
 }
 
 /// The second launch alone: the down projection and the combine, reading what the last
-/// [`gate_up`] on `b` wrote.
+/// [`gate_up`] on `b` wrote; nothing where `plan` has no down launch (the fused schedule).
 pub fn down(kernels: &Kernels, stream: &Stream, b: &mut Buffers, plan: &Plan) -> Result<()> {
+    let Some(config) = &plan.down else { return Ok(()) };
     let k = b.layer.top_k as u32;
     macro_rules! launch {
         ($kernel:expr) => {
-            $kernel.launch(stream, &plan.down, &mut b.h, &mut b.routing, &mut b.pair_gate, &b.w_down, &mut b.out, k, &mut b.timelines[1])
+            $kernel.launch(stream, config, &mut b.h, &mut b.routing, &mut b.pair_gate, &b.w_down, &mut b.out, k, &mut b.timelines[1])
         };
     }
     match plan.schedule {
         Schedule::Pairs { down_group: 8, .. } => launch!(kernels.down_g8),
         Schedule::Pairs { .. } => launch!(kernels.down_g16),
-        Schedule::Tokens | Schedule::Dense => {
+        Schedule::Tokens | Schedule::Dense | Schedule::Fused => {
             let m = &b.maps;
             let dense = u32::from(plan.schedule == Schedule::Dense);
-            kernels.down_tokens.launch(stream, &plan.down, &mut b.h_tokens, m.h_tokens.words(), &mut b.routing, &mut b.pair_gate, &b.w_down, m.w_down.words(), &mut b.out, k, dense, &mut b.timelines[1])
+            kernels.down_tokens.launch(stream, config, &mut b.h_tokens, m.h_tokens.words(), &mut b.routing, &mut b.pair_gate, &b.w_down, m.w_down.words(), &mut b.out, k, dense, &mut b.timelines[1])
         }
     }?;
     b.after_down = true;
