@@ -34,7 +34,10 @@ if [ "$what" = all ] || [ "$what" = check ]; then
     step memcheck-bulk timeout 120 compute-sanitizer --tool memcheck --kernel-name kns=cluster_gather_bulk .gpu/clusterfuse-examples --small 05-cluster
     # racecheck fails inside the tool ("Internal Sanitizer Error ... hardware exception") on
     # `cluster_gather_bulk`, even when excluded from checking, so 05 runs under it on its own.
-    step racecheck timeout 280 compute-sanitizer --tool racecheck --error-exitcode 1 .gpu/clusterfuse-examples --small $(.gpu/clusterfuse-examples --list | grep -v '^05-cluster$')
+    # On `moe_fused` (15-moe-fused) it fails too, alone or not: the process dies as it exits,
+    # 0 hazards reported, and with a kernel filter the same hardware exception (results/
+    # moe-h200.md, session 45); memcheck and the emulator's race detector cover that one.
+    step racecheck timeout 280 compute-sanitizer --tool racecheck --error-exitcode 1 .gpu/clusterfuse-examples --small $(.gpu/clusterfuse-examples --list | grep -v '^05-cluster$\|^15-moe-fused$')
     step racecheck-cluster timeout 120 compute-sanitizer --tool racecheck --error-exitcode 1 .gpu/clusterfuse-examples --small 05-cluster
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then

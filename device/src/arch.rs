@@ -175,16 +175,18 @@ pub fn bar_sync() {
     }
 }
 
-/// `bar.sync id, threads`: waits until `threads` threads (a multiple of 32) arrive at named
-/// barrier `id` (1-15; 0 is [`bar_sync`]'s), a barrier of those threads alone. The emulator
-/// models the one use the library makes of it, a warpgroup's own barrier
+/// `bar.sync ID, THREADS`: waits until `THREADS` threads (a multiple of 32) arrive at named
+/// barrier `ID` (1-15; 0 is [`bar_sync`]'s), a barrier of those threads alone. Both are
+/// immediates: with a barrier in a register ptxas reserves all 16 of the block's barriers.
+/// The emulator models the one use the library makes of it, a warpgroup's own barrier
 /// (`Warpgroup::sync`: 128 threads).
 #[inline(always)]
-pub fn bar_sync_named(id: u32, threads: u32) {
+pub fn bar_sync_named<const ID: u32, const THREADS: u32>() {
+    const { assert!(ID > 0 && ID < 16 && THREADS.is_multiple_of(32)) };
     gpu_or_emulator! {
         // SAFETY: as for `bar_sync`.
-        gpu: unsafe { ptx!("bar.sync {id}, {n};", id = in(reg32) id, n = in(reg32) threads, options(nostack)) },
-        emulator: emu::warpgroup_barrier(id, threads),
+        gpu: unsafe { ptx!("bar.sync {id}, {n};", id = const ID, n = const THREADS, options(nostack)) },
+        emulator: emu::warpgroup_barrier(ID, THREADS),
     }
 }
 

@@ -71,7 +71,17 @@ impl Warpgroup {
     /// warpgroups` are the warpgroups'; a kernel that uses this uses them for nothing else.
     #[inline(always)]
     pub fn sync(self) {
-        arch::bar_sync_named(1 + self.index, THREADS)
+        // Immediate barrier numbers, one per warpgroup a block can hold (1024 threads).
+        match self.index {
+            0 => arch::bar_sync_named::<1, THREADS>(),
+            1 => arch::bar_sync_named::<2, THREADS>(),
+            2 => arch::bar_sync_named::<3, THREADS>(),
+            3 => arch::bar_sync_named::<4, THREADS>(),
+            4 => arch::bar_sync_named::<5, THREADS>(),
+            5 => arch::bar_sync_named::<6, THREADS>(),
+            6 => arch::bar_sync_named::<7, THREADS>(),
+            _ => arch::bar_sync_named::<8, THREADS>(),
+        }
     }
 
     /// `wgmma.fence`: orders earlier accesses to accumulators before the next `wgmma`s.
@@ -276,4 +286,19 @@ pub struct AccM64N64 {
 impl AccM64N64 {
     /// All zeros.
     pub const ZERO: AccM64N64 = AccM64N64 { values: [0.0; 32] };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::swizzle_128b;
+
+    #[test]
+    fn the_128_byte_swizzle_permutes_a_rows_chunks_by_its_place_in_8_rows() {
+        // Row 0 unchanged, row 1 swaps chunk pairs, row 7 reverses them; the byte within a
+        // chunk stays, and the pattern repeats every 1024 bytes.
+        assert_eq!(swizzle_128b(0x25), 0x25);
+        assert_eq!(swizzle_128b(128 + 3), 128 + 16 + 3);
+        assert_eq!(swizzle_128b(7 * 128), 7 * 128 + 7 * 16);
+        assert_eq!(swizzle_128b(1024 + 3 * 128 + 16 + 6), 1024 + 3 * 128 + 2 * 16 + 6);
+    }
 }

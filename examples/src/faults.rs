@@ -17,6 +17,24 @@ pub fn reverse(x: &[f32], out: Out<f32>, synced: u32) {
     out.set(base + t, tile.load(255 - t));
 }
 
+/// Warpgroup 1 of each 256-thread block reverses its 128 values through shared memory while
+/// warpgroup 0 exits at once: with `synced == 0` its own barrier (`Warpgroup::sync`, which
+/// the exited warpgroup does not hold up) is missing between the store and the load, a race.
+#[kernel(launch_bounds(max_threads = 256))]
+pub fn warpgroup_reverse(out: Out<f32>, synced: u32) {
+    let tile = shared!([f32; 128]);
+    let wg = clusterfuse::warpgroup::Warpgroup::current();
+    if wg.index() == 0 {
+        return;
+    }
+    let t = wg.thread_rank() as usize;
+    tile.store(t, t as f32);
+    if synced != 0 {
+        wg.sync();
+    }
+    out.set(block::index_x() as usize * 128 + t, tile.load(127 - t));
+}
+
 /// Threads below `waiting` wait at a barrier the others never reach (they return first).
 #[kernel]
 pub fn divergent_barrier(out: Out<f32>, waiting: u32) {

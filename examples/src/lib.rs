@@ -110,6 +110,7 @@ pub const EXAMPLES: &[(&str, check::Runner)] = &[
     ("13-llama-decode", llama_decode::run),
     ("14-persistent-llama", persistent_llama::run),
     ("15-moe", moe::run),
+    ("15-moe-fused", moe::run_fused),
     ("16-rope-f16", rope::run_f16),
     ("16-rope-bf16", rope::run_bf16),
 ];

@@ -4,7 +4,7 @@
 
 use clusterfuse::host::{Error, Gpu, LaunchConfig, Published};
 use clusterfuse::Dim3;
-use clusterfuse_examples::faults::{bulk_exchange, divergent_barrier, dynamic_take, mailbox_exchange, peer_read, published_chain, reverse, shared_index, CHAIN_TILE};
+use clusterfuse_examples::faults::{bulk_exchange, divergent_barrier, dynamic_take, mailbox_exchange, peer_read, published_chain, reverse, shared_index, warpgroup_reverse, CHAIN_TILE};
 use clusterfuse_examples::{saxpy::saxpy, EXAMPLES};
 
 fn config(grid: u32, block: u32) -> LaunchConfig {
@@ -44,6 +44,20 @@ fn a_missing_barrier_is_reported_as_a_race() {
     assert_eq!(fault.kernel, "reverse");
     assert!(fault.message.contains("shared-memory race"), "{fault}");
     assert!(fault.message.contains("no barrier between them"), "{fault}");
+}
+
+#[test]
+fn a_warpgroup_barrier_orders_its_own_threads_alone() {
+    let gpu = Gpu::emulator();
+    let kernel = warpgroup_reverse::load(&gpu).unwrap();
+    let mut out = gpu.zeros::<f32>(256).unwrap();
+    // Warpgroup 0 has exited: a block barrier would never complete, the warpgroup's does.
+    kernel.launch(gpu.stream(), &config(2, 256), &mut out, 1).unwrap();
+    let expected: Vec<f32> = (0..256).map(|i| (127 - i % 128) as f32).collect();
+    assert_eq!(gpu.download(&out).unwrap(), expected);
+
+    let fault = fault(kernel.launch(gpu.stream(), &config(2, 256), &mut out, 0));
+    assert!(fault.message.contains("shared-memory race"), "{fault}");
 }
 
 #[test]

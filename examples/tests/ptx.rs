@@ -103,6 +103,7 @@ fn every_kernel_assembles_without_spills() {
         ("bench_gather", 0),
         ("bench_spin", 0),
         ("reverse", 1024),
+        ("warpgroup_reverse", 512),
         ("divergent_barrier", 0),
         ("shared_index", 256),
         ("dynamic_take", 0),

@@ -23,7 +23,7 @@
 //!   launch ([`llama::persistent`]).
 //! - [`moe`]: a mixture-of-experts layer at decode (1-64 tokens, bf16): routing by a cluster
 //!   top-k over DSMEM, then only the selected experts' SiLU-gated FFNs on tensor cores, the
-//!   combine fused into the down projection; two launches.
+//!   combine fused into the down projection; two launches, or one (the fused schedule).
 // The kernels' docs explain their device code, private helpers included.
 #![allow(rustdoc::private_intra_doc_links)]
 

@@ -1,13 +1,13 @@
 //! A mixture-of-experts layer at decode: router, top-k routing, and SiLU-gated expert FFNs
 //! over only the experts the batch selects, bf16 weights and activations, f32 arithmetic on
-//! tensor cores, 1-64 tokens, in two launches:
+//! tensor cores, 1-64 tokens, in two launches (one on the fused schedule):
 //!
 //! `y[t] = Σ_{e ∈ topk(t)} g[t, e] · W_down[e] · (silu(W_gate[e] · x[t]) ⊙ W_up[e] · x[t])`
 //!
 //! with `g` the softmax of the router logits `W_router · x[t]` (over all experts, or over the
 //! top k alone with `renormalize`: Mixtral's gating, where the two are the same numbers).
 //!
-//! Three schedules share the routing ([`host::Schedule`]; [`host::plan`] picks one). The
+//! Four schedules share the routing ([`host::Schedule`]; [`host::plan`] picks one). The
 //! *pairs* schedule, for few tokens, streams the weights through registers on `mma.sync`
 //! warps, one pass over an expert's rows per group of the (token, expert) pairs it serves:
 //!
@@ -78,6 +78,15 @@
 //! before its first unit's epilogue, so a few clusters route 8 tokens each while the others
 //! already stream, and the down kernel needs none — the routing's tens of microseconds at
 //! 64 tokens overlap the weights' stream instead of preceding it.
+//!
+//! The *fused* schedule, for few tokens on few units ([`fn@moe_fused`], one launch), splits
+//! the down projection along the FFN features instead of running it after the gate and up
+//! projections: each block takes the tokens schedule's units (128 features of a selected
+//! expert), and once a unit's `h` is in its shared memory it streams the same 128 columns of
+//! the expert's `W_down` through the same pipeline and multiplies them with it, adding the
+//! product to the block's partial `y`. No block waits for another's `h`, and no second
+//! launch streams the down weights after the first has drained; the blocks' partials meet
+//! once, at the end ([`Published`]), summed in block order.
 //!
 //! ```no_run
 //! # fn main() -> clusterfuse::host::Result<()> {
@@ -1109,6 +1118,54 @@ fn tokens_operand(tokens: u32, kk: u32, steps: usize) -> Operand<bf16> {
     if steps == 1 { Operand::k_major_swizzle_64b(tokens, 16 * kk) } else { Operand::k_major_swizzle_128b(tokens, 16 * kk) }
 }
 
+/// A tokens-schedule producer's loads of one gate/up unit: `count` stages of the 8 row tiles
+/// `row_tile ..` of the tiled gate and up weights and of the tokens' columns of `x` (`maps`:
+/// `x`, gate, up), from `state` on; returns the state after them.
+///
+/// # Safety
+/// The pipeline's stages lie at `stages`, [`GATE_UP_TOKENS_STAGE_BYTES`] each, 1024-aligned;
+/// the row tiles and the `count` stages' K-steps lie inside the maps' tensors.
+#[inline(always)]
+unsafe fn load_gate_up_unit<const S: usize>(pipeline: &Pipeline<S>, mut state: PipelineState<S>, stages: u32, [x_map, gate_map, up_map]: [TensorMap; 3], row_tile: usize, count: usize) -> PipelineState<S> {
+    const STEPS: usize = GATE_UP_STAGE_STEPS;
+    for k in 0..count {
+        let full = pipeline.producer_acquire(state, GATE_UP_TOKENS_STAGE_BYTES);
+        let stage = stages + state.stage() as u32 * GATE_UP_TOKENS_STAGE_BYTES;
+        // SAFETY: the stage is free (its empty barrier passed) and the full barrier expects
+        // all 3 boxes' bytes; the rest is the caller's.
+        unsafe {
+            load_weights(gate_map, stage, row_tile, k, STEPS, full);
+            load_weights(up_map, stage + weight_box_bytes(STEPS), row_tile, k, STEPS, full);
+            x_map.load_2d(stage + 2 * weight_box_bytes(STEPS), (k * STEPS * STEP) as i32, 0, full);
+        }
+        state = state.next();
+    }
+    state
+}
+
+/// A tokens-schedule consumer warpgroup's product of one gate/up unit ([`load_gate_up_unit`]'s
+/// `count` stages from `state` on), the last stage released: `[gate, up] × [even rows, odd
+/// rows]` accumulators, and the state after the unit.
+#[inline(always)]
+fn multiply_gate_up_unit<const S: usize>(wg: &Warpgroup, pipeline: &Pipeline<S>, state: PipelineState<S>, stages: u32, count: usize) -> ([AccM64N64; 4], PipelineState<S>) {
+    const STEPS: usize = GATE_UP_STAGE_STEPS;
+    let mut acc = [AccM64N64::ZERO, AccM64N64::ZERO, AccM64N64::ZERO, AccM64N64::ZERO];
+    let (last, next) = consume::<S, { 2 * STEPS as u32 }>(wg, pipeline, state, count, |s, kk, accumulate| {
+        let stage = stages + s * GATE_UP_TOKENS_STAGE_BYTES;
+        let b = tokens_operand(stage + 2 * weight_box_bytes(STEPS), kk, STEPS);
+        unroll!(i in [0 1 2 3] {
+            let a = weight_operand(stage + (i / 2) as u32 * weight_box_bytes(STEPS), (i % 2) as u32, kk, STEPS);
+            // SAFETY: `consume`'s guarantees: the stage is loaded and stays so, the whole
+            // warpgroup runs this after a fence; the first wgmma overwrites `acc`.
+            unsafe { wg.mma_m64n64k16(a, b, &mut acc[i], accumulate) };
+        });
+    });
+    if wg.thread_rank() == 0 {
+        pipeline.consumer_release(last);
+    }
+    (acc, next)
+}
+
 /// The gate/up kernel on the *tokens schedule* (for many tokens): routing as
 /// [`gate_up`], then every token against each selected expert's weights on `wgmma`, so that
 /// an expert's rows are read once however many tokens chose it. Cluster 0's first block
@@ -1229,19 +1286,9 @@ fn gate_up_tokens(
             let mut state = PipelineState::START;
             for unit in units() {
                 let row_tile = (expert_of(unit) * tiles + unit % tiles) * TILE_ROW_TILES;
-                for k in 0..stages_per_unit {
-                    let full = pipeline.producer_acquire(state, GATE_UP_TOKENS_STAGE_BYTES);
-                    let stage = stages + state.stage() as u32 * GATE_UP_TOKENS_STAGE_BYTES;
-                    // SAFETY: the stage (1024-aligned) is free (its empty barrier passed) and the
-                    // full barrier expects all 3 boxes' bytes; the row tiles are the expert's
-                    // (checked lengths) and the stage's K-steps inside them.
-                    unsafe {
-                        load_weights(gate_map, stage, row_tile, k, STEPS, full);
-                        load_weights(up_map, stage + weight_box_bytes(STEPS), row_tile, k, STEPS, full);
-                        x_map.load_2d(stage + 2 * weight_box_bytes(STEPS), (k * STEPS * STEP) as i32, 0, full);
-                    }
-                    state = state.next();
-                }
+                // SAFETY: the stages (1024-aligned) are the pipeline's; the row tiles are the
+                // expert's (checked lengths) and the unit's K-steps inside them.
+                state = unsafe { load_gate_up_unit(&pipeline, state, stages, [x_map, gate_map, up_map], row_tile, stages_per_unit) };
             }
         }
         return;
@@ -1251,21 +1298,7 @@ fn gate_up_tokens(
     let mut table = None;
     for unit in units() {
         let expert = expert_of(unit);
-        // [gate, up] × [even rows, odd rows].
-        let mut acc = [AccM64N64::ZERO, AccM64N64::ZERO, AccM64N64::ZERO, AccM64N64::ZERO];
-        let (last, next) = consume::<GATE_UP_TOKENS_STAGES, { 2 * STEPS as u32 }>(&wg, &pipeline, state, stages_per_unit, |s, kk, accumulate| {
-            let stage = stages + s * GATE_UP_TOKENS_STAGE_BYTES;
-            let b = tokens_operand(stage + 2 * weight_box_bytes(STEPS), kk, STEPS);
-            unroll!(i in [0 1 2 3] {
-                let a = weight_operand(stage + (i / 2) as u32 * weight_box_bytes(STEPS), (i % 2) as u32, kk, STEPS);
-                // SAFETY: `consume`'s guarantees: the stage is loaded and stays so, the whole
-                // warpgroup runs this after a fence; the first wgmma overwrites `acc`.
-                unsafe { wg.mma_m64n64k16(a, b, &mut acc[i], accumulate) };
-            });
-        });
-        if t == 0 {
-            pipeline.consumer_release(last);
-        }
+        let (acc, next) = multiply_gate_up_unit(&wg, &pipeline, state, stages, stages_per_unit);
         state = next;
         // The gate weights, published by the routing clusters (at once on the tokens
         // schedule, whose every cluster routed the same; on the dense one, the first unit's
@@ -1533,17 +1566,8 @@ fn fused_tokens(
             for unit in units() {
                 let (expert, tile) = (expert_of(unit), unit % tiles);
                 let row_tile = (expert * tiles + tile) * TILE_ROW_TILES;
-                for s in 0..stages_per_unit {
-                    let full = pipeline.producer_acquire(state, GATE_UP_TOKENS_STAGE_BYTES);
-                    let stage = stages + state.stage() as u32 * GATE_UP_TOKENS_STAGE_BYTES;
-                    // SAFETY: as in `gate_up_tokens`.
-                    unsafe {
-                        load_weights(gate_map, stage, row_tile, s, STEPS, full);
-                        load_weights(up_map, stage + weight_box_bytes(STEPS), row_tile, s, STEPS, full);
-                        x_map.load_2d(stage + 2 * weight_box_bytes(STEPS), (s * STEPS * STEP) as i32, 0, full);
-                    }
-                    state = state.next();
-                }
+                // SAFETY: as in `gate_up_tokens`.
+                state = unsafe { load_gate_up_unit(&pipeline, state, stages, [x_map, gate_map, up_map], row_tile, stages_per_unit) };
                 // The unit's 128 columns of `W_down`, 128 output rows at a time.
                 for group in 0..groups {
                     for j in 0..FUSED_DOWN_STAGES {
@@ -1563,20 +1587,7 @@ fn fused_tokens(
         let mut state = PipelineState::START;
         for unit in units() {
             let expert = expert_of(unit);
-            // [gate, up] × [even rows, odd rows].
-            let mut acc = [AccM64N64::ZERO, AccM64N64::ZERO, AccM64N64::ZERO, AccM64N64::ZERO];
-            let (last, next) = consume::<GATE_UP_TOKENS_STAGES, { 2 * STEPS as u32 }>(&wg, &pipeline, state, stages_per_unit, |s, kk, accumulate| {
-                let stage = stages + s * GATE_UP_TOKENS_STAGE_BYTES;
-                let b = tokens_operand(stage + 2 * weight_box_bytes(STEPS), kk, STEPS);
-                unroll!(i in [0 1 2 3] {
-                    let a = weight_operand(stage + (i / 2) as u32 * weight_box_bytes(STEPS), (i % 2) as u32, kk, STEPS);
-                    // SAFETY: as in `gate_up_tokens`.
-                    unsafe { wg.mma_m64n64k16(a, b, &mut acc[i], accumulate) };
-                });
-            });
-            if t == 0 {
-                pipeline.consumer_release(last);
-            }
+            let (acc, next) = multiply_gate_up_unit(&wg, &pipeline, state, stages, stages_per_unit);
             state = next;
             // The previous unit's down `wgmma`s have read the tile (each thread waited for
             // its own): now every thread has.

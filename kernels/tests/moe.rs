@@ -4,7 +4,7 @@
 
 use clusterfuse::bf16;
 use clusterfuse::host::{Error, Gpu};
-use clusterfuse_kernels::moe::host::{plan, schedule, tile, Buffers, Kernels, Layer, Moe, Schedule};
+use clusterfuse_kernels::moe::host::{plan, plan_schedule, schedule, tile, Buffers, Kernels, Layer, Moe, Schedule};
 
 #[test]
 fn tiling_keeps_16_rows_of_32_columns_together_in_k_order() {
@@ -26,16 +26,18 @@ fn steps_take_the_schedule_their_shape_streams_fastest() {
     let (mixtral, deepseek) = (Layer::MIXTRAL_8X7B, Layer::DEEPSEEK_V2_LITE);
     let pairs = |group| Schedule::Pairs { gate_up_group: group, down_group: group.min(16) };
     // (layer, tokens, SMs, schedule): DeepSeek's 8 experts of one token are 88 units of 128
-    // rows, fewer than 132 SMs (the tokens schedule), Mixtral's 2 are 224 (pairs).
+    // rows, fewer than 132 SMs (the fused schedule), Mixtral's 2 are 224 (pairs).
     let cases = [
         (mixtral, 1, 132, pairs(8)),
         (mixtral, 8, 132, pairs(8)),
         (mixtral, 64, 132, Schedule::Dense),
-        (deepseek, 1, 132, Schedule::Tokens),
+        (deepseek, 1, 132, Schedule::Fused),
         (deepseek, 1, 80, pairs(8)),
         (deepseek, 8, 132, Schedule::Tokens),
         (deepseek, 64, 132, Schedule::Dense),
         (Layer { ffn: 1400, ..deepseek }, 1, 132, pairs(8)),
+        // Few units, but 4 tokens' partial output of hidden 16384 (256 KB) outgrows a block.
+        (Layer { hidden: 16384, experts: 8, top_k: 1, ffn: 128, renormalize: false }, 4, 132, Schedule::Tokens),
     ];
     for (layer, tokens, sms, expected) in cases {
         assert_eq!(schedule(&layer, tokens, sms), expected, "{layer:?} at {tokens} tokens on {sms} SMs");
@@ -60,14 +62,41 @@ fn only_the_tokens_schedule_starts_gate_up_beside_the_previous_down_kernel() {
     let gpu = Gpu::emulator();
     let kernels = Kernels::load(&gpu).unwrap();
     let (mixtral, deepseek) = (Layer::MIXTRAL_8X7B, Layer::DEEPSEEK_V2_LITE);
-    // Pairs (Mixtral 1, 8), tokens (DeepSeek 1, 8), dense (both at 64).
+    // Pairs (Mixtral 1, 8), fused (DeepSeek 1), tokens (DeepSeek 8), dense (both at 64).
     for (layer, tokens) in [(mixtral, 1), (mixtral, 8), (mixtral, 64), (deepseek, 1), (deepseek, 8), (deepseek, 64)] {
         for programmatic in [true, false] {
             let plan = plan(&kernels, &gpu, layer, tokens, programmatic).unwrap_or_else(|e| panic!("{layer:?} at {tokens} tokens: {e}"));
             let expected = programmatic && plan.schedule == Schedule::Tokens;
             assert_eq!(plan.gate_up.programmatic, expected, "{layer:?} at {tokens} tokens, {:?}", plan.schedule);
-            assert_eq!(plan.down.map(|down| down.programmatic), Some(programmatic), "{layer:?} at {tokens} tokens");
+            // The fused schedule is one launch.
+            let down = (plan.schedule != Schedule::Fused).then_some(programmatic);
+            assert_eq!(plan.down.map(|down| down.programmatic), down, "{layer:?} at {tokens} tokens");
         }
+    }
+}
+
+#[test]
+fn the_fused_schedule_is_one_launch_of_a_block_a_unit_and_refuses_what_it_cannot_hold() {
+    let gpu = Gpu::emulator();
+    let kernels = Kernels::load(&gpu).unwrap();
+    let (mixtral, deepseek) = (Layer::MIXTRAL_8X7B, Layer::DEEPSEEK_V2_LITE);
+    // A block a unit of 128 features of the experts a step can select, at most one an SM (the
+    // emulator plans for 132): DeepSeek's 8 experts of one token, 16 of 2 tokens (176 units),
+    // Mixtral's 2 (224).
+    for (layer, tokens, cluster, blocks) in [(deepseek, 1, 4, 88), (deepseek, 2, 2, 132), (mixtral, 1, 2, 132)] {
+        let plan = plan_schedule(&kernels, &gpu, layer, tokens, cluster, true, Schedule::Fused).unwrap_or_else(|e| panic!("{layer:?} at {tokens} tokens: {e}"));
+        assert!(plan.down.is_none() && !plan.gate_up.programmatic, "{layer:?} at {tokens} tokens: {plan:?}");
+        assert_eq!(plan.gate_up.grid.x, blocks, "{layer:?} at {tokens} tokens");
+    }
+    let refused = |layer: Layer, tokens: usize| match plan_schedule(&kernels, &gpu, layer, tokens, 2, true, Schedule::Fused) {
+        Err(err @ (Error::UnsupportedShape { .. } | Error::InvalidLaunch { .. })) => err.to_string(),
+        other => panic!("{layer:?} at {tokens} tokens: {other:?}"),
+    };
+    assert!(refused(deepseek, 9).contains("9 tokens"));
+    // 8 tokens' partial output (Mixtral's 128 KB, DeepSeek's 64) does not fit beside the
+    // pipeline and the routing.
+    for layer in [mixtral, deepseek] {
+        assert!(refused(layer, 8).contains("shared memory"), "{}", refused(layer, 8));
     }
 }
 

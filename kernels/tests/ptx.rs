@@ -82,6 +82,7 @@ fn every_kernel_assembles_with_its_shared_memory_and_bounded_spills() {
         ("moe_gate_up_g32", 0),
         ("moe_gate_up_tokens", 0),
         ("moe_down_tokens", 0),
+        ("moe_fused", 0),
         // Row softmax, RoPE, the norms (the block reductions' scratch; a warp a row: the
         // reductions' slots are never read, and ptxas drops them).
         ("softmax", 0),
@@ -353,16 +354,18 @@ fn moe_streaming_loops_issue_their_loads_together_without_spilling() {
     }
 }
 
-/// The MoE tokens schedule: weights and the tokens' operand through TMA (3-D boxes of 8 row
-/// tiles, 2-D boxes of every token) into `wgmma`s at one block an SM, nothing atomic (but the
-/// retirement of the gate/up kernel's published gate table), the
-/// down kernel waiting for the gate/up one; in SASS, main loops of 8 `wgmma`s a stage
-/// (`HGMMA`: four accumulators × two 16-column slices, or two × four) that never touch local
-/// memory.
+/// The MoE tokens schedule and the fused one: weights and the tokens' operand through TMA
+/// (3-D boxes of 8 row tiles, 2-D boxes of every token) into `wgmma`s at one block an SM,
+/// nothing atomic (but the retirement of the gate/up kernel's published gate table, or the
+/// fused kernel's partial outputs), the down kernel waiting for the gate/up one, the fused
+/// kernel's consumer warpgroup ordering its `h` tile before its `wgmma`s read it (a proxy
+/// fence, then its own barrier); in SASS, main loops of 8 `wgmma`s a stage (`HGMMA`: four
+/// accumulators × two 16-column slices, or two × four) that never touch local memory.
 #[test]
 fn moe_tokens_schedule_feeds_wgmma_from_tma_without_spilling() {
     let sass = clusterfuse_build::Sass::new(PTX.cubin).unwrap_or_else(|e| panic!("{e}"));
-    for (name, wgmmas) in [("moe_gate_up_tokens", 8), ("moe_down_tokens", 8)] {
+    // The fused kernel's down loop is a 128-row group's two stages, unrolled: 16.
+    for (name, wgmmas) in [("moe_gate_up_tokens", &[8][..]), ("moe_down_tokens", &[8]), ("moe_fused", &[8, 16])] {
         let text = entry(name);
         assert!(text.contains(".maxntid 256, 1, 1") && text.contains(".minnctapersm 1"), "`{name}`: launch bounds");
         assert!(text.contains("cp.async.bulk.tensor.3d") && text.contains("cp.async.bulk.tensor.2d"), "`{name}`: TMA loads");
@@ -371,16 +374,22 @@ fn moe_tokens_schedule_feeds_wgmma_from_tma_without_spilling() {
         assert!(tma("3d", true) > 0 && tma("3d", false) == 0 && tma("2d", true) == 0, "`{name}`: the weights' TMA loads must be evict-first, the tokens' not");
         assert!(text.contains("createpolicy.fractional.L2::evict_first.b64"), "`{name}`: no evict-first policy");
         assert!(text.contains("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"), "`{name}`: no wgmma");
-        // The gate/up kernel's one atomic: its published gate table's count of retired blocks.
+        // The gate/up and fused kernels' one atomic: their published buffer's count of
+        // retired blocks.
         let retirements = text.matches("atom.acq_rel.gpu.global.add.u32").count();
-        assert!(text.matches("atom.").count() == retirements && retirements <= usize::from(name == "moe_gate_up_tokens"), "`{name}` must not use atomics (but the gate table's retirement)");
+        assert!(text.matches("atom.").count() == retirements && retirements <= usize::from(name != "moe_down_tokens"), "`{name}` must not use atomics (but its published buffer's retirement)");
         let loops = innermost_mma_loops(&sass.of(name).unwrap_or_else(|e| panic!("{e}")), "HGMMA");
         assert!(!loops.is_empty(), "`{name}`: no wgmma loop found");
         for body in loops {
-            assert_eq!(body.iter().filter(|i| i.starts_with("HGMMA")).count(), wgmmas, "`{name}`: wgmmas a stage");
+            let count = body.iter().filter(|i| i.starts_with("HGMMA")).count();
+            assert!(wgmmas.contains(&count), "`{name}`: {count} wgmmas a loop, not {wgmmas:?}");
             assert!(!body.iter().any(|i| i.contains("LDL") || i.contains("STL")), "`{name}`: a main loop spills");
         }
     }
     assert!(entry("moe_gate_up_tokens").contains("moe12route_tokens"), "the tokens schedule's gate/up kernel does not route");
+    assert!(entry("moe_fused").contains("moe12route_tokens"), "the fused kernel does not route");
+    let fused = entry("moe_fused");
+    let fence = fused.find("fence.proxy.async.shared::cta;");
+    assert!(fence.is_some_and(|at| fused[at..].contains(", 128;")), "the fused kernel's `h` tile: no proxy fence, then its warpgroup's barrier");
     assert!(entry("moe_down_tokens").contains("griddepcontrol.wait;"), "the tokens schedule's down kernel never waits for the gate/up kernel");
 }

@@ -1,10 +1,11 @@
 //! The mixture-of-experts layer of the kernel library (`clusterfuse_kernels::moe`, two
 //! launches: routing + gate/up in clusters of 2 or 4 (`plan`'s choice), then down + combine launched
-//! programmatically) on a Mixtral-8x7B-shaped layer (hidden 4096, 8 experts, top 2, FFN
+//! programmatically; one on the fused schedule) on a Mixtral-8x7B-shaped layer (hidden 4096, 8 experts, top 2, FFN
 //! 14336) and a DeepSeek-V2-Lite-shaped one (hidden 2048, 64 experts, top 8, FFN 1408), bf16,
 //! at 64, 8 and 1 tokens (the first rows of one random batch), launched and replayed from a
 //! CUDA graph, on each schedule (the one `plan` takes first, marked "planned"; the dense one
-//! where the step has at least a pair an expert). A second
+//! where the step has at least a pair an expert, the fused one up to its 8 tokens, where its
+//! shared memory fits). A second
 //! table gives each launch alone, a third where one step's time goes (`%globaltimer` stamps of
 //! every block: [`Timeline`]).
 //!

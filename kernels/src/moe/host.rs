@@ -1,9 +1,10 @@
 //! A layer on the host: shapes, random weights, the f64 reference, device buffers and the
-//! two launches.
+//! launches.
 
 use super::*;
 use crate::uniform;
 use clusterfuse::host::{Buffer, Error, Gpu, Published, Result, Stream, Swizzle, TensorMap};
+use clusterfuse::limits::MAX_SHARED_MEMORY_PER_BLOCK;
 use rayon::prelude::*;
 
 /// Relative error allowed against the f64 reference: `h` and `y` are rounded to bf16
@@ -266,7 +267,8 @@ pub struct Buffers {
     /// by the tokens schedules' routing clusters.
     gate_table: Published<f32>,
     /// The fused schedule's partial `y` of each block (`tokens × hidden` a tile, a tile an
-    /// SM; one tile past [`FUSED_MAX_TOKENS`] tokens, where the schedule does not run).
+    /// SM and for the last cluster's rounding; one tile past [`FUSED_MAX_TOKENS`] tokens,
+    /// where the schedule does not run).
     partials: Published<f32>,
     maps: Maps,
     /// The two kernels' timelines ([`TIMELINE_POINTS`] a block; one value: off).
@@ -338,7 +340,8 @@ fn poisoned(gpu: &Gpu, layer: Layer, tokens: usize) -> Result<Poisoned> {
         // In tiles of a dense routing cluster's tokens.
         Published::new(gpu, gpu.upload(&vec![f32::NAN; MAX_TOKENS * layer.experts])?, (ROUTER_TOKENS * layer.experts) as u32)?,
         {
-            let (tile, tiles) = (tokens * layer.hidden, if tokens <= FUSED_MAX_TOKENS { multiprocessors(gpu)? } else { 1 });
+            // A tile a block: an SM's, rounded up to whole clusters (of at most 16).
+            let (tile, tiles) = (tokens * layer.hidden, if tokens <= FUSED_MAX_TOKENS { multiprocessors(gpu)?.next_multiple_of(16) } else { 1 });
             Published::new(gpu, gpu.upload(&vec![f32::NAN; tiles * tile])?, tile as u32)?
         },
     ))
@@ -541,21 +544,24 @@ pub struct Plan {
 /// The schedule [`plan`] takes for `tokens` tokens on a GPU of `sms` multiprocessors:
 /// where the layer allows the tokens schedule, the dense one from
 /// [`DENSE_PAIRS_PER_EXPERT`] pairs an expert on (its gate/up blocks stream from the
-/// start, none waits for the routing), the tokens schedule where the step has at least
+/// start, none waits for the routing); where the experts it can select have fewer 128-row
+/// units than the GPU has SMs (then fewer SMs stream than the GPU has, each more than its
+/// share of the bytes, which the tokens schedule's deeper pipeline pulls faster), the fused
+/// schedule where it fits (no second launch streams the down weights after the first has
+/// drained), else the tokens one; the tokens schedule too where the step has at least
 /// [`TOKENS_SCHEDULE_PAIRS`] pairs (the pairs schedule's groups get large, and reread `x`
 /// from L2 per 16 rows) and the routing at most [`TOKENS_SCHEDULE_LOGITS`] logits (every
-/// one of its blocks routes the whole step), or where the experts it can select have fewer
-/// 128-row units than the GPU has SMs (then fewer SMs stream than the GPU has, each more
-/// than its share of the bytes, which the tokens schedule's deeper pipeline pulls
-/// faster); the pairs schedule otherwise. Fit to the H200's side-by-side runs
-/// (results/moe-h200.md, sessions 30-34): the tokens schedule won Mixtral at 64 tokens and
-/// DeepSeek at 8 and 1 (88 units), lost Mixtral at 8 (16 pairs) and 1 (224 units) and
-/// DeepSeek at 64 (4096 logits).
+/// one of its blocks routes the whole step); the pairs schedule otherwise. Fit to the
+/// H200's side-by-side runs (results/moe-h200.md, sessions 30-34 and 45): the tokens
+/// schedule won Mixtral at 64 tokens and DeepSeek at 8 and 1 (88 units), lost Mixtral at 8
+/// (16 pairs) and 1 (224 units) and DeepSeek at 64 (4096 logits); the fused one beat it at
+/// one DeepSeek token by 9-12% and ran level with the pairs one at one Mixtral token.
 pub fn schedule(layer: &Layer, tokens: usize, sms: usize) -> Schedule {
     let (pairs, logits) = (tokens * layer.top_k, tokens * layer.experts);
     let few_units = gate_up_blocks(layer, tokens, Schedule::Tokens) < sms;
     match tokens_schedule_fits(layer) {
         Ok(()) if pairs >= DENSE_PAIRS_PER_EXPERT * layer.experts => Schedule::Dense,
+        Ok(()) if few_units && fused_fits(layer, tokens) => Schedule::Fused,
         Ok(()) if (pairs >= TOKENS_SCHEDULE_PAIRS && logits <= TOKENS_SCHEDULE_LOGITS) || few_units => Schedule::Tokens,
         _ => Schedule::pairs(layer, tokens),
     }
@@ -592,20 +598,28 @@ fn tokens_schedule_fits(layer: &Layer) -> Result<()> {
     })
 }
 
-/// Shared memory of the gate/up kernel: the routing's arrays (the normalisers counted
-/// even where the gating renormalises), 16-byte aligned each, and
-/// with groups of 8 the staged window of the pairs' `x`, with groups of [`MAX_TOKENS`]
-/// (the tokens schedule: all of an expert's pairs) its pipeline.
-fn gate_up_smem(layer: &Layer, tokens: usize, cluster: usize, group: usize) -> usize {
+/// Shared memory of the routing in a gate/up (or fused) kernel: its arrays (the normalisers
+/// counted even where the gating renormalises), 16-byte aligned each.
+fn routing_smem(layer: &Layer, tokens: usize, cluster: usize) -> usize {
     let (pairs, e) = (tokens * layer.top_k, layer.experts);
     let partials = WARPS * ROWS * tokens.next_multiple_of(8) * 4;
-    let window = match group {
-        8 => 8 * padded_row_words(window_columns(layer.hidden)) * 4,
-        MAX_TOKENS => pipeline_smem(GATE_UP_TOKENS_STAGES, GATE_UP_TOKENS_STAGE_BYTES),
-        _ => 0,
-    };
-    let sizes = [tokens * e / cluster * 4, partials, tokens * 4, mailbox_words(tokens, e, cluster, layer.top_k) * 8, 8, pairs * 8, pairs * 4, pairs * 4, 2 * e * 4, window];
+    let sizes = [tokens * e / cluster * 4, partials, tokens * 4, mailbox_words(tokens, e, cluster, layer.top_k) * 8, 8, pairs * 8, pairs * 4, pairs * 4, 2 * e * 4];
     sizes.iter().map(|b| b.next_multiple_of(16)).sum::<usize>() + dispatch_smem(layer, tokens)
+}
+
+/// Shared memory of the fused kernel beside its routing: the tokens schedule's pipeline (9
+/// stages ran no faster than 7 at one DeepSeek token: results/moe-h200.md, session 45), the
+/// `h` tile, the block's partial `y`.
+fn fused_smem(layer: &Layer, tokens: usize) -> usize {
+    pipeline_smem(GATE_UP_TOKENS_STAGES, GATE_UP_TOKENS_STAGE_BYTES) + 2 * FUSED_H_BOX_BYTES as usize + (tokens * layer.hidden * 4).next_multiple_of(16)
+}
+
+/// Whether the fused schedule runs `layer` at `tokens` tokens: at most [`FUSED_MAX_TOKENS`],
+/// the tokens schedule's shapes, and its shared memory within a block's (with the routing's
+/// largest, in clusters of 2).
+fn fused_fits(layer: &Layer, tokens: usize) -> bool {
+    let smem = routing_smem(layer, tokens, 2) + fused_smem(layer, tokens);
+    tokens <= FUSED_MAX_TOKENS && tokens_schedule_fits(layer).is_ok() && smem <= MAX_SHARED_MEMORY_PER_BLOCK as usize
 }
 
 /// Shared memory of a tokens-schedule pipeline: 1024 bytes to align the stages, the
@@ -676,18 +690,16 @@ fn gate_up_blocks(layer: &Layer, tokens: usize, schedule: Schedule) -> usize {
 /// The gate/up kernel on `schedule` in clusters of `cluster`: its launch (grid of one
 /// cluster) and how many of its blocks the GPU holds at once.
 fn gate_up_launch(kernels: &Kernels, gpu: &Gpu, layer: &Layer, tokens: usize, cluster: u32, schedule: Schedule) -> Result<(LaunchConfig, u64)> {
-    let (raw, group) = match schedule {
-        Schedule::Pairs { gate_up_group: 8, .. } => (kernels.gate_up_g8.raw(), 8),
-        Schedule::Pairs { gate_up_group: 16, .. } => (kernels.gate_up_g16.raw(), 16),
-        Schedule::Pairs { .. } => (kernels.gate_up_g32.raw(), 32),
-        Schedule::Tokens | Schedule::Dense => (kernels.gate_up_tokens.raw(), MAX_TOKENS),
-        Schedule::Fused => (kernels.fused.raw(), MAX_TOKENS),
+    // Beside the routing: with groups of 8 the staged window of the pairs' `x`, on the tokens
+    // schedules their pipeline.
+    let (raw, beside) = match schedule {
+        Schedule::Pairs { gate_up_group: 8, .. } => (kernels.gate_up_g8.raw(), (8 * padded_row_words(window_columns(layer.hidden)) * 4).next_multiple_of(16)),
+        Schedule::Pairs { gate_up_group: 16, .. } => (kernels.gate_up_g16.raw(), 0),
+        Schedule::Pairs { .. } => (kernels.gate_up_g32.raw(), 0),
+        Schedule::Tokens | Schedule::Dense => (kernels.gate_up_tokens.raw(), pipeline_smem(GATE_UP_TOKENS_STAGES, GATE_UP_TOKENS_STAGE_BYTES)),
+        Schedule::Fused => (kernels.fused.raw(), fused_smem(layer, tokens)),
     };
-    let mut smem = gate_up_smem(layer, tokens, cluster as usize, group);
-    if schedule == Schedule::Fused {
-        // The `h` tile and the block's partial `y`.
-        smem += 2 * FUSED_H_BOX_BYTES as usize + (tokens * layer.hidden * 4).next_multiple_of(16);
-    }
+    let smem = routing_smem(layer, tokens, cluster as usize) + beside;
     let config = LaunchConfig { grid: cluster.into(), block: BLOCK.into(), cluster: Some(cluster.into()), dynamic_smem_bytes: smem as u32, ..LaunchConfig::default() };
     let resident = raw.max_resident_blocks(gpu.stream(), &raw.plan(&config)?)?;
     Ok((config, resident))
@@ -710,17 +722,21 @@ pub fn plan_schedule(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, 
             if ![8, 16, 32].contains(&gate_up_group) || ![8, 16].contains(&down_group) {
                 return Err(Error::UnsupportedShape { kernel: "the MoE layer", reason: format!("groups of {gate_up_group} and {down_group} pairs: the kernels take 8, 16 or 32, and 8 or 16") });
             }
-            if down_group == 8 { kernels.down_g8.raw() } else { kernels.down_g16.raw() }
+            Some(if down_group == 8 { kernels.down_g8.raw() } else { kernels.down_g16.raw() })
         }
-        Schedule::Tokens | Schedule::Dense | Schedule::Fused => {
+        Schedule::Tokens | Schedule::Dense => {
             tokens_schedule_fits(&layer)?;
-            kernels.down_tokens.raw()
+            Some(kernels.down_tokens.raw())
+        }
+        Schedule::Fused => {
+            tokens_schedule_fits(&layer)?;
+            if tokens > FUSED_MAX_TOKENS {
+                let reason = format!("{tokens} tokens: it takes at most {FUSED_MAX_TOKENS} (a block's partial output sits in its shared memory)");
+                return Err(Error::UnsupportedShape { kernel: "the MoE layer's fused schedule", reason });
+            }
+            None
         }
     };
-    if schedule == Schedule::Fused && tokens > FUSED_MAX_TOKENS {
-        let reason = format!("{tokens} tokens: it takes at most {FUSED_MAX_TOKENS} (a block's partial output sits in its shared memory)");
-        return Err(Error::UnsupportedShape { kernel: "the MoE layer's fused schedule", reason });
-    }
     let (mut gate_up, resident) = gate_up_launch(kernels, gpu, &layer, tokens, cluster, schedule)?;
     // The tokens schedule's gate/up kernel after the previous step's down kernel as well:
     // measured on an H100 (results/moe-h200.md, session 43), it took 1.1-1.9 µs off the
@@ -730,15 +746,15 @@ pub fn plan_schedule(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, 
     gate_up.programmatic = programmatic && schedule == Schedule::Tokens;
     // Dense: a cluster for each group of tokens to route.
     let wanted = gate_up_blocks(&layer, tokens, schedule).max(if schedule == Schedule::Dense { tokens.div_ceil(ROUTER_TOKENS) * c } else { 0 });
-    gate_up.grid = ((wanted as u64).min(resident).max(1).div_ceil(c as u64) as u32 * cluster).into();
+    // Fused: a block an SM at most, whatever the device holds (its partial outputs' tiles).
+    let most = if schedule == Schedule::Fused { resident.min(sms as u64) } else { resident };
+    gate_up.grid = ((wanted as u64).min(most).max(1).div_ceil(c as u64) as u32 * cluster).into();
     let routers = tokens.div_ceil(ROUTER_TOKENS) as u32;
     if schedule == Schedule::Dense && gate_up.grid.x / cluster < routers {
         let reason = format!("{} clusters of {cluster} fit at once, fewer than the {routers} that route {tokens} tokens", gate_up.grid.x / cluster);
         return Err(Error::UnsupportedShape { kernel: "the MoE layer's dense schedule", reason });
     }
-    if schedule == Schedule::Fused {
-        return Ok(Plan { schedule, gate_up, down: None });
-    }
+    let Some(down_raw) = down_raw else { return Ok(Plan { schedule, gate_up, down: None }) };
 
     // The down kernel's clusters split K, so that its blocks fill the GPU: the pairs
     // schedule's loop over their row tiles (a cluster that fits is enough), the tokens
