@@ -1166,6 +1166,33 @@ fn multiply_gate_up_unit<const S: usize>(wg: &Warpgroup, pipeline: &Pipeline<S>,
     (acc, next)
 }
 
+/// Each `h = g · silu(gate) · up` of a gate/up unit ([`multiply_gate_up_unit`]'s `acc`) that
+/// consumer thread `t` holds: `emit(c, f, value)` for token column `c < tokens` and the
+/// unit's feature `f` (of 128), `g = gate(c)` (zero where the token did not choose the
+/// expert). The thread's columns are `8j + 2 (t % 4) + dc` (register `4j + 2dv + dc`, rows
+/// `m` and `m + 8` for `dv` 0 and 1), taken column by column, so that only one column's gate
+/// weight and row of `h` are live at a time beside the accumulators (sixteen at once spilled,
+/// and each store then waited on a reload; so did a second way to a gate weight, scanning the
+/// block's own routing). Unrolled, so that `acc` is only indexed by constants.
+#[inline(always)]
+fn for_each_h(acc: &[AccM64N64; 4], t: u32, tokens: usize, gate: impl Fn(usize) -> f32, mut emit: impl FnMut(usize, usize, f32)) {
+    unroll!(j in [0 1 2 3 4 5 6 7] {
+        unroll!(dc in [0 1] {
+            let c = 8 * j + 2 * (t as usize % 4) + dc;
+            if c < tokens {
+                let g = gate(c);
+                unroll!(dv in [0 1] {
+                    let i = 4 * j + 2 * dv + dc;
+                    let m = AccM64N256::position(t, i).0;
+                    unroll!(parity in [0 1] {
+                        emit(c, weight_row(m, parity), g * silu_gate(acc[parity].values[i], acc[2 + parity].values[i]));
+                    });
+                });
+            }
+        });
+    });
+}
+
 /// The gate/up kernel on the *tokens schedule* (for many tokens): routing as
 /// [`gate_up`], then every token against each selected expert's weights on `wgmma`, so that
 /// an expert's rows are read once however many tokens chose it. Cluster 0's first block
@@ -1311,29 +1338,9 @@ fn gate_up_tokens(
             }
             ready
         });
-        // This thread's values: token columns `8j + 2 (t % 4) + dc` (register `4j + 2dv + dc`,
-        // rows `m` and `m + 8` for `dv` 0 and 1), column by column, so that only one column's
-        // gate weight (zero where the token did not choose the expert) and row of `h` are live
-        // at a time beside the accumulators (sixteen at once spilled, and each store then
-        // waited on a reload; so did a second way to a gate weight, scanning the block's own
-        // routing). Unrolled, so that `acc` is only indexed by constants.
         let feature = expert * ffn + unit % tiles * TILE_ROWS;
-        unroll!(j in [0 1 2 3 4 5 6 7] {
-            unroll!(dc in [0 1] {
-                let c = 8 * j + 2 * (t as usize % 4) + dc;
-                if c < tokens {
-                    let g = table.get(table_index(c, expert, experts));
-                    let row = c * experts * ffn + feature;
-                    unroll!(dv in [0 1] {
-                        let i = 4 * j + 2 * dv + dc;
-                        let m = AccM64N256::position(t, i).0;
-                        unroll!(parity in [0 1] {
-                            let value = g * silu_gate(acc[parity].values[i], acc[2 + parity].values[i]);
-                            h.set(row + weight_row(m, parity), bf16::from_f32(value));
-                        });
-                    });
-                }
-            });
+        for_each_h(&acc, t, tokens, |c| table.get(table_index(c, expert, experts)), |c, f, value| {
+            h.set(c * experts * ffn + feature + f, bf16::from_f32(value));
         });
     }
     // The block's end: its consumer's (the producer has returned).
@@ -1592,24 +1599,11 @@ fn fused_tokens(
             // The previous unit's down `wgmma`s have read the tile (each thread waited for
             // its own): now every thread has.
             wg.sync();
-            // `h` of token column `c` (register `4j + 2dv + dc`, as in `gate_up_tokens`) and
-            // feature `f` of the unit at row `c`, column `f` of the tile (box `f / 64`).
-            unroll!(j in [0 1 2 3 4 5 6 7] {
-                unroll!(dc in [0 1] {
-                    let c = 8 * j + 2 * (t as usize % 4) + dc;
-                    if c < tokens {
-                        let g = chosen_gate(ids, gates, k, c, expert);
-                        unroll!(dv in [0 1] {
-                            let i = 4 * j + 2 * dv + dc;
-                            let m = AccM64N256::position(t, i).0;
-                            unroll!(parity in [0 1] {
-                                let f = weight_row(m, parity);
-                                let byte = (f / 64) as u32 * FUSED_H_BOX_BYTES + swizzle_128b((c * 128 + f % 64 * 2) as u32);
-                                h_tile.store(byte as usize / 2, bf16::from_f32(g * silu_gate(acc[parity].values[i], acc[2 + parity].values[i])));
-                            });
-                        });
-                    }
-                });
+            // `h` of token column `c` and feature `f` of the unit at row `c`, column `f` of the
+            // tile (box `f / 64`).
+            for_each_h(&acc, t, tokens, |c| chosen_gate(ids, gates, k, c, expert), |c, f, value| {
+                let byte = (f / 64) as u32 * FUSED_H_BOX_BYTES + swizzle_128b((c * 128 + f % 64 * 2) as u32);
+                h_tile.store(byte as usize / 2, bf16::from_f32(value));
             });
             // The tile, written through the generic proxy, is read by `wgmma` (the async
             // proxy) once the whole warpgroup has written its part.

@@ -761,7 +761,8 @@ pub fn plan_schedule(kernels: &Kernels, gpu: &Gpu, layer: Layer, tokens: usize, 
     // schedule's take one each (the whole grid must fit at once).
     let (tile_rows, splits, per_sm, smem) = match schedule {
         Schedule::Pairs { .. } => (ROWS, &[4, 2][..], 2, dispatch_smem(&layer, tokens) + (WARPS * ROWS * tokens * 4).next_multiple_of(16) + ROWS * tokens * 4),
-        Schedule::Tokens | Schedule::Dense | Schedule::Fused => (TILE_ROWS, &[8, 7, 6, 5, 4, 3, 2][..], 1, down_tokens_smem(&layer, tokens)),
+        // The tokens and dense schedules (the fused one has returned: no down launch).
+        _ => (TILE_ROWS, &[8, 7, 6, 5, 4, 3, 2][..], 1, down_tokens_smem(&layer, tokens)),
     };
     let row_tiles = layer.hidden / tile_rows;
     let config = |split: usize| LaunchConfig {
