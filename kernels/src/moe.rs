@@ -1230,6 +1230,9 @@ fn gate_up_tokens(
     gate_table: &Published<f32>,
     timeline: &Out<u64>,
 ) {
+    // On the tokens schedule the kernel is launched programmatically after the previous
+    // step's down kernel, and has already waited for it: `gate_table`'s binding does
+    // (`Published` reads its generation after `grid::wait_for_prerequisites`).
     stamp(timeline, 0);
     grid::launch_dependents();
     let tokens = top_ids.len() / k;
@@ -1256,10 +1259,6 @@ fn gate_up_tokens(
     // SAFETY: fresh shared memory; the routing's block barriers, or the one below where a
     // block does not route, come before the pipeline's first use.
     let pipeline = unsafe { Pipeline::<GATE_UP_TOKENS_STAGES>::new(smem.take::<u64>(2 * GATE_UP_TOKENS_STAGES), 1) };
-    // On the tokens schedule, launched programmatically after the previous step's down
-    // kernel: before this, the block's shared memory only (and `gate_table`'s epoch, which
-    // that kernel's own wait ordered after the previous gate/up kernel's retirement).
-    grid::wait_for_prerequisites();
     // The tokens this block's cluster routes: every one (tokens schedule), or dense, group
     // `i` of `ROUTER_TOKENS` in cluster `i`, while the other clusters stream at once.
     let own = if dense { cluster_index * ROUTER_TOKENS..((cluster_index + 1) * ROUTER_TOKENS).min(tokens) } else { 0..tokens };

@@ -267,6 +267,26 @@ fn no_global_load_moves_ahead_of_the_programmatic_wait() {
     assert!(waiting >= 50, "only {waiting} kernels wait for a prerequisite");
 }
 
+/// A persistent kernel reads its published buffers' generation after its programmatic wait
+/// (`Published::from_raw_parts`), so that it may follow the buffer's previous user — itself,
+/// step after step — under programmatic dependent launch: read before the wait, the
+/// generation could be the one that user's last block has yet to advance, and the kernel
+/// would take the previous launch's flags for its own.
+#[test]
+fn persistent_kernels_read_their_generation_after_the_programmatic_wait() {
+    let mut persistent = 0;
+    // A published buffer's retirement: its count of retired blocks, the one acq_rel atomic.
+    for name in clusterfuse_build::entry_names(PTX.text).filter(|name| entry(name).contains("atom.acq_rel.gpu.global.add.u32")) {
+        let text = entry(name);
+        let wait = text.find("griddepcontrol.wait;").unwrap_or_else(|| panic!("`{name}` never waits for its prerequisite"));
+        let epoch = text.find("ld.relaxed.gpu.global").unwrap_or_else(|| panic!("`{name}` never reads its generation"));
+        assert!(wait < epoch, "`{name}` reads its generation before its programmatic wait");
+        persistent += 1;
+    }
+    // The MoE layer's tokens gate/up and fused kernels, the decode block's two, the Llama step.
+    assert!(persistent >= 5, "only {persistent} kernels retire a published buffer");
+}
+
 #[test]
 fn moe_streams_experts_through_tensor_cores_without_atomics() {
     for name in MOE_KERNELS {

@@ -27,7 +27,9 @@ use proc_macro::TokenStream;
 ///
 /// Arguments: `launch_bounds(max_threads = N[, min_blocks = M])`,
 /// `cluster(X[, Y[, Z]][, non_portable])`, `persistent` (blocks wait on each other through
-/// `Published` buffers: every launch checks that the whole grid is resident), `crate = path`.
+/// `Published` buffers: every launch checks that the whole grid is resident; a kernel with
+/// such a buffer waits for the kernel it was launched programmatically after as it starts, so
+/// it may follow any kernel, itself included, under programmatic dependent launch), `crate = path`.
 #[proc_macro_attribute]
 pub fn kernel(args: TokenStream, item: TokenStream) -> TokenStream {
     kernel::expand(args.into(), item.into()).into()

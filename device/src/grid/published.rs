@@ -21,7 +21,10 @@
 //! Flags are never cleared: each launch publishes its own *generation*, read from the buffer
 //! as the kernel starts and advanced by the last block to [`retire`](Published::retire) (the
 //! launcher `#[kernel(persistent)]` generates retires every `Published` parameter), so the
-//! next launch, a CUDA graph's replay included, finds none of its tiles published.
+//! next launch, a CUDA graph's replay included, finds none of its tiles published. The read
+//! comes after [`wait_for_prerequisites`](crate::grid::wait_for_prerequisites): a kernel
+//! launched programmatically after the buffer's previous user (itself, step after step) reads
+//! the generation that user's last block left, not one it has yet to advance.
 
 use crate::global::{Coherent, Out};
 use crate::{arch, block, out_of_bounds, thread};
@@ -55,8 +58,10 @@ pub struct Published<'a, T> {
 
 impl<'a, T: Copy> Published<'a, T> {
     /// The buffer `data`, in tiles of `tile` values, with `flags` ([`flag_words`] of the tile
-    /// count, the first launch's all zero). Reads the launch's generation. Traps unless
-    /// `tile > 0` and the flags have that length and 16-byte alignment.
+    /// count, the first launch's all zero). Waits for the kernel this one was launched
+    /// programmatically after ([`wait_for_prerequisites`](crate::grid::wait_for_prerequisites);
+    /// at once in stream order), then reads the launch's generation. Traps unless `tile > 0`
+    /// and the flags have that length and 16-byte alignment.
     ///
     /// # Safety
     /// 1. As for [`Out::from_raw_parts`], for both buffers.
@@ -71,8 +76,11 @@ impl<'a, T: Copy> Published<'a, T> {
         if flags.len() != flag_words(tiles) || !(flags.as_mut_ptr() as usize).is_multiple_of(16) {
             out_of_bounds()
         }
+        // The previous launch on the buffer may be the kernel this one follows under
+        // programmatic dependent launch: its last block advances the epoch as it exits.
+        crate::grid::wait_for_prerequisites();
         // SAFETY: the epoch word, in bounds (checked above). Relaxed: it changes only once
-        // every block has retired, after this read.
+        // every block of this launch has retired, after this read.
         let epoch = unsafe { arch::ld_relaxed_gpu_global_u32(flags.as_mut_ptr().add(tiles.next_multiple_of(4))) };
         Self { data, flags, tile, tiles, generation: epoch % u32::MAX + 1 }
     }
