@@ -24,8 +24,10 @@ for pair in "$@"; do
     name=${pair%%=*} rev=${pair#*=}
     tree=$(mktemp -d)
     git worktree add --detach "$tree" "$rev" >/dev/null
+    trap 'git worktree remove --force "$tree"' EXIT  # a failed build leaves no worktree behind
     (cd "$tree" && CARGO_TARGET_DIR=$target cargo build --release -p clusterfuse-examples "${bins[@]/#/--bin=}")
     git worktree remove --force "$tree"
+    trap - EXIT
     mkdir -p ".gpu/ab/$name"
     for bin in "${bins[@]}"; do
         cp "$target/release/$bin" ".gpu/ab/$name/"
