@@ -34,5 +34,9 @@ for pair in "$@"; do
     done
     git rev-parse "$rev" >".gpu/ab/$name/REV"
 done
+# A build without ptxas embeds an empty cubin, and a GPU would JIT-compile the PTX at every cold start.
+for cubin in "$target"/release/build/clusterfuse-*/out/clusterfuse.cubin; do
+    [ -s "$cubin" ] || { echo "gpu-ab: $cubin is empty (built without ptxas): run scripts/setup.sh, then this again" >&2; exit 1; }
+done
 tar -czf .gpu/ab.tgz -C .gpu ab
 ls -l .gpu/ab.tgz
