@@ -1503,6 +1503,44 @@ macro_rules! wgmma_m64n64k16 {
     )*};
 }
 
+/// `{d0, ..., d3}` and the asm operands of `wgmma_m64n8k16`'s accumulators.
+#[cfg(target_arch = "nvptx64")]
+macro_rules! wgmma_m64n8k16_asm {
+    ($ptx:literal, $d:ident, $a:expr, $b:expr, $scale:expr; $($i:literal)*) => {
+        ptx!(concat!("{{ .reg .pred p; setp.ne.b32 p, {6}, 0; ", $ptx, " {{{0}", $(", {", $i, "}",)* "}}, {4}, {5}, p, 1, 1, 0, 0; }}"),
+             inout(reg32) $d[0], $(inout(reg32) $d[$i],)* in(reg64) $a, in(reg64) $b, in(reg32) $scale, options(nostack))
+    };
+}
+
+macro_rules! wgmma_m64n8k16 {
+    ($($(#[$doc:meta])* $name:ident => $ptx:literal, $kind:ident;)*) => {$(
+        $(#[$doc])*
+        ///
+        /// As [`wgmma_mma_async_m64n256k16_f32_f16_f16`] with B 8 × 16 and 4 accumulators
+        /// per thread (columns `2 (t % 4) + v % 2`).
+        ///
+        /// # Safety
+        /// 1. The descriptors describe shared memory of this block that holds the operands
+        ///    and that nothing writes until the [`wgmma_wait_group`] covering it.
+        /// 2. A [`wgmma_fence`] orders earlier accesses to `d` before it.
+        #[inline(always)]
+        pub unsafe fn $name(desc_a: u64, desc_b: u64, d: &mut [f32; 4], accumulate: bool) {
+            gpu_or_emulator! {
+                gpu: wgmma_m64n8k16_asm!($ptx, d, desc_a, desc_b, accumulate as u32; 1 2 3),
+                emulator: emu::tensor::wgmma_k16(emu::HalfKind::$kind, desc_a, desc_b, d, accumulate),
+            }
+        }
+    )*};
+}
+
+wgmma_m64n8k16! {
+    /// `wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16`: `D = A·Bᵀ + D` (or `A·Bᵀ`
+    /// when `accumulate` is false) for bf16 A and B, f32 D.
+    wgmma_mma_async_m64n8k16_f32_bf16_bf16 => "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16", Bf16;
+    /// `wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16`: as the bf16 form, f16 inputs.
+    wgmma_mma_async_m64n8k16_f32_f16_f16 => "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16", F16;
+}
+
 wgmma_m64n64k16! {
     /// `wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16`: `D = A·Bᵀ + D` (or `A·Bᵀ`
     /// when `accumulate` is false) for bf16 A and B, f32 D.

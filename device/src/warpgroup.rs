@@ -6,7 +6,8 @@
 //! be called where no warpgroup is defined. One [`Warpgroup::mma_m64n256k16`] computes
 //! `D += A·Bᵀ` for A 64 × 16 and B 256 × 16, both K-major in shared memory as [`Operand`]
 //! descriptors say, into [`AccM64N256`], 128 f32 per thread ([`Warpgroup::mma_m64n64k16`]:
-//! B 64 × 16 into [`AccM64N64`], the first 32 of them):
+//! B 64 × 16 into [`AccM64N64`], the first 32 of them; [`Warpgroup::mma_m64n8k16`]: B 8 × 16
+//! into [`AccM64N8`], the first 4):
 //!
 //! | register `4j + v` of thread `t` | row | column |
 //! |---|---|---|
@@ -126,6 +127,19 @@ impl Warpgroup {
     pub unsafe fn mma_m64n64k16<T: WgmmaInput>(self, a: Operand<T>, b: Operand<T>, acc: &mut AccM64N64, accumulate: bool) {
         T::wgmma_m64n64k16(a.desc, b.desc, &mut acc.values, accumulate)
     }
+
+    /// `wgmma.mma_async.m64n8k16` with f32 accumulators: as [`Warpgroup::mma_m64n256k16`]
+    /// for B 8 × 16 (a product with at most 8 columns, such as a few tokens).
+    ///
+    /// # Safety
+    /// 1. `a` and `b` describe shared memory of this block holding the operands (A 64 rows,
+    ///    B 8 rows, 16 elements of K each), which nothing writes until a [`Warpgroup::wait`]
+    ///    covers this `wgmma`'s group; `acc` is not read or written until then either.
+    /// 2. Every thread of the warpgroup calls it together, after a [`Warpgroup::fence`].
+    #[inline(always)]
+    pub unsafe fn mma_m64n8k16<T: WgmmaInput>(self, a: Operand<T>, b: Operand<T>, acc: &mut AccM64N8, accumulate: bool) {
+        T::wgmma_m64n8k16(a.desc, b.desc, &mut acc.values, accumulate)
+    }
 }
 
 mod sealed {
@@ -148,6 +162,12 @@ pub trait WgmmaInput: sealed::Sealed + SharedWord {
     /// As [`Warpgroup::mma_m64n64k16`].
     unsafe fn wgmma_m64n64k16(a: u64, b: u64, d: &mut [f32; 32], accumulate: bool);
 
+    /// `wgmma.mma_async.sync.aligned.m64n8k16.f32.{T}.{T}` on raw descriptors.
+    ///
+    /// # Safety
+    /// As [`Warpgroup::mma_m64n8k16`].
+    unsafe fn wgmma_m64n8k16(a: u64, b: u64, d: &mut [f32; 4], accumulate: bool);
+
     /// `x` and `y` rounded to this type in one `cvt.rn.{T}x2.f32`, `x` first in memory.
     fn pair_from_f32(x: f32, y: f32) -> [Self; 2];
 }
@@ -161,6 +181,11 @@ impl WgmmaInput for bf16 {
     #[inline(always)]
     unsafe fn wgmma_m64n64k16(a: u64, b: u64, d: &mut [f32; 32], accumulate: bool) {
         arch::wgmma_mma_async_m64n64k16_f32_bf16_bf16(a, b, d, accumulate)
+    }
+
+    #[inline(always)]
+    unsafe fn wgmma_m64n8k16(a: u64, b: u64, d: &mut [f32; 4], accumulate: bool) {
+        arch::wgmma_mma_async_m64n8k16_f32_bf16_bf16(a, b, d, accumulate)
     }
 
     #[inline(always)]
@@ -179,6 +204,11 @@ impl WgmmaInput for f16 {
     #[inline(always)]
     unsafe fn wgmma_m64n64k16(a: u64, b: u64, d: &mut [f32; 32], accumulate: bool) {
         arch::wgmma_mma_async_m64n64k16_f32_f16_f16(a, b, d, accumulate)
+    }
+
+    #[inline(always)]
+    unsafe fn wgmma_m64n8k16(a: u64, b: u64, d: &mut [f32; 4], accumulate: bool) {
+        arch::wgmma_mma_async_m64n8k16_f32_f16_f16(a, b, d, accumulate)
     }
 
     #[inline(always)]
@@ -286,6 +316,17 @@ pub struct AccM64N64 {
 impl AccM64N64 {
     /// All zeros.
     pub const ZERO: AccM64N64 = AccM64N64 { values: [0.0; 32] };
+}
+
+/// A warpgroup's 64 × 8 f32 accumulators of `wgmma.m64n8k16`, 4 per thread, laid out as
+/// [`AccM64N256`]'s first 4 registers.
+pub struct AccM64N8 {
+    pub values: [f32; 4],
+}
+
+impl AccM64N8 {
+    /// All zeros.
+    pub const ZERO: AccM64N8 = AccM64N8 { values: [0.0; 4] };
 }
 
 #[cfg(test)]

@@ -114,7 +114,7 @@ use clusterfuse::shared::DynamicShared;
 use crate::decode::load_words_out;
 use crate::wgmma_gemm::consume;
 use clusterfuse::tma::{Pipeline, PipelineState, TensorMap};
-use clusterfuse::warpgroup::{swizzle_128b, AccM64N256, AccM64N64, Operand, Warpgroup};
+use clusterfuse::warpgroup::{swizzle_128b, AccM64N256, AccM64N64, AccM64N8, Operand, Warpgroup};
 
 /// Tokens a routing cluster of the dense schedule routes (the others stream meanwhile): the
 /// gate table's tile, `ROUTER_TOKENS × experts`.
@@ -1143,13 +1143,58 @@ unsafe fn load_gate_up_unit<const S: usize>(pipeline: &Pipeline<S>, mut state: P
     state
 }
 
+/// The accumulators of a tokens-schedule consumer's `wgmma`s, whose B operand is the tokens'
+/// rows: 64 of them ([`AccM64N64`], the tokens schedule's, up to 64 tokens) or 8
+/// ([`AccM64N8`], the fused schedule's, up to 8 tokens: an eighth of the tensor cores' work
+/// and of the registers). Register `i` of a thread lies where [`AccM64N256::position`] says.
+trait TokenAcc {
+    const ZERO: Self;
+    /// Registers a thread holds.
+    const REGS: usize;
+    /// Register `i` (< `REGS`).
+    fn value(&self, i: usize) -> f32;
+    /// `self = A·Bᵀ + (accumulate ? self : 0)` for B the first token rows at `b`.
+    ///
+    /// # Safety
+    /// As [`Warpgroup::mma_m64n64k16`], for as many B rows as `Self` has columns.
+    unsafe fn mma(&mut self, wg: &Warpgroup, a: Operand<bf16>, b: Operand<bf16>, accumulate: bool);
+}
+
+impl TokenAcc for AccM64N64 {
+    const ZERO: Self = AccM64N64::ZERO;
+    const REGS: usize = 32;
+    #[inline(always)]
+    fn value(&self, i: usize) -> f32 {
+        self.values[i]
+    }
+    #[inline(always)]
+    unsafe fn mma(&mut self, wg: &Warpgroup, a: Operand<bf16>, b: Operand<bf16>, accumulate: bool) {
+        // SAFETY: the caller's.
+        unsafe { wg.mma_m64n64k16(a, b, self, accumulate) }
+    }
+}
+
+impl TokenAcc for AccM64N8 {
+    const ZERO: Self = AccM64N8::ZERO;
+    const REGS: usize = 4;
+    #[inline(always)]
+    fn value(&self, i: usize) -> f32 {
+        self.values[i]
+    }
+    #[inline(always)]
+    unsafe fn mma(&mut self, wg: &Warpgroup, a: Operand<bf16>, b: Operand<bf16>, accumulate: bool) {
+        // SAFETY: the caller's.
+        unsafe { wg.mma_m64n8k16(a, b, self, accumulate) }
+    }
+}
+
 /// A tokens-schedule consumer warpgroup's product of one gate/up unit ([`load_gate_up_unit`]'s
 /// `count` stages from `state` on), the last stage released: `[gate, up] × [even rows, odd
 /// rows]` accumulators, and the state after the unit.
 #[inline(always)]
-fn multiply_gate_up_unit<const S: usize>(wg: &Warpgroup, pipeline: &Pipeline<S>, state: PipelineState<S>, stages: u32, count: usize) -> ([AccM64N64; 4], PipelineState<S>) {
+fn multiply_gate_up_unit<A: TokenAcc, const S: usize>(wg: &Warpgroup, pipeline: &Pipeline<S>, state: PipelineState<S>, stages: u32, count: usize) -> ([A; 4], PipelineState<S>) {
     const STEPS: usize = GATE_UP_STAGE_STEPS;
-    let mut acc = [AccM64N64::ZERO, AccM64N64::ZERO, AccM64N64::ZERO, AccM64N64::ZERO];
+    let mut acc = [A::ZERO, A::ZERO, A::ZERO, A::ZERO];
     let (last, next) = consume::<S, { 2 * STEPS as u32 }>(wg, pipeline, state, count, |s, kk, accumulate| {
         let stage = stages + s * GATE_UP_TOKENS_STAGE_BYTES;
         let b = tokens_operand(stage + 2 * weight_box_bytes(STEPS), kk, STEPS);
@@ -1157,7 +1202,7 @@ fn multiply_gate_up_unit<const S: usize>(wg: &Warpgroup, pipeline: &Pipeline<S>,
             let a = weight_operand(stage + (i / 2) as u32 * weight_box_bytes(STEPS), (i % 2) as u32, kk, STEPS);
             // SAFETY: `consume`'s guarantees: the stage is loaded and stays so, the whole
             // warpgroup runs this after a fence; the first wgmma overwrites `acc`.
-            unsafe { wg.mma_m64n64k16(a, b, &mut acc[i], accumulate) };
+            unsafe { acc[i].mma(wg, a, b, accumulate) };
         });
     });
     if wg.thread_rank() == 0 {
@@ -1175,17 +1220,17 @@ fn multiply_gate_up_unit<const S: usize>(wg: &Warpgroup, pipeline: &Pipeline<S>,
 /// and each store then waited on a reload; so did a second way to a gate weight, scanning the
 /// block's own routing). Unrolled, so that `acc` is only indexed by constants.
 #[inline(always)]
-fn for_each_h(acc: &[AccM64N64; 4], t: u32, tokens: usize, gate: impl Fn(usize) -> f32, mut emit: impl FnMut(usize, usize, f32)) {
+fn for_each_h<A: TokenAcc>(acc: &[A; 4], t: u32, tokens: usize, gate: impl Fn(usize) -> f32, mut emit: impl FnMut(usize, usize, f32)) {
     unroll!(j in [0 1 2 3 4 5 6 7] {
         unroll!(dc in [0 1] {
             let c = 8 * j + 2 * (t as usize % 4) + dc;
-            if c < tokens {
+            if 4 * j < A::REGS && c < tokens {
                 let g = gate(c);
                 unroll!(dv in [0 1] {
                     let i = 4 * j + 2 * dv + dc;
                     let m = AccM64N256::position(t, i).0;
                     unroll!(parity in [0 1] {
-                        emit(c, weight_row(m, parity), g * silu_gate(acc[parity].values[i], acc[2 + parity].values[i]));
+                        emit(c, weight_row(m, parity), g * silu_gate(acc[parity].value(i), acc[2 + parity].value(i)));
                     });
                 });
             }
@@ -1324,7 +1369,7 @@ fn gate_up_tokens(
     let mut table = None;
     for unit in units() {
         let expert = expert_of(unit);
-        let (acc, next) = multiply_gate_up_unit(&wg, &pipeline, state, stages, stages_per_unit);
+        let (acc, next) = multiply_gate_up_unit::<AccM64N64, _>(&wg, &pipeline, state, stages, stages_per_unit);
         state = next;
         // The gate weights, published by the routing clusters (at once on the tokens
         // schedule, whose every cluster routed the same; on the dense one, the first unit's
@@ -1477,12 +1522,14 @@ fn down_tokens(h: &Out<bf16>, h_map: &[u64], routing: &Out<u32>, pair_gate: &Out
 }
 
 /// Most tokens the fused schedule takes: a block's partial `y` (`tokens × hidden` f32) sits
-/// in its shared memory beside the gate/up pipeline.
+/// in its shared memory beside the gate/up pipeline, and its `wgmma`s take 8 token rows
+/// (`m64n8k16`).
 pub const FUSED_MAX_TOKENS: usize = 8;
-/// The fused kernel's `h` tile: the 64 token rows (every token, zeros past the last) × a
-/// unit's 128 features, bf16, as two boxes of 64 features (128-byte rows) under the 128-byte
-/// swizzle — the down projection's B operand, as `tokens_operand` reads a stage's `h`.
-const FUSED_H_BOX_BYTES: u32 = tokens_box_bytes(DOWN_STAGE_STEPS);
+/// The fused kernel's `h` tile: 8 token rows (every token, zeros past the last) × a unit's
+/// 128 features, bf16, as two boxes of 64 features (128-byte rows) under the 128-byte
+/// swizzle — the down projection's B operand, as `tokens_operand` reads the first 8 rows of
+/// a stage's `h`.
+const FUSED_H_BOX_BYTES: u32 = (FUSED_MAX_TOKENS * 2 * STEP * DOWN_STAGE_STEPS) as u32;
 /// Down stages of a unit's 128 features for one 128-row group of the output.
 const FUSED_DOWN_STAGES: usize = TILE_ROWS / (STEP * DOWN_STAGE_STEPS);
 
@@ -1593,7 +1640,7 @@ fn fused_tokens(
         let mut state = PipelineState::START;
         for unit in units() {
             let expert = expert_of(unit);
-            let (acc, next) = multiply_gate_up_unit(&wg, &pipeline, state, stages, stages_per_unit);
+            let (acc, next) = multiply_gate_up_unit::<AccM64N8, _>(&wg, &pipeline, state, stages, stages_per_unit);
             state = next;
             // The previous unit's down `wgmma`s have read the tile (each thread waited for
             // its own): now every thread has.
@@ -1609,27 +1656,16 @@ fn fused_tokens(
             arch::fence_proxy_async_shared_cta();
             wg.sync();
             let tile_at = h_tile.addr();
-            for group in 0..groups {
-                let mut down = [AccM64N64::ZERO, AccM64N64::ZERO];
-                let mut call = 0;
-                let (last, next) = consume::<GATE_UP_TOKENS_STAGES, { 2 * DOWN_STAGE_STEPS as u32 }>(&wg, &pipeline, state, FUSED_DOWN_STAGES, |s, kk, accumulate| {
-                    let stage = stages + s * GATE_UP_TOKENS_STAGE_BYTES;
-                    // Stage `j` of the group multiplies box `j` of the tile.
-                    let b = tokens_operand(tile_at + (call / (2 * DOWN_STAGE_STEPS)) as u32 * FUSED_H_BOX_BYTES, kk, DOWN_STAGE_STEPS);
-                    call += 1;
-                    unroll!(parity in [0 1] {
-                        // SAFETY: as in `down_tokens`; the tile was written before the fence and
-                        // barrier above and stays unwritten until the next unit's barrier.
-                        unsafe { wg.mma_m64n64k16(weight_operand(stage, parity as u32, kk, DOWN_STAGE_STEPS), b, &mut down[parity], accumulate) };
-                    });
-                });
-                if t == 0 {
-                    pipeline.consumer_release(last);
-                }
-                state = next;
-                // Each value this thread holds is its own cell of the partial `y`.
+            // The unit's down stages, group after group, the `wgmma`s never drained between
+            // groups: groups alternate between two sets of accumulators, and a group's sums
+            // are added once the next group's first stage is issued (`wait::<1>` then covers
+            // every earlier stage).
+            let (mut even, mut odd) = ([AccM64N8::ZERO, AccM64N8::ZERO], [AccM64N8::ZERO, AccM64N8::ZERO]);
+            let mut previous: Option<PipelineState<GATE_UP_TOKENS_STAGES>> = None;
+            // Each value this thread holds is its own cell of the partial `y`.
+            let add_group = |down: &[AccM64N8; 2], group: usize| {
                 unroll!(parity in [0 1] {
-                    unroll!(i in [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31] {
+                    unroll!(i in [0 1 2 3] {
                         let (m, c) = AccM64N256::position(t, i);
                         if c < tokens {
                             let cell = c * hidden + group * TILE_ROWS + weight_row(m, parity);
@@ -1637,7 +1673,47 @@ fn fused_tokens(
                         }
                     });
                 });
+            };
+            for pair in (0..groups).step_by(2) {
+                unroll!(half in [0 1] {
+                    let group = pair + half;
+                    let (down, done) = if half == 0 { (&mut even, &odd) } else { (&mut odd, &even) };
+                    // An odd count of groups (hidden 128, 384, ...) ends on an even one.
+                    for j in 0..if group < groups { FUSED_DOWN_STAGES } else { 0 } {
+                        pipeline.consumer_wait(state);
+                        wg.fence();
+                        let stage = stages + state.stage() as u32 * GATE_UP_TOKENS_STAGE_BYTES;
+                        for kk in 0..2 * DOWN_STAGE_STEPS as u32 {
+                            // Stage `j` of the group multiplies box `j` of the tile.
+                            let b = tokens_operand(tile_at + j as u32 * FUSED_H_BOX_BYTES, kk, DOWN_STAGE_STEPS);
+                            unroll!(parity in [0 1] {
+                                // SAFETY: the stage is loaded (its full barrier passed) and stays
+                                // so until released below, after a later wait; the tile was
+                                // written before the fence and barrier above and stays unwritten
+                                // until the next unit's barrier; the whole warpgroup runs this
+                                // after a fence, and `down` is read only after a wait covers it.
+                                unsafe { wg.mma_m64n8k16(weight_operand(stage, parity as u32, kk, DOWN_STAGE_STEPS), b, &mut down[parity], j > 0 || kk > 0) };
+                            });
+                        }
+                        wg.commit();
+                        wg.wait::<1>();
+                        if let (Some(done), 0) = (previous, t) {
+                            pipeline.consumer_release(done);
+                        }
+                        previous = Some(state);
+                        state = state.next();
+                        // The group before this one is complete.
+                        if j == 0 && group > 0 {
+                            add_group(done, group - 1);
+                        }
+                    }
+                });
             }
+            wg.wait::<0>();
+            if let (Some(done), 0) = (previous, t) {
+                pipeline.consumer_release(done);
+            }
+            add_group(if groups % 2 == 0 { &odd } else { &even }, groups - 1);
         }
     }
     // Both warpgroups: the block's partial `y` is whole (the consumer's sums).

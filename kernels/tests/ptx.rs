@@ -379,13 +379,14 @@ fn moe_streaming_loops_issue_their_loads_together_without_spilling() {
 /// nothing atomic (but the retirement of the gate/up kernel's published gate table, or the
 /// fused kernel's partial outputs), the down kernel waiting for the gate/up one, the fused
 /// kernel's consumer warpgroup ordering its `h` tile before its `wgmma`s read it (a proxy
-/// fence, then its own barrier); in SASS, main loops of 8 `wgmma`s a stage (`HGMMA`: four
-/// accumulators × two 16-column slices, or two × four) that never touch local memory.
+/// fence, then its own barrier), the fused kernel's on B operands of 8 token rows (it takes
+/// at most 8 tokens); in SASS, main loops of 8 `wgmma`s a stage (`HGMMA`: four accumulators
+/// × two 16-column slices, or two × four) that never touch local memory.
 #[test]
 fn moe_tokens_schedule_feeds_wgmma_from_tma_without_spilling() {
     let sass = clusterfuse_build::Sass::new(PTX.cubin).unwrap_or_else(|e| panic!("{e}"));
-    // The fused kernel's down loop is a 128-row group's two stages, unrolled: 16.
-    for (name, wgmmas) in [("moe_gate_up_tokens", &[8][..]), ("moe_down_tokens", &[8]), ("moe_fused", &[8, 16])] {
+    // The fused kernel's down loop is two 128-row groups of two stages each, unrolled: 32.
+    for (name, wgmmas) in [("moe_gate_up_tokens", &[8][..]), ("moe_down_tokens", &[8]), ("moe_fused", &[8, 32])] {
         let text = entry(name);
         assert!(text.contains(".maxntid 256, 1, 1") && text.contains(".minnctapersm 1"), "`{name}`: launch bounds");
         assert!(text.contains("cp.async.bulk.tensor.3d") && text.contains("cp.async.bulk.tensor.2d"), "`{name}`: TMA loads");
@@ -393,7 +394,9 @@ fn moe_tokens_schedule_feeds_wgmma_from_tma_without_spilling() {
         let tma = |dims: &str, hinted: bool| text.lines().filter(|l| l.contains(&format!("cp.async.bulk.tensor.{dims}")) && l.contains(".L2::cache_hint") == hinted).count();
         assert!(tma("3d", true) > 0 && tma("3d", false) == 0 && tma("2d", true) == 0, "`{name}`: the weights' TMA loads must be evict-first, the tokens' not");
         assert!(text.contains("createpolicy.fractional.L2::evict_first.b64"), "`{name}`: no evict-first policy");
-        assert!(text.contains("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"), "`{name}`: no wgmma");
+        // The fused kernel's at most 8 tokens: B operands of 8 rows.
+        let shape = if name == "moe_fused" { "m64n8k16" } else { "m64n64k16" };
+        assert!(text.contains(&format!("wgmma.mma_async.sync.aligned.{shape}.f32.bf16.bf16")), "`{name}`: no {shape} wgmma");
         // The gate/up and fused kernels' one atomic: their published buffer's count of
         // retired blocks.
         let retirements = text.matches("atom.acq_rel.gpu.global.add.u32").count();
