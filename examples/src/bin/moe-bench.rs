@@ -19,11 +19,11 @@
 //! `cuMemcpyDtoD` of 1 GiB, bytes read + written per second, median of 20).
 //!
 //! `--dump DIR` writes each layer's weights and 64-token input, and every schedule's routing
-//! and output at 64 tokens, as raw little-endian files for `scripts/moe-torch.py --check DIR`. `--only NAME
-//! TOKENS` runs one row (e.g. `--only DeepSeek 1`, for a profiler). `--ffn N` gives the
-//! experts' FFN width `N` instead: at 128 (one 128-row unit an expert) a gate/up launch is
-//! mostly its routing. `--cluster N`: gate/up clusters of `N` blocks (2-16) instead of
-//! `gate_up_cluster`'s choice.
+//! and output at 64 tokens, as raw little-endian files for `scripts/moe-torch.py --check DIR`.
+//! `--only NAME TOKENS` runs one layer at any token count up to 64 (e.g. `--only DeepSeek 1`,
+//! for a profiler). `--ffn N` gives the experts' FFN width `N` instead: at 128 (one 128-row
+//! unit an expert) a gate/up launch is mostly its routing. `--cluster N`: gate/up clusters of
+//! `N` blocks (2-16) instead of `gate_up_cluster`'s choice.
 //!
 //! `cargo run --release -p clusterfuse-examples --bin moe-bench [-- --dump DIR | --only NAME TOKENS | --ffn N | --cluster N]`
 
@@ -85,7 +85,11 @@ fn main() -> Result<()> {
     let only: Vec<String> = std::env::args().skip_while(|a| a != "--only").skip(1).take(2).collect();
     let ffn: Option<usize> = std::env::args().skip_while(|a| a != "--ffn").nth(1).map(|n| n.parse()).transpose()?;
     let cluster: Option<u32> = std::env::args().skip_while(|a| a != "--cluster").nth(1).map(|n| n.parse()).transpose()?;
-    let wanted = |name: &str, tokens: usize| only.len() < 2 || (name.starts_with(only[0].as_str()) && only[1] == tokens.to_string());
+    let counts: Vec<usize> = match only.get(1) {
+        Some(t) => vec![t.parse().ok().filter(|t| (1..=TOKENS[0]).contains(t)).ok_or_else(|| format!("--only NAME TOKENS: TOKENS must be 1 to {}, not {t}", TOKENS[0]))?],
+        None => TOKENS.to_vec(),
+    };
+    let wanted = |name: &str| only.is_empty() || name.starts_with(only[0].as_str());
     let Some(gpu) = gpu_or_skip("moe-bench") else { return Ok(()) };
     let kernels = Kernels::load(&gpu)?;
     let sms = multiprocessors(&gpu)?;
@@ -94,15 +98,12 @@ fn main() -> Result<()> {
     let (mut rows, mut launches, mut timelines) = (Vec::new(), Vec::new(), Vec::new());
     for (name, layer) in [("Mixtral-8x7B", Layer::MIXTRAL_8X7B), ("DeepSeek-V2-Lite", Layer::DEEPSEEK_V2_LITE)] {
         let layer = Layer { ffn: ffn.unwrap_or(layer.ffn), ..layer };
-        if !TOKENS.iter().any(|&t| wanted(name, t)) {
+        if !wanted(name) {
             continue;
         }
         eprintln!("{name}: generating weights ({:.1} GB) ...", layer.experts as f64 * layer.expert_bytes() as f64 / 1e9);
         let mut moe = Moe::random(layer, TOKENS[0], with_rng(|rng| rng.random()))?;
-        for tokens in TOKENS {
-            if !wanted(name, tokens) {
-                continue;
-            }
+        for &tokens in &counts {
             moe.x.truncate(tokens * layer.hidden);
             moe.tokens = tokens;
             eprintln!("{name}, {tokens} tokens: f64 reference and runs ...");
