@@ -25,14 +25,18 @@ fn tiling_keeps_16_rows_of_32_columns_together_in_k_order() {
 fn steps_take_the_schedule_their_shape_streams_fastest() {
     let (mixtral, deepseek) = (Layer::MIXTRAL_8X7B, Layer::DEEPSEEK_V2_LITE);
     let pairs = |group| Schedule::Pairs { gate_up_group: group, down_group: group.min(16) };
-    // (layer, tokens, SMs, schedule): DeepSeek's 8 experts of one token are 88 units of 128
-    // rows, fewer than 132 SMs (the fused schedule), Mixtral's 2 are 224 (pairs).
+    // (layer, tokens, SMs, schedule): one token on the fused schedule where it fits, whatever
+    // its units (DeepSeek's 8 experts are 88 of 128 rows, Mixtral's 2 are 224); 2 tokens on
+    // it only with fewer units than SMs (DeepSeek's 16 experts are 176).
     let cases = [
-        (mixtral, 1, 132, pairs(8)),
+        (mixtral, 1, 132, Schedule::Fused),
+        (mixtral, 2, 132, pairs(8)),
         (mixtral, 8, 132, pairs(8)),
         (mixtral, 64, 132, Schedule::Dense),
         (deepseek, 1, 132, Schedule::Fused),
-        (deepseek, 1, 80, pairs(8)),
+        (deepseek, 1, 80, Schedule::Fused),
+        (deepseek, 2, 132, pairs(8)),
+        (Layer { ffn: 128, ..deepseek }, 2, 132, Schedule::Fused),
         (deepseek, 8, 132, Schedule::Tokens),
         (deepseek, 64, 132, Schedule::Dense),
         (Layer { ffn: 1400, ..deepseek }, 1, 132, pairs(8)),
