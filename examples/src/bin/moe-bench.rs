@@ -20,12 +20,12 @@
 //!
 //! `--dump DIR` writes each layer's weights and 64-token input, and every schedule's routing
 //! and output at 64 tokens, as raw little-endian files for `scripts/moe-torch.py --check DIR`.
-//! `--only NAME TOKENS` runs one layer at any token count up to 64 (e.g. `--only DeepSeek 1`,
-//! for a profiler). `--ffn N` gives the experts' FFN width `N` instead: at 128 (one 128-row
+//! `--only NAME [TOKENS]` runs one layer, at the table's token counts or at `TOKENS` (any up
+//! to 64; e.g. `--only DeepSeek 1`, for a profiler). `--ffn N` gives the experts' FFN width `N` instead: at 128 (one 128-row
 //! unit an expert) a gate/up launch is mostly its routing. `--cluster N`: gate/up clusters of
 //! `N` blocks (2-16) instead of `gate_up_cluster`'s choice.
 //!
-//! `cargo run --release -p clusterfuse-examples --bin moe-bench [-- --dump DIR | --only NAME TOKENS | --ffn N | --cluster N]`
+//! `cargo run --release -p clusterfuse-examples --bin moe-bench [-- --dump DIR | --only NAME [TOKENS] | --ffn N | --cluster N]`
 
 use clusterfuse::bf16;
 use clusterfuse::host::{Gpu, LaunchConfig};
@@ -82,11 +82,11 @@ fn file_label(schedule: Schedule) -> &'static str {
 
 fn main() -> Result<()> {
     let dump_dir = std::env::args().skip_while(|a| a != "--dump").nth(1).map(PathBuf::from);
-    let only: Vec<String> = std::env::args().skip_while(|a| a != "--only").skip(1).take(2).collect();
+    let only: Vec<String> = std::env::args().skip_while(|a| a != "--only").skip(1).take_while(|a| !a.starts_with("--")).take(2).collect();
     let ffn: Option<usize> = std::env::args().skip_while(|a| a != "--ffn").nth(1).map(|n| n.parse()).transpose()?;
     let cluster: Option<u32> = std::env::args().skip_while(|a| a != "--cluster").nth(1).map(|n| n.parse()).transpose()?;
     let counts: Vec<usize> = match only.get(1) {
-        Some(t) => vec![t.parse().ok().filter(|t| (1..=TOKENS[0]).contains(t)).ok_or_else(|| format!("--only NAME TOKENS: TOKENS must be 1 to {}, not {t}", TOKENS[0]))?],
+        Some(t) => vec![t.parse().ok().filter(|t| (1..=TOKENS[0]).contains(t)).ok_or_else(|| format!("--only NAME [TOKENS]: TOKENS must be 1 to {}, not {t}", TOKENS[0]))?],
         None => TOKENS.to_vec(),
     };
     let wanted = |name: &str| only.is_empty() || name.starts_with(only[0].as_str());

@@ -548,16 +548,16 @@ pub struct Plan {
 /// units than the GPU has SMs (then fewer SMs stream than the GPU has, each more than its
 /// share of the bytes, which the tokens schedule's deeper pipeline pulls faster) or the step
 /// has one token, the fused schedule where it fits (no second launch streams the down
-/// weights after the first has drained), else the tokens one; the tokens schedule too where
-/// the step has at least [`TOKENS_SCHEDULE_PAIRS`] pairs (the pairs schedule's groups get
+/// weights after the first has drained); with few units where it does not, the tokens one;
+/// the tokens schedule too where the step has at least [`TOKENS_SCHEDULE_PAIRS`] pairs (the pairs schedule's groups get
 /// large, and reread `x` from L2 per 16 rows) and the routing at most
 /// [`TOKENS_SCHEDULE_LOGITS`] logits (every one of its blocks routes the whole step); the
 /// pairs schedule otherwise. Fit to the H200's side-by-side runs (results/moe-h200.md,
 /// sessions 30-34, 45 and 49): the tokens schedule won Mixtral at 64 tokens and DeepSeek at 8
 /// and 1 (88 units), lost Mixtral at 8 (16 pairs) and 1 (224 units) and DeepSeek at 64 (4096
 /// logits); the fused one beat it at one DeepSeek token by 9-12%, and the pairs one at one
-/// Mixtral token by 3-5% (224 units, 132 blocks), but lost to the pairs one at 2 tokens of
-/// either layer (176 and 224 units).
+/// Mixtral token by 3-4% (224 units, 132 blocks), but lost to the pairs one at 2 tokens of
+/// either layer (176 and 448 units).
 pub fn schedule(layer: &Layer, tokens: usize, sms: usize) -> Schedule {
     let (pairs, logits) = (tokens * layer.top_k, tokens * layer.experts);
     let few_units = gate_up_blocks(layer, tokens, Schedule::Tokens) < sms;
