@@ -1439,120 +1439,80 @@ setmaxnreg! {
     setmaxnreg_dec => "setmaxnreg.dec.sync.aligned.u32";
 }
 
-/// `{d0, ..., d127}` and the asm operands of `wgmma_m64n256k16`'s accumulators.
+/// `wgmma.mma_async` `$ptx` on `$d`'s accumulators, as asm operands `{0}` to `{R - 1}` (R
+/// registers, listed `1 2 ... R-1` after `[$a_op $b_op $scale_op]`), then the descriptors `$a`,
+/// `$b` and `$scale`'s predicate as operands R, R + 1 and R + 2.
 #[cfg(target_arch = "nvptx64")]
-macro_rules! wgmma_m64n256k16_asm {
-    ($ptx:literal, $d:ident, $a:expr, $b:expr, $scale:expr; $($i:literal)*) => {
-        ptx!(concat!("{{ .reg .pred p; setp.ne.b32 p, {130}, 0; ", $ptx, " {{{0}", $(", {", $i, "}",)* "}}, {128}, {129}, p, 1, 1, 0, 0; }}"),
+macro_rules! wgmma_asm {
+    ($ptx:literal, $d:ident, $a:expr, $b:expr, $scale:expr; [$a_op:literal $b_op:literal $scale_op:literal $($i:literal)*]) => {
+        ptx!(concat!("{{ .reg .pred p; setp.ne.b32 p, {", $scale_op, "}, 0; ", $ptx, " {{{0}", $(", {", $i, "}",)* "}}, {", $a_op, "}, {", $b_op, "}, p, 1, 1, 0, 0; }}"),
              inout(reg32) $d[0], $(inout(reg32) $d[$i],)* in(reg64) $a, in(reg64) $b, in(reg32) $scale, options(nostack))
     };
 }
 
-macro_rules! wgmma_m64n256k16 {
-    ($($(#[$doc:meta])* $name:ident => $ptx:literal, $kind:ident;)*) => {$(
+/// The `wgmma.mma_async` wrappers of one shape, `$regs` f32 accumulators a thread; `$operands`
+/// as `wgmma_asm` takes them.
+macro_rules! wgmma_k16 {
+    ($regs:literal, $operands:tt: $($(#[$doc:meta])* $name:ident => $ptx:literal, $kind:ident;)*) => {$(
         $(#[$doc])*
-        ///
-        /// A warpgroup collective (`.sync.aligned`): the 128 threads of a warpgroup (warps
-        /// `4i .. 4i + 4` of the block) execute it together, each with 128 accumulators in the
-        /// layout of PTX ISA §9.7.15.5.1 (see [`crate::warpgroup`]); `A` (64 × 16) and `B`
-        /// (256 × 16, i.e. Bᵀ) are K-major in shared memory as `desc_a`/`desc_b` describe
-        /// them. Asynchronous: `d` is not to be read or written until a
-        /// [`wgmma_wait_group`] after the [`wgmma_commit_group`] that follows it.
-        ///
-        /// # Safety
-        /// 1. The descriptors describe shared memory of this block that holds the operands
-        ///    and that nothing writes until that wait.
-        /// 2. A [`wgmma_fence`] orders earlier accesses to `d` before it.
-        #[inline(always)]
-        pub unsafe fn $name(desc_a: u64, desc_b: u64, d: &mut [f32; 128], accumulate: bool) {
-            gpu_or_emulator! {
-                gpu: wgmma_m64n256k16_asm!($ptx, d, desc_a, desc_b, accumulate as u32; 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92 93 94 95 96 97 98 99 100 101 102 103 104 105 106 107 108 109 110 111 112 113 114 115 116 117 118 119 120 121 122 123 124 125 126 127),
-                emulator: emu::tensor::wgmma_k16(emu::HalfKind::$kind, desc_a, desc_b, d, accumulate),
-            }
-        }
-    )*};
-}
-
-/// `{d0, ..., d31}` and the asm operands of `wgmma_m64n64k16`'s accumulators.
-#[cfg(target_arch = "nvptx64")]
-macro_rules! wgmma_m64n64k16_asm {
-    ($ptx:literal, $d:ident, $a:expr, $b:expr, $scale:expr; $($i:literal)*) => {
-        ptx!(concat!("{{ .reg .pred p; setp.ne.b32 p, {34}, 0; ", $ptx, " {{{0}", $(", {", $i, "}",)* "}}, {32}, {33}, p, 1, 1, 0, 0; }}"),
-             inout(reg32) $d[0], $(inout(reg32) $d[$i],)* in(reg64) $a, in(reg64) $b, in(reg32) $scale, options(nostack))
-    };
-}
-
-macro_rules! wgmma_m64n64k16 {
-    ($($(#[$doc:meta])* $name:ident => $ptx:literal, $kind:ident;)*) => {$(
-        $(#[$doc])*
-        ///
-        /// As [`wgmma_mma_async_m64n256k16_f32_f16_f16`] with B 64 × 16 and 32 accumulators
-        /// per thread (columns `8j + ..` for `j` in 0..8).
         ///
         /// # Safety
         /// 1. The descriptors describe shared memory of this block that holds the operands
         ///    and that nothing writes until the [`wgmma_wait_group`] covering it.
         /// 2. A [`wgmma_fence`] orders earlier accesses to `d` before it.
         #[inline(always)]
-        pub unsafe fn $name(desc_a: u64, desc_b: u64, d: &mut [f32; 32], accumulate: bool) {
+        pub unsafe fn $name(desc_a: u64, desc_b: u64, d: &mut [f32; $regs], accumulate: bool) {
             gpu_or_emulator! {
-                gpu: wgmma_m64n64k16_asm!($ptx, d, desc_a, desc_b, accumulate as u32; 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31),
+                gpu: wgmma_asm!($ptx, d, desc_a, desc_b, accumulate as u32; $operands),
                 emulator: emu::tensor::wgmma_k16(emu::HalfKind::$kind, desc_a, desc_b, d, accumulate),
             }
         }
     )*};
 }
 
-/// `{d0, ..., d3}` and the asm operands of `wgmma_m64n8k16`'s accumulators.
-#[cfg(target_arch = "nvptx64")]
-macro_rules! wgmma_m64n8k16_asm {
-    ($ptx:literal, $d:ident, $a:expr, $b:expr, $scale:expr; $($i:literal)*) => {
-        ptx!(concat!("{{ .reg .pred p; setp.ne.b32 p, {6}, 0; ", $ptx, " {{{0}", $(", {", $i, "}",)* "}}, {4}, {5}, p, 1, 1, 0, 0; }}"),
-             inout(reg32) $d[0], $(inout(reg32) $d[$i],)* in(reg64) $a, in(reg64) $b, in(reg32) $scale, options(nostack))
-    };
-}
-
-macro_rules! wgmma_m64n8k16 {
-    ($($(#[$doc:meta])* $name:ident => $ptx:literal, $kind:ident;)*) => {$(
-        $(#[$doc])*
-        ///
-        /// As [`wgmma_mma_async_m64n256k16_f32_f16_f16`] with B 8 × 16 and 4 accumulators
-        /// per thread (columns `2 (t % 4) + v % 2`).
-        ///
-        /// # Safety
-        /// 1. The descriptors describe shared memory of this block that holds the operands
-        ///    and that nothing writes until the [`wgmma_wait_group`] covering it.
-        /// 2. A [`wgmma_fence`] orders earlier accesses to `d` before it.
-        #[inline(always)]
-        pub unsafe fn $name(desc_a: u64, desc_b: u64, d: &mut [f32; 4], accumulate: bool) {
-            gpu_or_emulator! {
-                gpu: wgmma_m64n8k16_asm!($ptx, d, desc_a, desc_b, accumulate as u32; 1 2 3),
-                emulator: emu::tensor::wgmma_k16(emu::HalfKind::$kind, desc_a, desc_b, d, accumulate),
-            }
-        }
-    )*};
-}
-
-wgmma_m64n8k16! {
+wgmma_k16! {
+    4, [4 5 6 1 2 3]:
     /// `wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16`: `D = A·Bᵀ + D` (or `A·Bᵀ`
     /// when `accumulate` is false) for bf16 A and B, f32 D.
+    ///
+    /// As [`wgmma_mma_async_m64n256k16_f32_f16_f16`] with B 8 × 16 and 4 accumulators
+    /// per thread (columns `2 (t % 4) + v % 2`).
     wgmma_mma_async_m64n8k16_f32_bf16_bf16 => "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16", Bf16;
     /// `wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16`: as the bf16 form, f16 inputs.
     wgmma_mma_async_m64n8k16_f32_f16_f16 => "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16", F16;
 }
 
-wgmma_m64n64k16! {
+wgmma_k16! {
+    32, [32 33 34 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31]:
     /// `wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16`: `D = A·Bᵀ + D` (or `A·Bᵀ`
     /// when `accumulate` is false) for bf16 A and B, f32 D.
+    ///
+    /// As [`wgmma_mma_async_m64n256k16_f32_f16_f16`] with B 64 × 16 and 32 accumulators
+    /// per thread (columns `8j + ..` for `j` in 0..8).
     wgmma_mma_async_m64n64k16_f32_bf16_bf16 => "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16", Bf16;
     /// `wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16`: as the bf16 form, f16 inputs.
     wgmma_mma_async_m64n64k16_f32_f16_f16 => "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16", F16;
 }
 
-wgmma_m64n256k16! {
+wgmma_k16! {
+    128, [128 129 130 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92 93 94 95 96 97 98 99 100 101 102 103 104 105 106 107 108 109 110 111 112 113 114 115 116 117 118 119 120 121 122 123 124 125 126 127]:
     /// `wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16`: `D = A·Bᵀ + D` (or `A·Bᵀ`
     /// when `accumulate` is false) for bf16 A and B, f32 D.
+    ///
+    /// A warpgroup collective (`.sync.aligned`): the 128 threads of a warpgroup (warps
+    /// `4i .. 4i + 4` of the block) execute it together, each with 128 accumulators in the
+    /// layout of PTX ISA §9.7.15.5.1 (see [`crate::warpgroup`]); `A` (64 × 16) and `B`
+    /// (256 × 16, i.e. Bᵀ) are K-major in shared memory as `desc_a`/`desc_b` describe
+    /// them. Asynchronous: `d` is not to be read or written until a
+    /// [`wgmma_wait_group`] after the [`wgmma_commit_group`] that follows it.
     wgmma_mma_async_m64n256k16_f32_bf16_bf16 => "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", Bf16;
     /// `wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16`: as the bf16 form, f16 inputs.
+    ///
+    /// A warpgroup collective (`.sync.aligned`): the 128 threads of a warpgroup (warps
+    /// `4i .. 4i + 4` of the block) execute it together, each with 128 accumulators in the
+    /// layout of PTX ISA §9.7.15.5.1 (see [`crate::warpgroup`]); `A` (64 × 16) and `B`
+    /// (256 × 16, i.e. Bᵀ) are K-major in shared memory as `desc_a`/`desc_b` describe
+    /// them. Asynchronous: `d` is not to be read or written until a
+    /// [`wgmma_wait_group`] after the [`wgmma_commit_group`] that follows it.
     wgmma_mma_async_m64n256k16_f32_f16_f16 => "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16", F16;
 }
