@@ -17,28 +17,22 @@ for pair in "$@"; do
 done
 scripts/setup.sh
 read -ra bins <<<"${BINS:-moe-bench clusterfuse-examples}"
-target=$PWD/target/ab
-started=$(mktemp)  # the cubins built after it are this run's
-trap 'rm -f "$started"' EXIT
+root=$PWD target=$PWD/target/ab
 rm -rf .gpu/ab .gpu/ab.tgz
 mkdir -p .gpu/ab
 for pair in "$@"; do
     name=${pair%%=*} rev=${pair#*=}
     tree=$(mktemp -d)
     git worktree add --detach "$tree" "$rev" >/dev/null
-    trap 'git worktree remove --force "$tree"; rm -f "$started"' EXIT  # a failed build leaves no worktree behind
-    (cd "$tree" && CARGO_TARGET_DIR=$target cargo build --release -p clusterfuse-examples "${bins[@]/#/--bin=}")
+    trap 'git worktree remove --force "$tree"' EXIT  # a failed build leaves no worktree behind
+    (cd "$tree" && CARGO_TARGET_DIR=$target "$root/scripts/build-checked.sh" --release -p clusterfuse-examples "${bins[@]/#/--bin=}")
     git worktree remove --force "$tree"
-    trap 'rm -f "$started"' EXIT
+    trap - EXIT
     mkdir -p ".gpu/ab/$name"
     for bin in "${bins[@]}"; do
         cp "$target/release/$bin" ".gpu/ab/$name/"
     done
     git rev-parse "$rev" >".gpu/ab/$name/REV"
 done
-# A build without ptxas embeds an empty cubin, and a GPU would JIT-compile the PTX at every
-# cold start: none of this run's may be empty (earlier runs' folders are not looked at).
-empty=$(find "$target/release/build" -path '*/clusterfuse-*/out/clusterfuse.cubin' -newer "$started" -empty)
-[ -z "$empty" ] || { echo "gpu-ab: built without ptxas (empty cubin: $empty): run scripts/setup.sh, then this again" >&2; exit 1; }
 tar -czf .gpu/ab.tgz -C .gpu ab
 ls -l .gpu/ab.tgz

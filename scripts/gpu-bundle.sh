@@ -4,14 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-cargo build --release -p clusterfuse-examples --bins
+scripts/build-checked.sh --release -p clusterfuse-examples --bins
 cargo build --release -p clusterfuse-host --bin clusterfuse-trace
 # Cargo's own account of where things are (a target directory set elsewhere included).
 target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
-# A build without ptxas embeds an empty cubin, and a GPU would JIT-compile the PTX at every cold start.
-for cubin in "$target"/release/build/clusterfuse-*/out/clusterfuse.cubin; do
-    [ -s "$cubin" ] || { echo "gpu-bundle: $cubin is empty (built without ptxas): run scripts/setup.sh, then this again" >&2; exit 1; }
-done
 mkdir -p .gpu
 for bin in clusterfuse-trace clusterfuse-examples launch-overhead cluster-bench norms-bench tklqt-sweep gemm-bench decode-bench bert-bench llama-bench moe-bench profile-step; do
     cp "$target/release/$bin" .gpu/
