@@ -1160,32 +1160,28 @@ trait TokenAcc {
     unsafe fn mma(&mut self, wg: &Warpgroup, a: Operand<bf16>, b: Operand<bf16>, accumulate: bool);
 }
 
-impl TokenAcc for AccM64N64 {
-    const ZERO: Self = AccM64N64::ZERO;
-    const REGS: usize = 32;
-    #[inline(always)]
-    fn value(&self, i: usize) -> f32 {
-        self.values[i]
-    }
-    #[inline(always)]
-    unsafe fn mma(&mut self, wg: &Warpgroup, a: Operand<bf16>, b: Operand<bf16>, accumulate: bool) {
-        // SAFETY: the caller's.
-        unsafe { wg.mma_m64n64k16(a, b, self, accumulate) }
-    }
+/// [`TokenAcc`] for each accumulator type and the [`Warpgroup`] method that multiplies into it.
+macro_rules! token_acc {
+    ($($acc:ident => $mma:ident;)*) => {$(
+        impl TokenAcc for $acc {
+            const ZERO: Self = $acc::ZERO;
+            const REGS: usize = $acc::ZERO.values.len();
+            #[inline(always)]
+            fn value(&self, i: usize) -> f32 {
+                self.values[i]
+            }
+            #[inline(always)]
+            unsafe fn mma(&mut self, wg: &Warpgroup, a: Operand<bf16>, b: Operand<bf16>, accumulate: bool) {
+                // SAFETY: the caller's.
+                unsafe { wg.$mma(a, b, self, accumulate) }
+            }
+        }
+    )*};
 }
 
-impl TokenAcc for AccM64N8 {
-    const ZERO: Self = AccM64N8::ZERO;
-    const REGS: usize = 4;
-    #[inline(always)]
-    fn value(&self, i: usize) -> f32 {
-        self.values[i]
-    }
-    #[inline(always)]
-    unsafe fn mma(&mut self, wg: &Warpgroup, a: Operand<bf16>, b: Operand<bf16>, accumulate: bool) {
-        // SAFETY: the caller's.
-        unsafe { wg.mma_m64n8k16(a, b, self, accumulate) }
-    }
+token_acc! {
+    AccM64N64 => mma_m64n64k16;
+    AccM64N8 => mma_m64n8k16;
 }
 
 /// A tokens-schedule consumer warpgroup's product of one gate/up unit ([`load_gate_up_unit`]'s
