@@ -1475,7 +1475,7 @@ wgmma_k16! {
     /// `wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16`: `D = A·Bᵀ + D` (or `A·Bᵀ`
     /// when `accumulate` is false) for bf16 A and B, f32 D.
     ///
-    /// As [`wgmma_mma_async_m64n256k16_f32_f16_f16`] with B 8 × 16 and 4 accumulators
+    /// As [`wgmma_mma_async_m64n256k16_f32_bf16_bf16`] with B 8 × 16 and 4 accumulators
     /// per thread (columns `2 (t % 4) + v % 2`).
     wgmma_mma_async_m64n8k16_f32_bf16_bf16 => "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16", Bf16;
     /// `wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16`: as the bf16 form, f16 inputs.
@@ -1487,7 +1487,7 @@ wgmma_k16! {
     /// `wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16`: `D = A·Bᵀ + D` (or `A·Bᵀ`
     /// when `accumulate` is false) for bf16 A and B, f32 D.
     ///
-    /// As [`wgmma_mma_async_m64n256k16_f32_f16_f16`] with B 64 × 16 and 32 accumulators
+    /// As [`wgmma_mma_async_m64n256k16_f32_bf16_bf16`] with B 64 × 16 and 32 accumulators
     /// per thread (columns `8j + ..` for `j` in 0..8).
     wgmma_mma_async_m64n64k16_f32_bf16_bf16 => "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16", Bf16;
     /// `wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16`: as the bf16 form, f16 inputs.
@@ -1507,12 +1507,5 @@ wgmma_k16! {
     /// [`wgmma_wait_group`] after the [`wgmma_commit_group`] that follows it.
     wgmma_mma_async_m64n256k16_f32_bf16_bf16 => "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", Bf16;
     /// `wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16`: as the bf16 form, f16 inputs.
-    ///
-    /// A warpgroup collective (`.sync.aligned`): the 128 threads of a warpgroup (warps
-    /// `4i .. 4i + 4` of the block) execute it together, each with 128 accumulators in the
-    /// layout of PTX ISA §9.7.15.5.1 (see [`crate::warpgroup`]); `A` (64 × 16) and `B`
-    /// (256 × 16, i.e. Bᵀ) are K-major in shared memory as `desc_a`/`desc_b` describe
-    /// them. Asynchronous: `d` is not to be read or written until a
-    /// [`wgmma_wait_group`] after the [`wgmma_commit_group`] that follows it.
     wgmma_mma_async_m64n256k16_f32_f16_f16 => "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16", F16;
 }

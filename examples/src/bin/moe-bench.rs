@@ -21,9 +21,9 @@
 //! `--dump DIR` writes each layer's weights and 64-token input, and every schedule's routing
 //! and output at 64 tokens, as raw little-endian files for `scripts/moe-torch.py --check DIR`.
 //! `--only NAME [TOKENS]` runs one layer, at the table's token counts or at `TOKENS` (any up
-//! to 64; e.g. `--only DeepSeek 1`, for a profiler). `--ffn N` gives the experts' FFN width `N` instead: at 128 (one 128-row
-//! unit an expert) a gate/up launch is mostly its routing. `--cluster N`: gate/up clusters of
-//! `N` blocks (2-16) instead of `gate_up_cluster`'s choice.
+//! to 64; e.g. `--only DeepSeek 1`, for a profiler). `--ffn N` gives the experts' FFN width
+//! `N` instead: at 128 (one 128-row unit an expert) a gate/up launch is mostly its routing.
+//! `--cluster N`: gate/up clusters of `N` blocks (2-16) instead of `gate_up_cluster`'s choice.
 //!
 //! `cargo run --release -p clusterfuse-examples --bin moe-bench [-- --dump DIR | --only NAME [TOKENS] | --ffn N | --cluster N]`
 
