@@ -86,7 +86,11 @@
 //! the expert's `W_down` through the same pipeline and multiplies them with it, adding the
 //! product to the block's partial `y`. No block waits for another's `h`, and no second
 //! launch streams the down weights after the first has drained; the blocks' partials meet
-//! once, at the end ([`Published`]), summed in block order.
+//! once, at the end ([`Published`]), summed in block order. At one token the HBM would idle
+//! until the routing is ready, so while the cluster exchanges the logits each block asks L2
+//! for the first bytes of the units its own largest logits make likely (16 MiB a step over
+//! all clusters, [`fn@prefetch_likely_units`]); the chosen experts' share is then read from
+//! L2.
 //!
 //! ```no_run
 //! # fn main() -> clusterfuse::host::Result<()> {
@@ -480,7 +484,7 @@ fn exclusive_sum(value: u32) -> u32 {
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 fn route(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k: usize, renormalize: bool, group: usize, timeline: &Out<u64>) -> (Dispatch, SharedSlice<u32>, SharedSlice<f32>) {
-    route_body::<4>(smem, x, router, tokens, k, renormalize, group, timeline)
+    route_body::<4>(smem, x, router, tokens, k, renormalize, group, timeline, |_| ())
 }
 
 /// [`route`] for the tokens schedule's kernels: at up to 8 tokens, each warp's logits in one
@@ -488,13 +492,34 @@ fn route(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 fn route_tokens(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k: usize, renormalize: bool, timeline: &Out<u64>) -> (Dispatch, SharedSlice<u32>, SharedSlice<f32>) {
-    route_body::<8>(smem, x, router, tokens, k, renormalize, MAX_TOKENS, timeline)
+    route_body::<8>(smem, x, router, tokens, k, renormalize, MAX_TOKENS, timeline, |_| ())
+}
+
+/// [`route_tokens`] for the fused kernel, whose one-token routing asks L2 for the likely
+/// units while the cluster exchanges the logits ([`prefetch_likely_units`] with `weights`,
+/// the gate and up weights of `tiles` units an expert, `steps` K-steps a row).
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+fn route_fused(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k: usize, renormalize: bool, timeline: &Out<u64>, weights: [&[bf16]; 2], tiles: usize, steps: usize) -> (Dispatch, SharedSlice<u32>, SharedSlice<f32>) {
+    route_body::<8>(smem, x, router, tokens, k, renormalize, MAX_TOKENS, timeline, |logits| prefetch_likely_units(logits, k, weights, tiles, steps))
 }
 
 /// [`route`]'s body, the router logits of up to 8 tokens `STEPS_AT_ONCE` K-steps at a time.
+/// At one token, every thread calls `while_exchanged` with the block's logits while the
+/// cluster exchanges them ([`route_one_token`]).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn route_body<const STEPS_AT_ONCE: usize>(smem: &mut DynamicShared, x: &[bf16], router: &[bf16], tokens: usize, k: usize, renormalize: bool, group: usize, timeline: &Out<u64>) -> (Dispatch, SharedSlice<u32>, SharedSlice<f32>) {
+fn route_body<const STEPS_AT_ONCE: usize>(
+    smem: &mut DynamicShared,
+    x: &[bf16],
+    router: &[bf16],
+    tokens: usize,
+    k: usize,
+    renormalize: bool,
+    group: usize,
+    timeline: &Out<u64>,
+    while_exchanged: impl FnOnce(SharedSlice<f32>),
+) -> (Dispatch, SharedSlice<u32>, SharedSlice<f32>) {
     let hidden = x.len() / tokens;
     let experts = router.len() / hidden;
     let (rank, size) = (cluster::block_rank() as usize, cluster::size() as usize);
@@ -541,7 +566,7 @@ fn route_body<const STEPS_AT_ONCE: usize>(smem: &mut DynamicShared, x: &[bf16], 
     }
     stamp(timeline, 1);
     if tokens == 1 && experts <= RANKED_ROW {
-        route_one_token(logits, k, renormalize, &mut mailbox, top, ids, gates, dispatch);
+        route_one_token(logits, k, renormalize, &mut mailbox, top, ids, gates, dispatch, while_exchanged);
         return (dispatch, ids, gates);
     }
     top_k(&Cluster::new(), logits, tokens, k, &mut mailbox, top, normalizers);
@@ -590,10 +615,22 @@ const fn mailbox_words(tokens: usize, experts: usize, cluster: usize, k: usize) 
 /// them all at once ([`warp_top_k`]) and derives the gate weights, the pairs (one an expert)
 /// and the items with shuffles — in place of [`top_k`]'s two rankings, its normalisers'
 /// exchange and the block passes after it (gates, item list, pairs' places), a chain of
-/// dependent steps that took 6.6 µs at one DeepSeek token. Ends with a block barrier.
+/// dependent steps that took 6.6 µs at one DeepSeek token. Every thread calls
+/// `while_exchanged(logits)` between its arrival at the cluster barrier and its wait there.
+/// Ends with a block barrier.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn route_one_token(logits: SharedSlice<f32>, k: usize, renormalize: bool, mailbox: &mut Mailbox, top: SharedSlice<u64>, ids: SharedSlice<u32>, gates: SharedSlice<f32>, dispatch: Dispatch) {
+fn route_one_token(
+    logits: SharedSlice<f32>,
+    k: usize,
+    renormalize: bool,
+    mailbox: &mut Mailbox,
+    top: SharedSlice<u64>,
+    ids: SharedSlice<u32>,
+    gates: SharedSlice<f32>,
+    dispatch: Dispatch,
+    while_exchanged: impl FnOnce(SharedSlice<f32>),
+) {
     let (rank, size, local) = (cluster::block_rank() as usize, cluster::size() as usize, logits.len());
     let experts = local * size;
     let words = mailbox.words();
@@ -603,6 +640,7 @@ fn route_one_token(logits: SharedSlice<f32>, k: usize, renormalize: bool, mailbo
     // `logits` written (the block's threads), and the peers ready to receive.
     block::sync();
     cluster::arrive_relaxed();
+    while_exchanged(logits);
     cluster::wait();
     for i in block::stride_loop(0..local) {
         let e = rank * local + i;
@@ -1529,6 +1567,53 @@ const FUSED_H_BOX_BYTES: u32 = (FUSED_MAX_TOKENS * 2 * STEP * DOWN_STAGE_STEPS) 
 /// Down stages of a unit's 128 features for one 128-row group of the output.
 const FUSED_DOWN_STAGES: usize = TILE_ROWS / (STEP * DOWN_STAGE_STEPS);
 
+/// Bytes of gate and up weights that [`prefetch_likely_units`] asks L2 for a step, over all
+/// clusters: about what the HBM moves in the 4-5 µs from a one-token routing's logits to the
+/// stream's first bytes (8 MiB gained less at one DeepSeek token: results/moe-h200.md,
+/// session 51).
+const PREFETCH_BYTES: usize = 16 << 20;
+
+/// While a one-token routing is exchanged (every thread calls it, `logits` its block's
+/// experts'), asks L2 for the first bytes of the gate and up rows of the units the step will
+/// likely stream: those of the experts of this block's `2k / cluster` largest logits (twice
+/// the block's share of the token's `k`), their (expert, tile, matrix) entries shared out over
+/// the clusters and then over warps 1.. of a block, one contiguous prefetch an entry (the
+/// start of the unit's first row tile; [`PREFETCH_BYTES`] over all). The HBM is idle until
+/// the routing is ready; what it fetches meanwhile for experts the token then chooses is
+/// read from L2. Warp 0, which ranks the exchanged logits next, issues none: a prefetch
+/// holds its warp until L2 takes it (warp 0 issuing a block's 32 small ones held the routing
+/// back 4.3 µs). Blocks of more than 32 experts (a lane each) ask for none.
+#[inline(always)]
+fn prefetch_likely_units(logits: SharedSlice<f32>, k: usize, weights: [&[bf16]; 2], tiles: usize, steps: usize) {
+    let (local, size, warp, lane) = (logits.len(), cluster::size() as usize, warp::index_in_block() as usize, warp::lane() as usize);
+    if warp == 0 || local > 32 {
+        return;
+    }
+    let picks = (2 * k).div_ceil(size).min(local);
+    let (entries, row_tile) = (picks * tiles * 2, steps * STEP * ROWS);
+    // Elements an entry: the budget's share over every block's entries, in whole 1 KB tiles.
+    let chunk = (PREFETCH_BYTES / 2 / (size * entries) / 512 * 512).min(row_tile);
+    let (clusters, cluster) = ((grid::dim().x / cluster::size()) as usize, cluster::index_in_grid().x as usize);
+    // This lane's expert's place among the block's logits (ties to the lower index).
+    let value = if lane < local { logits.load(lane) } else { f32::NEG_INFINITY };
+    let mut place = 0;
+    for i in 0..local {
+        let other = warp::broadcast(value, i as u32);
+        place += (other > value || (other == value && i < lane)) as usize;
+    }
+    // Entry `g` (pick `g / 2 tiles`, tile `g / 2 % tiles`, matrix `g % 2`) goes to cluster
+    // `g % clusters`, warp `1 + g / clusters % (WARPS - 1)` of its block.
+    for g in (cluster + clusters * (warp - 1)..entries).step_by(clusters * (WARPS - 1)) {
+        let (pick, tile, matrix) = (g / (2 * tiles), g / 2 % tiles, g % 2);
+        let holder = warp::ballot(lane < local && place == pick).trailing_zeros() as usize;
+        if lane == 0 && holder < local {
+            let expert = cluster::block_rank() as usize * local + holder;
+            let at = (expert * tiles + tile) * TILE_ROW_TILES * row_tile;
+            global::prefetch_l2(&weights[matrix][at..at + chunk]);
+        }
+    }
+}
+
 /// The *fused schedule*, one launch (for few tokens): the tokens schedule's routing and
 /// gate/up units, each unit then multiplying its own 128 features of `h` by the same 128
 /// columns of its expert's `W_down` — the down projection split along the FFN features, so
@@ -1595,7 +1680,7 @@ fn fused_tokens(
     for i in block::stride_loop(0..partial) {
         sums.store(i, 0.0);
     }
-    let (dispatch, ids, gates) = route_tokens(&mut smem, x, router, tokens, k, renormalize, timeline);
+    let (dispatch, ids, gates) = route_fused(&mut smem, x, router, tokens, k, renormalize, timeline, [w_gate, w_up], ffn / TILE_ROWS, hidden / STEP);
     if cluster::index_in_grid().x == 0 && cluster::block_rank() == 0 {
         for p in block::stride_loop(0..tokens * k) {
             top_ids.set(p, ids.load(p));

@@ -410,7 +410,7 @@ fn moe_tokens_schedule_feeds_wgmma_from_tma_without_spilling() {
         }
     }
     assert!(entry("moe_gate_up_tokens").contains("moe12route_tokens"), "the tokens schedule's gate/up kernel does not route");
-    assert!(entry("moe_fused").contains("moe12route_tokens"), "the fused kernel does not route");
+    assert!(entry("moe_fused").contains("moe11route_fused"), "the fused kernel does not route");
     let fused = entry("moe_fused");
     let fence = fused.find("fence.proxy.async.shared::cta;");
     assert!(fence.is_some_and(|at| fused[at..].contains(", 128;")), "the fused kernel's `h` tile: no proxy fence, then its warpgroup's barrier");
