@@ -354,8 +354,9 @@ unsafe fn from_words<T: Copy, const N: usize>(words: [u32; 4]) -> [T; N] {
 }
 
 /// Asks L2 to fetch `data` from memory ahead of its use, in one instruction
-/// (`cp.async.bulk.prefetch.L2`): a hint that changes what no load returns. Covers `data`
-/// from its first to its last 16-byte boundary; a call on fewer bytes does nothing.
+/// (`cp.async.bulk.prefetch.L2`): a hint that changes what no load returns, though the
+/// calling thread waits until L2 takes it. Covers `data` from its first to its last 16-byte
+/// boundary; a call on fewer bytes does nothing.
 #[inline(always)]
 pub fn prefetch_l2<T>(data: &[T]) {
     let (start, end) = (data.as_ptr() as usize, data.as_ptr() as usize + size_of_val(data));
