@@ -121,10 +121,13 @@ fn check(gpu: &Gpu, wanted: impl Fn(Schedule) -> bool) -> Result<Report> {
         // A routing that differs, a second run that does, or a timeline out of order counts
         // as unwritten outputs.
         let agrees = same && differs.is_empty() && stamped;
-        outs.extend(second.0.iter().chain(&second.2).map(|&v| if agrees { v } else { f32::NAN }));
-        refs.extend(reference.out.iter().chain(&reference.gates));
+        let (own, own_refs): (Vec<f32>, Vec<f64>) = (second.0.iter().chain(&second.2).copied().collect(), reference.out.iter().chain(&reference.gates).copied().collect());
+        // A case that fails shows its outputs' own error, which its unwritten count hides.
+        let verdict = if agrees { String::new() } else { format!(", its outputs' rel error {:.2e}{}", Report::new(String::new(), &own, &own_refs, TOLERANCE).rel_error, if same { "" } else { ", a second run differs" }) };
+        outs.extend(own.iter().map(|&v| if agrees { v } else { f32::NAN }));
+        refs.extend(own_refs);
         let mismatch = if differs.is_empty() { String::new() } else { format!(", routing differs at (token, slot, ours, reference) {:?}", &differs[..differs.len().min(4)]) };
-        runs.push(format!("{tokens} tok × top {} of {} (hidden {h}, ffn {}), {} experts used, cluster {cluster}, {:?}{mismatch}{}", layer.top_k, layer.experts, layer.ffn, reference.selected(layer.experts), plan.schedule, if stamped { String::new() } else { format!(", timeline out of order: {timeline:?}") }));
+        runs.push(format!("{tokens} tok × top {} of {} (hidden {h}, ffn {}), {} experts used, cluster {cluster}, {:?}{mismatch}{}{verdict}", layer.top_k, layer.experts, layer.ffn, reference.selected(layer.experts), plan.schedule, if stamped { String::new() } else { format!(", timeline out of order: {timeline:?}") }));
     }
     Ok(Report::new(runs.join("; "), &outs, &refs, TOLERANCE))
 }
