@@ -1590,10 +1590,11 @@ fn prefetch_likely_units(logits: SharedSlice<f32>, k: usize, weights: [&[bf16]; 
         return;
     }
     let picks = (2 * k).div_ceil(size).min(local);
-    let (entries, row_tile) = (picks * tiles * 2, steps * STEP * ROWS);
-    // Elements an entry: the budget's share over every block's entries, in whole 1 KB tiles.
-    let chunk = (PREFETCH_BYTES / 2 / (size * entries) / 512 * 512).min(row_tile);
-    let (clusters, cluster) = ((grid::dim().x / cluster::size()) as usize, cluster::index_in_grid().x as usize);
+    let (entries, tile_len) = (picks * tiles * 2, STEP * ROWS);
+    let row_tile = steps * tile_len;
+    // Elements an entry: the budget's share over every block's entries, in whole tiles.
+    let chunk = (PREFETCH_BYTES / 2 / (size * entries) / tile_len * tile_len).min(row_tile);
+    let (clusters, cluster) = (grid::dim().x as usize / size, cluster::index_in_grid().x as usize);
     // This lane's expert's place among the block's logits (ties to the lower index).
     let value = if lane < local { logits.load(lane) } else { f32::NEG_INFINITY };
     let mut place = 0;
