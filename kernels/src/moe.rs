@@ -1364,7 +1364,6 @@ fn gate_up_tokens(
             }
             gate_table.publish(gate_table.tiles_of(own.start * experts..own.end * experts));
         }
-        stamp(timeline, 2);
         (!dense).then_some(dispatch)
     } else {
         block::sync();
@@ -1399,6 +1398,11 @@ fn gate_up_tokens(
         return;
     }
     let t = wg.thread_rank();
+    // The consumer's first thread stamps the routing and the end, so that a block's stamps
+    // keep one thread's order where it has no unit (thread 0, the producer, would race it).
+    if t == 0 && routes {
+        crate::stamp(timeline, TIMELINE_POINTS, 2);
+    }
     let mut state = PipelineState::START;
     let mut table = None;
     for unit in units() {
