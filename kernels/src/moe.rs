@@ -1599,18 +1599,14 @@ fn prefetch_likely_units(logits: SharedSlice<f32>, k: usize, weights: [&[bf16]; 
     // Elements an entry: the budget's share over every block's entries, in whole tiles.
     let chunk = (PREFETCH_BYTES / 2 / (size * entries) / tile_len * tile_len).min(row_tile);
     let (clusters, cluster) = (grid::dim().x as usize / size, cluster::index_in_grid().x as usize);
-    // This lane's expert's place among the block's logits (ties to the lower index).
-    let value = if lane < local { logits.load(lane) } else { f32::NEG_INFINITY };
-    let mut place = 0;
-    for i in 0..local {
-        let other = warp::broadcast(value, i as u32);
-        place += (other > value || (other == value && i < lane)) as usize;
-    }
+    // This lane's expert's place among the block's `picks` largest logits, if among them.
+    let mut place = usize::MAX;
+    warp_top_k(local, picks, |i| rank_key(logits.load(i), i as u32), |p, _| place = p);
     // Entry `g` (pick `g / 2 tiles`, tile `g / 2 % tiles`, matrix `g % 2`) goes to cluster
     // `g % clusters`, warp `1 + g / clusters % (WARPS - 1)` of its block.
     for g in (cluster + clusters * (warp - 1)..entries).step_by(clusters * (WARPS - 1)) {
         let (pick, tile, matrix) = (g / (2 * tiles), g / 2 % tiles, g % 2);
-        let holder = warp::ballot(lane < local && place == pick).trailing_zeros() as usize;
+        let holder = warp::ballot(place == pick).trailing_zeros() as usize;
         if lane == 0 && holder < local {
             let expert = cluster::block_rank() as usize * local + holder;
             let at = (expert * tiles + tile) * TILE_ROW_TILES * row_tile;
