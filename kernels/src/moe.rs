@@ -1681,7 +1681,9 @@ fn fused_tokens(
     for i in block::stride_loop(0..partial) {
         sums.store(i, 0.0);
     }
-    let (dispatch, ids, gates) = route_fused(&mut smem, x, router, tokens, k, renormalize, timeline, [w_gate, w_up], ffn / TILE_ROWS, hidden / STEP);
+    const STEPS: usize = GATE_UP_STAGE_STEPS;
+    let (tiles, stages_per_unit, groups) = (ffn / TILE_ROWS, hidden / (STEP * STEPS), hidden / TILE_ROWS);
+    let (dispatch, ids, gates) = route_fused(&mut smem, x, router, tokens, k, renormalize, timeline, [w_gate, w_up], tiles, hidden / STEP);
     if cluster::index_in_grid().x == 0 && cluster::block_rank() == 0 {
         for p in block::stride_loop(0..tokens * k) {
             top_ids.set(p, ids.load(p));
@@ -1690,8 +1692,6 @@ fn fused_tokens(
     }
     stamp(timeline, 2);
 
-    const STEPS: usize = GATE_UP_STAGE_STEPS;
-    let (tiles, stages_per_unit, groups) = (ffn / TILE_ROWS, hidden / (STEP * STEPS), hidden / TILE_ROWS);
     let expert_of = |unit: usize| dispatch.item(unit / tiles, MAX_TOKENS).expert;
     let units = || grid::round_robin((dispatch.items() * tiles) as u32, 0).map(|unit| unit as usize);
     let wg = Warpgroup::current();
